@@ -1,0 +1,6 @@
+// Placeholder: filled in by the component that owns it.
+#include <pybind11/pybind11.h>
+
+namespace py = pybind11;
+
+void register_paged_kv(py::module_& m) { (void)m; }

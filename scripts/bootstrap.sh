@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Create .venv with everything sdcp_fast needs (idempotent). Used by `make demo`/`make test`.
+# torch: an existing torch (e.g. a CUDA build in the base interpreter) is reused; where
+# there is none, the pinned CPU wheel is installed first so pip never resolves a bare
+# "torch" to a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${VENV:-.venv}
+TORCH_PIN=${SDCP_TORCH_PIN:-2.13.0}
+EXTRAS=${1:-dev}
+
+if [ ! -x "$VENV/bin/python" ]; then
+  if "$PY" -c "import torch" 2>/dev/null; then
+    echo "bootstrap: reusing the torch of $PY ($("$PY" -c 'import torch; print(torch.__version__)'))"
+    "$PY" -m venv --system-site-packages "$VENV"
+  else
+    "$PY" -m venv "$VENV"
+  fi
+fi
+pip() { "$VENV/bin/python" -m pip --disable-pip-version-check "$@"; }
+pip install -q --upgrade pip setuptools wheel "pybind11>=2.12"
+if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
+  echo "bootstrap: installing torch==$TORCH_PIN (CPU wheel)"
+  pip install -q "torch==$TORCH_PIN"
+fi
+echo "bootstrap: installing sdcp_fast[$EXTRAS] (builds the native extension)"
+pip install -q --no-build-isolation -e ".[$EXTRAS]"
+"$VENV/bin/python" -c "import sdcp_fast.native as n; print('bootstrap: native backend:', n.status())"

@@ -1,0 +1,5 @@
+import sys
+
+from sdcp_fast.cli import main
+
+sys.exit(main())

@@ -1,0 +1,120 @@
+"""SDCP problem types (draft Table 2) as exceptions that carry their wire identity.
+
+Every error the core reports is an :class:`SdcpProblem`; any other exception out of
+``sdcp_fast.protocol`` is a bug. Rendering follows RFC 9457 (see docs/interpretations.md
+for the chosen media type and type URI base).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+PROBLEM_TYPE_BASE = "urn:ietf:params:sdcp:problem:"
+
+
+class SdcpProblem(Exception):
+    """Base of all protocol problems. Subclasses fix ``suffix``, ``status`` and ``title``."""
+
+    suffix: ClassVar[str] = "sdcp-bad-request"
+    status: ClassVar[int] = 400
+    title: ClassVar[str] = "Malformed SDCP message"
+
+    def __init__(self, detail: str = "", *, extra: dict[str, Any] | None = None) -> None:
+        super().__init__(detail or self.title)
+        self.detail = detail or self.title
+        # Extension members of the problem body, e.g. the current session-state on a 409.
+        self.extra: dict[str, Any] = dict(extra or {})
+
+    @property
+    def type_uri(self) -> str:
+        return PROBLEM_TYPE_BASE + self.suffix
+
+    def to_dict(self) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "type": self.type_uri,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        body.update(self.extra)
+        return body
+
+    def render(self) -> bytes:
+        """The RFC 9457 body, UTF-8 JSON, for ``Content-Type: application/problem+json``."""
+        return json.dumps(self.to_dict(), sort_keys=True, default=_jsonable).encode()
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).hex()
+    raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+class BadRequest(SdcpProblem):
+    """A body that is not a well-formed SDCP message (not in Table 2; HTTP 400)."""
+
+
+class StaleEpoch(SdcpProblem):
+    suffix = "sdcp-stale-epoch"
+    status = 409
+    title = "Epoch is not current"
+
+
+class StaleBase(SdcpProblem):
+    suffix = "sdcp-stale-base"
+    status = 409
+    title = "Proposal does not extend the committed prefix"
+
+
+class QUnavailable(SdcpProblem):
+    suffix = "sdcp-q-unavailable"
+    status = 409
+    title = "Draft probabilities required by the rule are unavailable"
+
+
+class BadContract(SdcpProblem):
+    suffix = "sdcp-bad-contract"
+    status = 422
+    title = "Contract invalid or not supported"
+
+
+class Limit(SdcpProblem):
+    suffix = "sdcp-limit"
+    status = 422
+    title = "Proposal violates m_cap or m_max"
+
+
+class SessionClosed(SdcpProblem):
+    suffix = "sdcp-session-closed"
+    status = 410
+    title = "Session has finished or failed"
+
+
+class BadProposal(SdcpProblem):
+    suffix = "sdcp-bad-proposal"
+    status = 422
+    title = "Proposal inconsistent with its draft distributions"
+
+
+class NotAssigned(SdcpProblem):
+    suffix = "sdcp-not-assigned"
+    status = 403
+    title = "Drafter is not assigned to the session"
+
+
+class UnknownSession(SdcpProblem):
+    """No such session at this verifier (not in Table 2; HTTP 404)."""
+
+    suffix = "sdcp-unknown-session"
+    status = 404
+    title = "Unknown session"
+
+
+PROBLEMS: tuple[type[SdcpProblem], ...] = (
+    StaleEpoch, StaleBase, QUnavailable, BadContract, Limit, SessionClosed, BadProposal, NotAssigned,
+)
+BY_SUFFIX: dict[str, type[SdcpProblem]] = {
+    cls.suffix: cls for cls in (*PROBLEMS, BadRequest, UnknownSession)
+}
