@@ -1,7 +1,17 @@
-"""Kernel library: batched verification (rules 1 and 2), sampling profiles, residual
-sampling and paged-KV read/write, with ``reference`` (torch), ``cpu`` (C++) and
-``triton`` backends.
+"""Kernel library: batched verification (rules 1 and 2 of §6.4), sampling profiles (§4.1),
+inverse-CDF sampling and paged-KV read/write, with ``reference`` (torch), ``cpu`` (C++)
+and ``triton`` backends.
 
-Stands alone: imports nothing else of sdcp_fast except the lazy native loader.
-TODO(kernels): the API.
+Stands alone: an engine that knows nothing else of sdcp_fast can import it; it imports
+nothing else of ours except the lazy native loader.
 """
+
+from .backends import BACKENDS, BackendUnavailable
+from .paged_kv import gather_paged_kv, write_paged_kv
+
+__all__ = [
+    "BACKENDS",
+    "BackendUnavailable",
+    "gather_paged_kv",
+    "write_paged_kv",
+]
