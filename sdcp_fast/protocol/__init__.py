@@ -3,6 +3,9 @@
 Servers and engines are thin adapters: decode bytes, call the core, encode.
 """
 
+from sdcp_fast.protocol.cbor import deterministic_cbor
+from sdcp_fast.protocol.contract import contract_digest
+from sdcp_fast.protocol.digests import extend_digest, prefix_digest
 from sdcp_fast.protocol.messages import (
     Action,
     Assignment,
@@ -31,8 +34,11 @@ from sdcp_fast.protocol.problems import (
     StaleEpoch,
     UnknownSession,
 )
+from sdcp_fast.protocol.randoms import VerifierRandom, verifier_uniform
 
 __all__ = [
+    "deterministic_cbor", "contract_digest", "prefix_digest", "extend_digest", "verifier_uniform",
+    "VerifierRandom",
     "Action", "Assignment", "Contract", "Event", "Output", "Policy", "Proposal", "Resume", "Sampling",
     "SessionOpen", "SessionState", "Status", "Verdict",
     "BadContract", "BadProposal", "BadRequest", "Limit", "NotAssigned", "QUnavailable", "SdcpProblem",

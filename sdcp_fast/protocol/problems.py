@@ -115,6 +115,5 @@ class UnknownSession(SdcpProblem):
 PROBLEMS: tuple[type[SdcpProblem], ...] = (
     StaleEpoch, StaleBase, QUnavailable, BadContract, Limit, SessionClosed, BadProposal, NotAssigned,
 )
-BY_SUFFIX: dict[str, type[SdcpProblem]] = {
-    cls.suffix: cls for cls in (*PROBLEMS, BadRequest, UnknownSession)
-}
+_ALL: tuple[type[SdcpProblem], ...] = (*PROBLEMS, BadRequest, UnknownSession)
+BY_SUFFIX: dict[str, type[SdcpProblem]] = {cls.suffix: cls for cls in _ALL}

@@ -1,0 +1,245 @@
+"""The CBOR subset SDCP uses (RFC 8949), written out so that it is provably what the draft asks.
+
+Encoding is the core deterministic encoding of RFC 8949 §4.2.1: shortest argument heads,
+definite lengths, map keys sorted bytewise by their own encodings. It is the encoding the
+contract digest (§4.1) is computed over.
+
+Decoding is strict and bounded: every failure is :class:`BadRequest`, never another
+exception. It accepts definite and indefinite lengths and non-shortest heads (a receiver
+need not insist on the deterministic form), and rejects what no SDCP message holds: tags,
+floating-point numbers, simple values other than false/true/null, duplicate or composite
+map keys, and bytes after the top-level item (see docs/interpretations.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from sdcp_fast.protocol.problems import BadRequest
+
+UINT64_MAX = (1 << 64) - 1
+MAX_DEPTH = 32  # far above the deepest SDCP message (session-open > contract > sampling)
+
+_MT_UINT, _MT_NINT, _MT_BSTR, _MT_TSTR, _MT_ARRAY, _MT_MAP, _MT_TAG, _MT_SIMPLE = range(8)
+_BREAK = 0xFF
+_FALSE, _TRUE, _NULL = b"\xf4", b"\xf5", b"\xf6"
+
+
+def _head(major: int, arg: int) -> bytes:
+    mt = major << 5
+    if arg < 24:
+        return bytes((mt | arg,))
+    if arg < 0x100:
+        return bytes((mt | 24, arg))
+    if arg < 0x10000:
+        return bytes((mt | 25,)) + arg.to_bytes(2, "big")
+    if arg < 0x100000000:
+        return bytes((mt | 26,)) + arg.to_bytes(4, "big")
+    return bytes((mt | 27,)) + arg.to_bytes(8, "big")
+
+
+def deterministic_cbor(value: Any) -> bytes:
+    """``value`` in RFC 8949 §4.2.1 core deterministic encoding.
+
+    Accepts int (-2**64 .. 2**64-1), bool, None, bytes, str, list/tuple and dict (any
+    Mapping). Anything else, an out-of-range integer included, is :class:`BadRequest`.
+    """
+    out: list[bytes] = []
+    _encode(value, out, 0)
+    return b"".join(out)
+
+
+def _encode(value: Any, out: list[bytes], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise BadRequest("value nested too deeply to encode")
+    # bool before int: bool is an int subclass in Python but a simple value in CBOR.
+    if value is False:
+        out.append(_FALSE)
+    elif value is True:
+        out.append(_TRUE)
+    elif value is None:
+        out.append(_NULL)
+    elif isinstance(value, int):
+        if 0 <= value <= UINT64_MAX:
+            out.append(_head(_MT_UINT, value))
+        elif -(1 << 64) <= value < 0:
+            out.append(_head(_MT_NINT, -1 - value))
+        else:
+            raise BadRequest(f"integer {value} is outside the CBOR 64-bit range")
+    elif isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+        out.append(_head(_MT_BSTR, len(raw)))
+        out.append(raw)
+    elif isinstance(value, str):
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError as exc:  # lone surrogates have no UTF-8 form
+            raise BadRequest("text is not valid Unicode") from exc
+        out.append(_head(_MT_TSTR, len(raw)))
+        out.append(raw)
+    elif isinstance(value, (list, tuple)):
+        out.append(_head(_MT_ARRAY, len(value)))
+        for item in value:
+            _encode(item, out, depth + 1)
+    elif isinstance(value, Mapping):
+        entries: list[tuple[bytes, bytes]] = []
+        for key, item in value.items():
+            key_out: list[bytes] = []
+            _encode(key, key_out, depth + 1)
+            item_out: list[bytes] = []
+            _encode(item, item_out, depth + 1)
+            entries.append((b"".join(key_out), b"".join(item_out)))
+        entries.sort(key=lambda e: e[0])
+        for i in range(1, len(entries)):
+            if entries[i][0] == entries[i - 1][0]:
+                raise BadRequest("map has two keys with the same encoding")
+        out.append(_head(_MT_MAP, len(entries)))
+        for key_bytes, item_bytes in entries:
+            out.append(key_bytes)
+            out.append(item_bytes)
+    else:
+        raise BadRequest(f"{type(value).__name__} has no SDCP CBOR encoding")
+
+
+def decode(data: bytes | bytearray | memoryview) -> Any:
+    """The single CBOR data item in ``data``; :class:`BadRequest` for anything else."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadRequest("CBOR input must be bytes")
+    buf = bytes(data)
+    reader = _Reader(buf)
+    value = reader.item(0)
+    if reader.pos != len(buf):
+        raise BadRequest(f"{len(buf) - reader.pos} bytes after the CBOR data item")
+    return value
+
+
+def decode_sequence(data: bytes | bytearray | memoryview) -> Iterator[Any]:
+    """The items of a CBOR sequence (RFC 8742): zero or more items back to back."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadRequest("CBOR input must be bytes")
+    reader = _Reader(bytes(data))
+    while reader.pos < len(reader.buf):
+        yield reader.item(0)
+
+
+class _Break:
+    """Marker for the 0xFF stop code inside an indefinite-length item."""
+
+
+_BREAK_MARK = _Break()
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes) -> None:
+        self.buf = buf
+        self.pos = 0
+
+    def take(self, n: int) -> bytes:
+        end = self.pos + n
+        if end > len(self.buf):
+            raise BadRequest("CBOR input ends inside a data item")
+        chunk = self.buf[self.pos:end]
+        self.pos = end
+        return chunk
+
+    def head(self) -> tuple[int, int, int | None]:
+        """(major type, additional info, argument); argument None for indefinite length."""
+        if self.pos >= len(self.buf):
+            raise BadRequest("CBOR input ends before a data item")
+        initial = self.buf[self.pos]
+        self.pos += 1
+        major, info = initial >> 5, initial & 0x1F
+        if info < 24:
+            return major, info, info
+        if info <= 27:
+            return major, info, int.from_bytes(self.take(1 << (info - 24)), "big")
+        if info == 31:
+            return major, info, None
+        raise BadRequest(f"reserved additional information {info} in CBOR head")
+
+    def length(self, arg: int, unit: int) -> int:
+        # Each element needs at least ``unit`` more input bytes: refuse before allocating.
+        if arg * unit > len(self.buf) - self.pos:
+            raise BadRequest("CBOR length exceeds the input")
+        return arg
+
+    def item(self, depth: int) -> Any:
+        value = self.item_or_break(depth)
+        if value is _BREAK_MARK:
+            raise BadRequest("CBOR break code outside an indefinite-length item")
+        return value
+
+    def item_or_break(self, depth: int) -> Any:
+        if depth > MAX_DEPTH:
+            raise BadRequest("CBOR nesting too deep")
+        major, info, arg = self.head()
+        if major == _MT_UINT or major == _MT_NINT:
+            if arg is None:
+                raise BadRequest("indefinite length on an integer")
+            return arg if major == _MT_UINT else -1 - arg
+        if major == _MT_BSTR or major == _MT_TSTR:
+            raw = self.take(arg) if arg is not None else self.chunks(major)
+            if major == _MT_BSTR:
+                return raw
+            try:
+                return raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise BadRequest("CBOR text string is not valid UTF-8") from exc
+        if major == _MT_ARRAY:
+            if arg is not None:
+                return [self.item(depth + 1) for _ in range(self.length(arg, 1))]
+            items: list[Any] = []
+            while (value := self.item_or_break(depth + 1)) is not _BREAK_MARK:
+                items.append(value)
+            return items
+        if major == _MT_MAP:
+            result: dict[Any, Any] = {}
+            if arg is not None:
+                for _ in range(self.length(arg, 2)):
+                    self.entry(result, self.item(depth + 1), depth)
+            else:
+                while (key := self.item_or_break(depth + 1)) is not _BREAK_MARK:
+                    self.entry(result, key, depth)
+            return result
+        if major == _MT_TAG:
+            raise BadRequest("CBOR tags are not used by SDCP")
+        if info == 20:
+            return False
+        if info == 21:
+            return True
+        if info == 22:
+            return None
+        if info == 31:
+            return _BREAK_MARK
+        if 25 <= info <= 27:
+            raise BadRequest("floating-point numbers are not used by SDCP")
+        raise BadRequest(f"CBOR simple value {arg} is not used by SDCP")
+
+    def entry(self, result: dict[Any, Any], key: Any, depth: int) -> None:
+        if not isinstance(key, (int, str, bytes)) or isinstance(key, bool):
+            raise BadRequest("CBOR map key must be an integer, text or byte string")
+        if key in result:
+            raise BadRequest(f"duplicate CBOR map key {key!r}")
+        result[key] = self.item(depth + 1)
+
+    def chunks(self, major: int) -> bytes:
+        """An indefinite-length string: definite chunks of the same major type, then break."""
+        parts: list[bytes] = []
+        while True:
+            if self.pos < len(self.buf) and self.buf[self.pos] == _BREAK:
+                self.pos += 1
+                return b"".join(parts)
+            chunk_major, _, chunk_len = self.head()
+            if chunk_major != major or chunk_len is None:
+                raise BadRequest("bad chunk inside an indefinite-length string")
+            chunk = self.take(chunk_len)
+            if major == _MT_TSTR:
+                try:
+                    chunk.decode("utf-8")  # RFC 8949 §3.2.3: each chunk is valid UTF-8 on its own
+                except UnicodeDecodeError as exc:
+                    raise BadRequest("CBOR text chunk is not valid UTF-8") from exc
+            parts.append(chunk)
+

@@ -1,0 +1,72 @@
+"""The verifier's random values (draft §6.4).
+
+With a seed in the sampling profile each value is derived, so a seeded session is replayable
+bit for bit by any implementation:
+
+    HMAC-SHA-256(key = uint64(seed),
+                 "SDCP-VERIFY-1" || 0x00 || session || uint32(round) || uint32(i) || uint8(purpose))
+
+and the first 53 bits of the MAC, divided by 2**53, give a uniform value in [0, 1). Positions i
+count from 1, as p[1..M+1] does in §6.3/§6.4 (docs/interpretations.md). Without a seed the
+values come from the operating system's CSPRNG (:mod:`secrets`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import struct
+
+from sdcp_fast.protocol.problems import BadRequest
+
+VERIFY_DOMAIN = b"SDCP-VERIFY-1\x00"
+PURPOSE_ACCEPT = 0  # the acceptance test r < min(1, p/q)
+PURPOSE_EXTRA = 1  # drawing the additional token (residual or p[M+1])
+_SCALE = 1.0 / (1 << 53)
+_TAIL = struct.Struct(">IIB")
+
+
+class VerifierRandom:
+    """The uniform values of one session: seeded (§6.4 derivation) or, with ``seed=None``, CSPRNG.
+
+    Keying the HMAC once per session and copying it per value keeps derivation cheap.
+    """
+
+    __slots__ = ("_keyed", "_prefix")
+
+    def __init__(self, seed: int | None, session: bytes) -> None:
+        if not isinstance(session, bytes) or len(session) != 16:
+            raise BadRequest("session id must be 16 bytes")
+        self._prefix = VERIFY_DOMAIN + session
+        self._keyed: hmac.HMAC | None = None
+        if seed is not None:
+            if type(seed) is not int or not 0 <= seed < (1 << 64):
+                raise BadRequest("seed must be a uint64")
+            self._keyed = hmac.new(seed.to_bytes(8, "big"), self._prefix, hashlib.sha256)
+
+    @property
+    def seeded(self) -> bool:
+        return self._keyed is not None
+
+    def uniform(self, round: int, i: int, purpose: int) -> float:
+        """r in [0, 1) for position ``i`` (from 1) of ``round`` and ``purpose`` (0 accept, 1 extra)."""
+        try:
+            tail = _TAIL.pack(round, i, purpose)
+        except struct.error as exc:
+            raise BadRequest("round and i must fit in uint32, purpose in uint8") from exc
+        if self._keyed is None:
+            return secrets.randbits(53) * _SCALE
+        mac = self._keyed.copy()
+        mac.update(tail)
+        return (int.from_bytes(mac.digest()[:8], "big") >> 11) * _SCALE
+
+
+def verifier_uniform(seed: int, session: bytes, round: int, i: int, purpose: int) -> float:
+    """One seeded value of §6.4; see :class:`VerifierRandom` for many values of a session."""
+    return VerifierRandom(seed, session).uniform(round, i, purpose)
+
+
+def secure_uniform() -> float:
+    """A CSPRNG value in [0, 1) with 53 random bits, for sessions without a seed."""
+    return secrets.randbits(53) * _SCALE
