@@ -3,13 +3,19 @@
 Storage lives elsewhere (sdcp_fast.cache / sdcp_fast.commitlog backends); this module
 only says what a record is, how it is encoded, and whether an append is allowed.
 
-TODO(protocol-codec): encode_record / decode_record with the core's deterministic CBOR.
+A record is one deterministic CBOR map (docs/interpretations.md, "Commit-log records"):
+a commit record ``{epoch, round, emitted, committed, digest}``, a fence record ``{epoch}``
+alone. A log read back whole is a CBOR sequence (RFC 8742) of records.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from sdcp_fast.protocol import cbor
+from sdcp_fast.protocol.problems import BadRequest
 
 
 @dataclass(frozen=True)
@@ -55,9 +61,68 @@ def append_survived(records: Sequence[LogRecord], index: int) -> bool:
     )
 
 
+_COMMIT_KEYS = ("epoch", "round", "emitted", "committed", "digest")
+
+
 def encode_record(record: LogRecord) -> bytes:
-    raise NotImplementedError
+    """The record as deterministic CBOR; :class:`BadRequest` if a member is out of its type."""
+    if isinstance(record, FenceRecord):
+        return cbor.deterministic_cbor({"epoch": _uint(record.epoch, "epoch")})
+    if not isinstance(record, CommitRecord):
+        raise BadRequest(f"{type(record).__name__} is not a commit-log record")
+    return cbor.deterministic_cbor({
+        "epoch": _uint(record.epoch, "epoch"),
+        "round": _uint(record.round, "round"),
+        "emitted": [_uint(t, "emitted token") for t in record.emitted],
+        "committed": _uint(record.committed, "committed"),
+        "digest": _digest(record.digest),
+    })
 
 
 def decode_record(data: bytes) -> LogRecord:
-    raise NotImplementedError
+    """One record; a map holding ``epoch`` and none of the commit members is a fence.
+
+    Keys the record format does not define are ignored, as in messages (§5.2).
+    """
+    return _from_map(cbor.decode(data))
+
+
+def decode_log(data: bytes) -> list[LogRecord]:
+    """Every record of a log stored as one CBOR sequence, in order."""
+    return [_from_map(item) for item in cbor.decode_sequence(data)]
+
+
+def _from_map(raw: Any) -> LogRecord:
+    if not isinstance(raw, dict):
+        raise BadRequest("commit-log record must be a CBOR map")
+    if "epoch" not in raw:
+        raise BadRequest("commit-log record lacks its epoch")
+    epoch = _uint(raw["epoch"], "epoch")
+    present = [k for k in _COMMIT_KEYS[1:] if k in raw]
+    if not present:
+        return FenceRecord(epoch)
+    if len(present) != len(_COMMIT_KEYS) - 1:
+        missing = sorted(set(_COMMIT_KEYS[1:]) - set(present))
+        raise BadRequest(f"commit record lacks {missing}")
+    emitted = raw["emitted"]
+    if not isinstance(emitted, list):
+        raise BadRequest("commit record emitted must be an array")
+    return CommitRecord(
+        epoch=epoch,
+        round=_uint(raw["round"], "round"),
+        emitted=tuple(_uint(t, "emitted token") for t in emitted),
+        committed=_uint(raw["committed"], "committed"),
+        digest=_digest(raw["digest"]),
+    )
+
+
+def _uint(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= cbor.UINT64_MAX:
+        raise BadRequest(f"commit-log {name} must be an unsigned 64-bit integer")
+    return int(value)
+
+
+def _digest(value: Any) -> bytes:
+    if not isinstance(value, bytes) or len(value) != 32:
+        raise BadRequest("commit-log digest must be 32 bytes")
+    return value
