@@ -1,0 +1,260 @@
+"""The router's decisions (draft §6.1, §6.6, §6.9) as pure functions of what it knows.
+
+The status table expires entries by a clock passed in; assignment, reassignment and
+verifier fail-over come out as plans (messages and records to send or append, in order)
+for the adapter to carry out.
+
+Drafter choice (a local policy, §6.1; docs/interpretations.md): among live drafters whose
+model the contract permits, the lowest (load, queue, -accept_milli, instance), so the
+least loaded wins and recent acceptance breaks ties.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.protocol.contract import permits_drafter
+from sdcp_fast.protocol.messages import (
+    ROLE_DRAFTER,
+    Action,
+    Assignment,
+    Contract,
+    Event,
+    Policy,
+    Resume,
+    Sampling,
+    SessionOpen,
+    SessionState,
+    Status,
+)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    status: Status
+    expires: float
+
+
+class StatusTable:
+    """Latest status of each instance, live until ``now`` passes its ttl_ms (§6.1)."""
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+        self._models: dict[str, bytes] = {}
+
+    def register_model(self, instance: str, model: bytes) -> None:
+        """The draft model (SHA-256 of its weights) an instance serves: operator configuration."""
+        self._models[instance] = model
+
+    def model_of(self, instance: str) -> bytes | None:
+        return self._models.get(instance)
+
+    def report(self, status: Status, now: float) -> None:
+        """PUT instances/{id}/status."""
+        self._entries[status.instance] = _Entry(status, now + status.ttl_ms / 1000.0)
+
+    def live(self, instance: str, now: float) -> bool:
+        entry = self._entries.get(instance)
+        return entry is not None and now < entry.expires
+
+    def status(self, instance: str, now: float) -> Status | None:
+        entry = self._entries.get(instance)
+        return entry.status if entry is not None and now < entry.expires else None
+
+    def live_drafters(self, now: float) -> list[Status]:
+        return [e.status for e in self._entries.values() if e.status.role == ROLE_DRAFTER and now < e.expires]
+
+    def expire(self, now: float) -> list[str]:
+        """Drop and return the instances whose status has expired."""
+        gone = [name for name, e in self._entries.items() if now >= e.expires]
+        for name in gone:
+            del self._entries[name]
+        return gone
+
+    def next_expiry(self) -> float | None:
+        """When the next entry expires (the adapter's timer), or None."""
+        return min((e.expires for e in self._entries.values()), default=None)
+
+
+def choose_drafter(
+    table: StatusTable, contract: Contract, now: float, *, exclude: Iterable[str] = ()
+) -> str | None:
+    """A live drafter whose model the contract permits, by the policy in the module doc."""
+    excluded = set(exclude)
+    candidates = []
+    for status in table.live_drafters(now):
+        if status.instance in excluded:
+            continue
+        model = table.model_of(status.instance)
+        if contract.drafters is not None and (model is None or not permits_drafter(contract, model)):
+            continue
+        candidates.append(status)
+    if not candidates:
+        return None
+    best = min(candidates, key=lambda s: (s.load, s.queue, -(s.accept_milli or 0), s.instance))
+    return best.instance
+
+
+@dataclass
+class RoutedSession:
+    """What the router keeps about one session."""
+
+    session: bytes
+    epoch: int
+    contract: Contract
+    prompt: tuple[int, ...] | str
+    commit_log: str
+    verifier: str
+    round: int
+    committed: int
+    digest: bytes
+    m_init: int
+    drafter: str | None = None
+    sampling: Sampling | None = None  # latest policy update, carried in assignments (§6.6)
+    committed_tokens: str | None = None
+    done: bool = False
+    tried: set[str] = field(default_factory=set)  # drafters switched away from
+
+    def follow(self, state: SessionState | Event) -> None:
+        """Adopt the verifier's latest round, committed length and digest."""
+        if state.epoch != self.epoch:
+            return
+        if isinstance(state, SessionState):
+            # The verifier's answer is authoritative, also when it is behind our record
+            # (a fresh open after a fail-over with nothing committed).
+            self.round, self.committed, self.digest = state.round, state.committed, state.digest
+        elif state.committed >= self.committed:
+            self.committed = state.committed
+            self.digest = state.digest
+
+
+def assignment_for(routed: RoutedSession, drafter: str) -> Assignment:
+    """The assignment message: PUT to the verifier first, then POST to the drafter (§6.1)."""
+    return Assignment(
+        session=routed.session, epoch=routed.epoch, contract=routed.contract,
+        verifier=routed.verifier, drafter=drafter, prompt=routed.prompt, round=routed.round,
+        committed=routed.committed, digest=routed.digest, m_init=routed.m_init,
+        sampling=routed.sampling, committed_tokens=routed.committed_tokens,
+    )
+
+
+def assign(routed: RoutedSession, table: StatusTable, now: float, *,
+           exclude: Iterable[str] = ()) -> Assignment | None:
+    """Pick a drafter for the session and build its assignment; None if none is live."""
+    drafter = choose_drafter(table, routed.contract, now, exclude=exclude)
+    if drafter is None:
+        return None
+    routed.drafter = drafter
+    return assignment_for(routed, drafter)
+
+
+def open_message(routed: RoutedSession, *, resume: Resume | None = None) -> SessionOpen:
+    return SessionOpen(session=routed.session, epoch=routed.epoch, contract=routed.contract,
+                       prompt=routed.prompt, commit_log=routed.commit_log, resume=resume)
+
+
+def policy_update(routed: RoutedSession, from_round: int, sampling: Sampling) -> Policy:
+    """A sampling update (§6.6); later assignments carry it. from_round must exceed the
+    current round: the verifier refuses it otherwise."""
+    routed.sampling = sampling
+    return Policy(session=routed.session, from_round=from_round, sampling=sampling)
+
+
+def on_event(routed: RoutedSession, event: Event, table: StatusTable, now: float) -> Assignment | None:
+    """POST events: switch picks another drafter, the end of self-decoding any drafter;
+    finish and fail close the session. Events of another epoch are ignored."""
+    if event.epoch != routed.epoch or event.session != routed.session:
+        return None
+    routed.follow(event)
+    kind = Action.parse(int(event.kind))
+    if kind in (Action.FINISH, Action.FAIL):
+        routed.done = True
+        return None
+    if kind is Action.SWITCH:
+        if routed.drafter is not None:
+            routed.tried.add(routed.drafter)
+        assignment = assign(routed, table, now, exclude=routed.tried)
+        if assignment is None:
+            # Every permitted drafter was tried: start the rotation again rather than stall.
+            routed.tried.clear()
+            assignment = assign(routed, table, now, exclude=() if routed.drafter is None else (routed.drafter,))
+        return assignment
+    if kind is Action.SELF_DECODE:
+        return assign(routed, table, now)
+    return None
+
+
+def reassign_expired(
+    sessions: Iterable[RoutedSession], table: StatusTable, now: float
+) -> list[Assignment]:
+    """Drafter failure (§6.9): sessions whose drafter's status expired get a new drafter."""
+    plans = []
+    for routed in sessions:
+        if routed.done or routed.drafter is None or table.live(routed.drafter, now):
+            continue
+        assignment = assign(routed, table, now, exclude=(routed.drafter,))
+        if assignment is not None:
+            plans.append(assignment)
+    return plans
+
+
+@dataclass(frozen=True)
+class FailoverPlan:
+    """Verifier fail-over (§6.9), in order: append ``fence`` to the commit log, then POST
+    ``open`` to the new verifier; its session-state goes to :func:`after_open`."""
+
+    fence: FenceRecord
+    open: SessionOpen
+
+
+def fence_for(routed: RoutedSession) -> FenceRecord:
+    """The fence with the next epoch: appended before anything else of a fail-over."""
+    return FenceRecord(epoch=routed.epoch + 1)
+
+
+def plan_failover(
+    routed: RoutedSession,
+    new_verifier: str,
+    last_commit: CommitRecord | None,
+    *,
+    committed_tokens: str | None = None,
+    target_kv: str | None = None,
+) -> FailoverPlan:
+    """Move the session to ``new_verifier`` at the next epoch.
+
+    ``last_commit`` is the last commit record read after the fence (None: nothing was
+    committed, so the session opens afresh); ``committed_tokens`` names the MLC object
+    holding the committed output, which a resume needs.
+    """
+    fence = fence_for(routed)
+    routed.epoch = fence.epoch
+    routed.verifier = new_verifier
+    resume = None
+    if last_commit is not None:
+        if committed_tokens is None:
+            raise ValueError("a resume needs the committed_tokens object")
+        routed.committed_tokens = committed_tokens
+        resume = Resume(round=last_commit.round, committed=last_commit.committed,
+                        digest=last_commit.digest, committed_tokens=committed_tokens,
+                        target_kv=target_kv)
+    return FailoverPlan(fence=fence, open=open_message(routed, resume=resume))
+
+
+def after_open(routed: RoutedSession, state: SessionState, table: StatusTable, now: float) -> Assignment | None:
+    """The verifier answered session-open (first open or fail-over): assign a drafter,
+    keeping the current one while its status is live (§6.1, §6.9)."""
+    routed.follow(state)
+    if routed.drafter is not None and table.live(routed.drafter, now):
+        return assignment_for(routed, routed.drafter)
+    return assign(routed, table, now)
+
+
+def confirmed(routed: RoutedSession, state: SessionState) -> Assignment:
+    """The assignment for the drafter, built from the session-state the verifier answered to
+    PUT sessions/{id}/drafter, so it carries the verifier's current round, length and digest."""
+    if routed.drafter is None:
+        raise ValueError("no drafter chosen")
+    routed.follow(state)
+    return assignment_for(routed, routed.drafter)
