@@ -1,0 +1,114 @@
+"""Host memory tier: page-locked buffers so device copies need no pageable staging.
+
+Where CUDA exists the buffers come from torch's pinned allocator (registered with the
+driver); otherwise from the C++ extension (mmap + mlock); without either, from
+bytearray (pageable), and ``pinned`` says so.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from sdcp_fast import native
+from sdcp_fast.cache.tiers.base import as_bytes_view
+
+
+class _RefProbe:
+    def drop(self, handle: Any) -> int:
+        return sys.getrefcount(handle)
+
+
+# References to a handle passed as a temporary into a method, on this interpreter (3.11
+# steals the caller's stack reference, older versions keep it): anything above is a reader.
+_UNSHARED_REFS = _RefProbe().drop(object())
+
+
+def _cuda() -> bool:
+    try:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    except ImportError:
+        return False
+
+
+class HostTier:
+    host_readable = True
+
+    def __init__(self, capacity: int, *, name: str = "host", pool_bytes: int | None = None) -> None:
+        self.name = name
+        self.capacity = capacity
+        self._torch_pinned = _cuda()
+        self._native = None if self._torch_pinned or not native.available() else native.module()
+        self.allocator = "torch-pinned" if self._torch_pinned else ("native-mlock" if self._native else "bytearray")
+        # Freed buffers are kept by exact size and reused: a fresh pinned allocation costs a
+        # page fault per 4 KiB (and mlock), which would dominate puts of equal-sized q rows.
+        self._pool: dict[int, list[Any]] = {}
+        self._pool_limit = capacity // 4 if pool_bytes is None else pool_bytes
+        self._pooled = 0
+
+    @property
+    def pinned(self) -> bool:
+        return self.allocator != "bytearray"
+
+    def _alloc(self, n: int) -> Any:
+        free = self._pool.get(n)
+        if free:
+            self._pooled -= n
+            return free.pop()
+        if self._torch_pinned:
+            import torch
+
+            return torch.empty(n, dtype=torch.uint8, pin_memory=True)
+        if self._native is not None:
+            return self._native.HostBuffer(n)
+        return bytearray(n)
+
+    def _view(self, buf: Any) -> memoryview:
+        if self._torch_pinned:
+            return memoryview(buf.numpy())
+        return memoryview(buf)
+
+    def write(self, key: str, data: Any) -> Any:
+        if self._torch_pinned and hasattr(data, "untyped_storage") and data.device.type == "cuda":
+            buf = self._alloc(data.numel() * data.element_size())
+            from sdcp_fast.cache.tiers.device import copy_async
+
+            copy_async(buf, data)
+            return buf
+        src = as_bytes_view(data)
+        buf = self._alloc(src.nbytes)
+        if src.nbytes:
+            if self._native is not None:
+                self._native.host_copy(buf, src)
+            else:
+                self._view(buf)[:] = src
+        return buf
+
+    def read(self, handle: Any) -> memoryview:
+        return self._view(handle).toreadonly()
+
+    def read_range(self, handle: Any, start: int, stop: int) -> memoryview:
+        return self._view(handle)[start:stop].toreadonly()
+
+    def tensor(self, handle: Any) -> Any:
+        """The stored bytes as a CPU uint8 tensor (pinned where CUDA exists), no copy."""
+        import torch
+
+        if self._torch_pinned:
+            return handle
+        return torch.frombuffer(handle, dtype=torch.uint8) if len(handle) else torch.empty(0, dtype=torch.uint8)
+
+    def drop(self, handle: Any) -> None:
+        # A buffer still exported to a reader (a memoryview from get) must not be reused:
+        # the reader would see the next object's bytes. Callers pass the handle as a
+        # temporary so that only this frame holds it.
+        n = len(handle)
+        if n and self._pooled + n <= self._pool_limit and sys.getrefcount(handle) <= _UNSHARED_REFS:
+            self._pool.setdefault(n, []).append(handle)
+            self._pooled += n
+
+    def close(self) -> None:
+        self._pool.clear()
+        self._pooled = 0

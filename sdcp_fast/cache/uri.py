@@ -1,0 +1,78 @@
+"""Names of MLC objects.
+
+``mlc://<scope-hex>/<session>/<kind>/<round>``: the 16-byte KVSP scope of the session
+contract (32 lowercase hex digits) is the namespace, so one scope's accounting and
+clean-up never touch another's. ``<session>`` is the base64url session id of §5.1;
+``<round>`` is omitted for per-session objects (``prompt_kv``, ``commit_log``).
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from dataclasses import dataclass
+
+SCHEME = "mlc://"
+KINDS = frozenset({"q_rows", "draft_kv", "prompt_kv", "target_kv", "committed_tokens", "prompt", "commit_log"})
+NO_SCOPE = "-"
+
+_SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_SCOPE = re.compile(r"^[0-9a-f]{32}$")
+
+
+@dataclass(frozen=True)
+class ObjectName:
+    scope: bytes
+    session: str
+    kind: str
+    round: int | None = None
+
+    def __str__(self) -> str:
+        tail = "" if self.round is None else f"/{self.round}"
+        return f"{SCHEME}{self.scope.hex()}/{self.session}/{self.kind}{tail}"
+
+
+def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None = None) -> str:
+    """The URI of one draft artifact; ``session`` may be the 16 raw bytes or its base64url form."""
+    if len(scope) != 16:
+        raise ValueError("scope is the contract's 16-byte KVSP Scope ID")
+    if kind not in KINDS:
+        raise ValueError(f"unknown object kind {kind!r}")
+    if round is not None and round < 0:
+        raise ValueError("round is a uint")
+    if isinstance(session, bytes):
+        session = base64.urlsafe_b64encode(session).rstrip(b"=").decode()
+    return str(ObjectName(scope, session, kind, round))
+
+
+def parse(uri: str) -> ObjectName:
+    """Split an ``mlc://`` URI; ValueError when it is not one."""
+    if not uri.startswith(SCHEME):
+        raise ValueError(f"not an mlc:// URI: {uri!r}")
+    parts = uri[len(SCHEME):].split("/")
+    if len(parts) not in (3, 4) or not _SCOPE.match(parts[0]):
+        raise ValueError(f"expected mlc://<scope-hex32>/<session>/<kind>[/<round>]: {uri!r}")
+    if not all(_SEGMENT.match(p) for p in parts[1:]):
+        raise ValueError(f"bad path segment in {uri!r}")
+    round_ = None
+    if len(parts) == 4:
+        if not parts[3].isdigit():
+            raise ValueError(f"round must be decimal: {uri!r}")
+        round_ = int(parts[3])
+    return ObjectName(bytes.fromhex(parts[0]), parts[1], parts[2], round_)
+
+
+def scope_of(uri: str) -> str:
+    """Accounting key: the scope hex of an ``mlc://`` URI, ``-`` for any other name."""
+    if uri.startswith(SCHEME):
+        head = uri[len(SCHEME):].split("/", 1)[0]
+        if _SCOPE.match(head):
+            return head
+    return NO_SCOPE
+
+
+def check_key(uri: str) -> str:
+    """Any printable name without spaces is accepted as a key (other schemes are opaque to us)."""
+    if not uri or len(uri) > 1024 or not uri.isprintable() or " " in uri:
+        raise ValueError(f"bad object name {uri!r}")
+    return uri
