@@ -22,6 +22,9 @@ _U32 = struct.Struct(">I")
 
 def uint32_be(values: Sequence[int]) -> bytes:
     """``values`` as concatenated 4-octet big-endian integers (the draft's uint32())."""
+    # struct takes bools and anything with __index__; a token is a Python int and nothing else.
+    if not all(type(v) is int for v in values):
+        raise BadRequest("a token is not an integer")
     try:
         return struct.pack(f">{len(values)}I", *values)
     except struct.error as exc:
@@ -48,9 +51,8 @@ def prefix_digest(contract_digest: bytes, prompt: Sequence[int]) -> bytes:
 def extend_digest(digest: bytes, tokens: Iterable[int]) -> bytes:
     """d[n + k] from d[n] and the k tokens committed after it (k may be 0)."""
     _check_digest("digest", digest)
+    packed = uint32_be(list(tokens))
     sha256 = hashlib.sha256
-    for token in tokens:
-        if type(token) is not int or not 0 <= token <= UINT32_MAX:
-            raise BadRequest(f"token {token!r} does not fit in uint32")
-        digest = sha256(digest + _U32.pack(token)).digest()
+    for k in range(0, len(packed), 4):
+        digest = sha256(digest + packed[k:k + 4]).digest()
     return digest

@@ -1,0 +1,102 @@
+"""Commit-log records (§6.8): encoding, decoding and the fencing rule."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sdcp_fast.protocol import cbor
+from sdcp_fast.protocol.commitlog import (
+    CommitRecord,
+    FenceRecord,
+    append_allowed,
+    append_survived,
+    decode_log,
+    decode_record,
+    encode_record,
+    fence_epoch,
+)
+from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
+
+U64 = st.integers(0, (1 << 64) - 1)
+commits = st.builds(
+    CommitRecord, epoch=U64, round=U64, emitted=st.lists(U64, max_size=6).map(tuple), committed=U64,
+    digest=st.binary(min_size=32, max_size=32),
+)
+fences = st.builds(FenceRecord, epoch=U64)
+records = st.one_of(commits, fences)
+COMMIT = CommitRecord(epoch=2, round=5, emitted=(7, 8), committed=9, digest=b"\xab" * 32)
+
+
+def test_fence_record_is_a_map_with_only_the_epoch() -> None:
+    assert encode_record(FenceRecord(3)).hex() == "a16565706f636803"
+
+
+def test_commit_record_encoding_is_deterministic_cbor_of_its_five_members() -> None:
+    expected = cbor.deterministic_cbor(
+        {"epoch": 2, "round": 5, "emitted": [7, 8], "committed": 9, "digest": b"\xab" * 32}
+    )
+    assert encode_record(COMMIT) == expected
+
+
+@given(records)
+def test_roundtrip(record: CommitRecord | FenceRecord) -> None:
+    assert decode_record(encode_record(record)) == record
+
+
+@given(st.lists(records, max_size=6))
+def test_log_is_a_cbor_sequence_of_records(log: list[CommitRecord | FenceRecord]) -> None:
+    assert decode_log(b"".join(encode_record(r) for r in log)) == log
+
+
+def test_unknown_keys_are_ignored() -> None:
+    raw = cbor.decode(encode_record(COMMIT))
+    assert decode_record(cbor.deterministic_cbor({**raw, "writer": "v1"})) == COMMIT
+    assert decode_record(cbor.deterministic_cbor({"epoch": 4, "by": "router"})) == FenceRecord(4)
+
+
+@pytest.mark.parametrize("raw", [
+    [], {"round": 1}, {"epoch": -1}, {"epoch": True}, {"epoch": 1, "round": 1},
+    {"epoch": 1, "round": 1, "emitted": [], "committed": 0, "digest": b"\x00" * 31},
+    {"epoch": 1, "round": 1, "emitted": 3, "committed": 0, "digest": b"\x00" * 32},
+    {"epoch": 1, "round": 1, "emitted": [-1], "committed": 0, "digest": b"\x00" * 32},
+])
+def test_malformed_records_are_bad_request(raw: object) -> None:
+    with pytest.raises(BadRequest):
+        decode_record(cbor.deterministic_cbor(raw))
+
+
+@pytest.mark.parametrize("record", [
+    FenceRecord(-1), CommitRecord(1, 1, (1 << 64,), 0, b"\x00" * 32), CommitRecord(1, 1, (), 0, b"\x00"),
+    "not a record",
+])
+def test_encoding_invalid_records_is_bad_request(record: object) -> None:
+    with pytest.raises(BadRequest):
+        encode_record(record)  # type: ignore[arg-type]
+
+
+@given(st.binary(max_size=64))
+def test_random_bytes_decode_only_to_problems(data: bytes) -> None:
+    try:
+        decode_record(data)
+    except SdcpProblem:
+        pass
+
+
+def test_fence_epoch_and_append_rule() -> None:
+    log = [CommitRecord(1, 1, (5,), 1, b"\x00" * 32), FenceRecord(2)]
+    assert fence_epoch([]) == 0
+    assert fence_epoch(log) == 2
+    assert not append_allowed(log, CommitRecord(1, 2, (6,), 2, b"\x00" * 32))
+    assert append_allowed(log, CommitRecord(2, 2, (6,), 2, b"\x00" * 32))
+    assert not append_allowed(log, FenceRecord(1))
+
+
+def test_append_survived_checks_fences_before_the_own_record() -> None:
+    own = CommitRecord(1, 2, (6,), 2, b"\x00" * 32)
+    assert append_survived([own], 0)
+    assert not append_survived([FenceRecord(2), own], 1)
+    assert append_survived([own, FenceRecord(2)], 0)  # fenced after: the append itself stood
+    assert append_survived([FenceRecord(1), own], 1)
+    assert not append_survived([own], 1)
