@@ -22,7 +22,7 @@ from sdcp_fast.protocol.problems import BadRequest
 
 VERIFY_DOMAIN = b"SDCP-VERIFY-1\x00"
 PURPOSE_ACCEPT = 0  # the acceptance test r < min(1, p/q)
-PURPOSE_EXTRA = 1  # drawing the additional token (residual or p[M+1])
+PURPOSE_DRAW = 1  # drawing the additional token (residual or p[M+1])
 _SCALE = 1.0 / (1 << 53)
 _TAIL = struct.Struct(">IIB")
 

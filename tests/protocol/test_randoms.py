@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.protocol.randoms import (
     PURPOSE_ACCEPT,
-    PURPOSE_EXTRA,
+    PURPOSE_DRAW,
     VerifierRandom,
     secure_uniform,
     verifier_uniform,
@@ -29,7 +29,7 @@ def by_hand(seed: int, session: bytes, round_: int, i: int, purpose: int) -> flo
 
 
 @given(st.integers(0, (1 << 64) - 1), st.binary(min_size=16, max_size=16), st.integers(0, 0xFFFFFFFF),
-       st.integers(0, 0xFFFFFFFF), st.sampled_from([PURPOSE_ACCEPT, PURPOSE_EXTRA]))
+       st.integers(0, 0xFFFFFFFF), st.sampled_from([PURPOSE_ACCEPT, PURPOSE_DRAW]))
 def test_matches_the_hmac_derivation(seed: int, session: bytes, round_: int, i: int, purpose: int) -> None:
     r = verifier_uniform(seed, session, round_, i, purpose)
     assert r == by_hand(seed, session, round_, i, purpose)
