@@ -1,0 +1,48 @@
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from etcd_server import running_etcd
+
+from sdcp_fast.commitlog import open_commit_log
+from sdcp_fast.commitlog.file import FileCommitLog
+
+
+@pytest.fixture(scope="session")
+def etcd_endpoint():
+    with running_etcd() as endpoint:
+        yield endpoint
+
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(params=["file", "mlc", "etcd"])
+def log_factory(request, tmp_path):
+    """A function returning a fresh handle on one log (call twice: two writers, one log)."""
+    if request.param == "file":
+        path = str(tmp_path / "c.log")
+        factory = lambda: FileCommitLog(path)  # noqa: E731
+    elif request.param == "mlc":
+        import sdcp_fast.cache as cache
+
+        mlc = cache.embedded(str(tmp_path), host_bytes=1 << 20, disk_bytes=1 << 20)
+        request.addfinalizer(mlc.close)
+        ref = cache.object_uri(bytes(16), bytes(16), "commit_log")
+        factory = lambda: open_commit_log(ref, mlc=mlc)  # noqa: E731
+    else:
+        request.applymarker(pytest.mark.services)
+        host, port = request.getfixturevalue("etcd_endpoint")
+        ref = f"etcd://{host}:{port}/sdcp-test/{next(_prefixes)}"
+        factory = lambda: open_commit_log(ref)  # noqa: E731
+    opened = []
+
+    def make():
+        log = factory()
+        opened.append(log)
+        return log
+
+    yield make
+    for log in opened:
+        log.close()
