@@ -1,0 +1,187 @@
+"""Drafter-side logic (sdcp_fast/protocol/drafter.py, draft §6.2)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from sessionkit import DRAFTER, STATUS, VERIFIER, assignment, open_session, run_round
+
+from sdcp_fast.protocol.drafter import (
+    AcceptanceEstimator,
+    DrafterError,
+    DrafterSession,
+    choose_m,
+    expected_tokens,
+    state_from_problem,
+)
+from sdcp_fast.protocol.messages import Action, Assignment, Proposal
+from sdcp_fast.protocol.problems import (
+    BadProposal,
+    Limit,
+    NotAssigned,
+    QUnavailable,
+    StaleBase,
+    StaleEpoch,
+)
+from sdcp_fast.protocol.session import ScoreNeeded
+
+
+def test_expected_tokens():
+    assert expected_tokens(1.0, 4) == 5.0
+    assert expected_tokens(0.0, 4) == 1.0
+    assert expected_tokens(0.5, 2) == pytest.approx(1.75)
+    assert expected_tokens(-0.5, 3) == 1.0
+
+
+def _brute(alpha, t_d, t_v, limit):
+    rates = [expected_tokens(alpha, m) / (m * t_d + t_v) for m in range(1, limit + 1)]
+    return 1 + rates.index(max(rates))
+
+
+@given(st.floats(0, 1), st.floats(0.01, 10), st.floats(0.01, 100), st.integers(1, 64))
+def test_choose_m_maximizes_tokens_per_time(alpha, t_d, t_v, limit):
+    assert choose_m(alpha, t_d, t_v, limit) == _brute(alpha, t_d, t_v, limit)
+
+
+def test_choose_m_responds_to_load_and_acceptance():
+    assert choose_m(1.0, 1.0, 10.0, 8) == 8
+    assert choose_m(0.0, 1.0, 10.0, 8) == 1
+    assert choose_m(0.8, 1.0, 10.0, 16) > choose_m(0.8, 5.0, 10.0, 16)  # slow drafting -> fewer
+    assert choose_m(0.5, 0.0, 0.0, 7) == 7
+    with pytest.raises(ValueError):
+        choose_m(0.5, 1.0, 1.0, 0)
+
+
+def test_estimator_tracks_per_token_acceptance():
+    est = AcceptanceEstimator(decay=0.9, prior=0.5)
+    for _ in range(200):
+        est.update(3, 4)  # 3 successes, 1 failure
+    assert est.alpha == pytest.approx(0.75, abs=1e-3)
+    assert est.accept_milli == 750
+    for _ in range(200):
+        est.update(4, 4)
+    assert est.alpha > 0.99 and est.accept_milli == 1000
+    with pytest.raises(ValueError):
+        est.update(5, 4)
+    with pytest.raises(ValueError):
+        AcceptanceEstimator(decay=1.0)
+    zero = AcceptanceEstimator(prior_weight=0.0)
+    assert zero.alpha == 0.0
+
+
+def _pair(**contract_overrides):
+    from sessionkit import contract
+
+    verifier = open_session(contract(**contract_overrides), m_init=3)
+    drafter = DrafterSession(assignment(verifier, m_init=3))
+    return verifier, drafter
+
+
+def _verify(verifier, prop, accepted, next_token):
+    work = verifier.receive_proposal(prop, client=DRAFTER, now=0)
+    assert isinstance(work, ScoreNeeded)
+    verifier.complete_scoring(accepted, next_token)
+    return verifier.append_done(ok=True).verdict
+
+
+def test_one_outstanding_proposal_and_bookkeeping():
+    verifier, drafter = _pair()
+    assert drafter.limit == 3 and drafter.choose_m(0.1, 1.0) >= 1
+    prop = drafter.propose([4, 5], STATUS)
+    assert isinstance(prop, Proposal) and (prop.round, prop.base, prop.base_digest) == (1, 0, verifier.digest)
+    with pytest.raises(DrafterError):
+        drafter.propose([6], STATUS)
+    assert drafter.retry() is prop
+    assert drafter.retry(replace(STATUS, load=50)).status.load == 50
+    verdict = _verify(verifier, prop, 2, 7)
+    outcome = drafter.on_verdict(verdict, assumed=(4, 5, 7))
+    assert outcome.proceed and outcome.full and outcome.speculation_ok
+    assert (drafter.round, drafter.committed, drafter.digest) == (1, 3, verifier.digest)
+    prop2 = drafter.propose([8], STATUS)
+    verdict = _verify(verifier, prop2, 0, 9)
+    outcome = drafter.on_verdict(verdict, assumed=(8, 1))
+    assert outcome.proceed and not outcome.full and not outcome.speculation_ok
+    with pytest.raises(DrafterError):
+        drafter.on_verdict(verdict)
+    with pytest.raises(DrafterError):
+        drafter.retry()
+
+
+def test_speculation_not_ok_when_extra_token_differs():
+    verifier, drafter = _pair()
+    verdict = _verify(verifier, drafter.propose([4, 5], STATUS), 2, 7)
+    assert not drafter.on_verdict(verdict, assumed=(4, 5, 8)).speculation_ok
+
+
+def test_propose_limits():
+    _, drafter = _pair()
+    with pytest.raises(DrafterError):
+        drafter.propose([], STATUS)
+    with pytest.raises(DrafterError):
+        drafter.propose([1, 2, 3, 4], STATUS)
+
+
+def test_stop_actions_end_proposing():
+    verifier, drafter = _pair(low_rounds=1, fallback=(2,))
+    verdict = _verify(verifier, drafter.propose([4], STATUS), 0, 7)
+    outcome = drafter.on_verdict(verdict)
+    assert verdict.action is Action.SWITCH and not outcome.proceed and drafter.stopped is Action.SWITCH
+    with pytest.raises(DrafterError):
+        drafter.propose([1], STATUS)
+
+
+def test_resync_from_stale_base_problem():
+    verifier, first = _pair()
+    run_round(verifier, (4,), 1, 5)
+    # An assignment that lags the verifier: right round, outdated committed prefix.
+    drafter = DrafterSession(replace(assignment(verifier), committed=0, digest=first.digest))
+    prop = drafter.propose([6], STATUS)
+    with pytest.raises(StaleBase) as info:
+        verifier.receive_proposal(prop, client=DRAFTER, now=0)
+    assert drafter.on_problem(info.value)
+    assert (drafter.round, drafter.committed, drafter.digest) == (1, 2, verifier.digest)
+    assert drafter.outstanding is None
+    prop = drafter.propose([6], STATUS)
+    assert isinstance(verifier.receive_proposal(prop, client=DRAFTER, now=0), ScoreNeeded)
+
+
+def test_lost_verdict_retry_gets_recorded_verdict():
+    verifier, drafter = _pair()
+    prop = drafter.propose([4], STATUS)
+    lost = _verify(verifier, prop, 1, 5)
+    assert verifier.receive_proposal(drafter.retry(), client=DRAFTER, now=0) == lost
+
+
+def test_state_from_problem_reads_json_hex_and_rejects_garbage():
+    verifier, _ = _pair()
+    state = verifier.session_state()
+    as_json = {k: v.hex() if isinstance(v, bytes) else v for k, v in state.to_map().items()}
+    assert state_from_problem(StaleBase(extra={"session_state": as_json})) == state
+    assert state_from_problem(StaleBase(extra={"session_state": state})) == state
+    assert state_from_problem(StaleBase()) is None
+    assert state_from_problem(StaleBase(extra={"session_state": {"session": "zz"}})) is None
+    assert state_from_problem(StaleBase(extra={"session_state": {"round": 1}})) is None
+
+
+def test_on_problem_outcomes():
+    verifier, drafter = _pair()
+    for problem in (Limit(), BadProposal(), QUnavailable(), StaleBase()):
+        drafter.propose([1], STATUS)
+        assert drafter.on_problem(problem) and drafter.outstanding is None
+    drafter.propose([1], STATUS)
+    assert not drafter.on_problem(StaleEpoch()) and drafter.stopped is Action.FAIL
+    _, other = _pair()
+    assert not other.on_problem(NotAssigned())
+    with pytest.raises(DrafterError):
+        other.resync(replace(verifier.session_state(), session=b"x" * 16))
+
+
+def test_assignment_fields_used():
+    verifier, _ = _pair()
+    a = assignment(verifier)
+    assert isinstance(a, Assignment) and a.verifier == VERIFIER
+    assert not math.isnan(DrafterSession(a).estimator.alpha)

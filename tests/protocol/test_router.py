@@ -1,0 +1,165 @@
+"""Router decisions (sdcp_fast/protocol/router.py, draft §6.1, §6.6, §6.9)."""
+
+from __future__ import annotations
+
+import pytest
+from sessionkit import PROMPT, SID, TARGET, VERIFIER, contract
+
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.protocol.messages import Action, Event, Sampling, SessionState, Status
+from sdcp_fast.protocol.router import (
+    RoutedSession,
+    StatusTable,
+    after_open,
+    assign,
+    choose_drafter,
+    confirmed,
+    on_event,
+    open_message,
+    plan_failover,
+    policy_update,
+    reassign_expired,
+)
+from sdcp_fast.protocol.session import VerifierSession
+
+MODEL_A, MODEL_B = b"A" * 32, b"B" * 32
+
+
+def status(name, load=10, queue=0, accept=None, ttl_ms=1000, role=1):
+    return Status(instance=name, role=role, load=load, queue=queue, ttl_ms=ttl_ms, accept_milli=accept)
+
+
+def table_with(*statuses, now=0.0, models=None):
+    table = StatusTable()
+    for s in statuses:
+        table.report(s, now)
+        table.register_model(s.instance, (models or {}).get(s.instance, MODEL_A))
+    return table
+
+
+def routed(**overrides):
+    fields = dict(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log",
+                  verifier=VERIFIER, round=0, committed=0, digest=bytes(32), m_init=4)
+    fields.update(overrides)
+    return RoutedSession(**fields)
+
+
+def test_status_ttl_expiry():
+    table = table_with(status("a", ttl_ms=500), status("v", role=2, ttl_ms=2000))
+    assert table.live("a", 0.49) and not table.live("a", 0.5) and not table.live("zz", 0)
+    assert table.status("a", 0.1).load == 10 and table.status("a", 0.6) is None
+    assert [s.instance for s in table.live_drafters(0.1)] == ["a"]
+    assert table.next_expiry() == 0.5
+    assert table.expire(1.0) == ["a"] and table.expire(1.0) == []
+    assert table.next_expiry() == 2.0
+    assert StatusTable().next_expiry() is None
+    assert table.model_of("a") == MODEL_A and table.model_of("zz") is None
+
+
+def test_choose_prefers_low_load_then_queue_then_acceptance():
+    table = table_with(status("a", load=50), status("b", load=20, queue=3), status("c", load=20, queue=1),
+                       status("d", load=20, queue=1, accept=900), status("v", load=0, role=2))
+    assert choose_drafter(table, contract(), 0.0) == "d"
+    assert choose_drafter(table, contract(), 0.0, exclude=("d",)) == "c"
+    assert choose_drafter(table, contract(), 5.0) is None  # all expired: never assigned
+
+
+def test_choose_respects_contract_drafters():
+    table = table_with(status("a", load=0), status("b", load=90), models={"a": MODEL_A, "b": MODEL_B})
+    table.report(status("anon", load=0), 0.0)  # no registered model
+    assert choose_drafter(table, contract(drafters=(MODEL_B,)), 0.0) == "b"
+    assert choose_drafter(table, contract(drafters=(bytes(32),)), 0.0) is None
+    assert choose_drafter(table, contract(), 0.0) in ("a", "anon")
+
+
+def test_assignment_then_confirmation_carries_verifier_state():
+    table = table_with(status("a"))
+    r = routed()
+    a = assign(r, table, 0.0)
+    assert a is not None and a.drafter == "a" and r.drafter == "a" and a.m_init == 4
+    state = SessionState(session=SID, epoch=1, round=3, committed=7, digest=b"\x07" * 32)
+    final = confirmed(r, state)
+    assert (final.round, final.committed, final.digest) == (3, 7, b"\x07" * 32)
+    assert assign(r, StatusTable(), 0.0) is None
+    with pytest.raises(ValueError):
+        confirmed(routed(), state)
+
+
+def test_policy_update_is_carried_by_later_assignments():
+    table = table_with(status("a"))
+    r = routed()
+    msg = policy_update(r, 2, Sampling(temperature_milli=0))
+    assert msg.from_round == 2 and msg.session == SID
+    a = assign(r, table, 0.0)
+    assert a.sampling == Sampling(temperature_milli=0) and a.contract == contract()
+
+
+def test_events():
+    table = table_with(status("a", load=0), status("b", load=50))
+    r = routed()
+    assign(r, table, 0.0)
+    ev = Event(session=SID, epoch=1, kind=Action.SWITCH, committed=5, digest=b"\x05" * 32)
+    a = on_event(r, ev, table, 0.0)
+    assert a.drafter == "b" and r.committed == 5 and a.committed == 5
+    # Every drafter tried: rotate rather than stall, still never the current one.
+    a = on_event(r, ev, table, 0.0)
+    assert a.drafter == "a"
+    back = on_event(r, Event(session=SID, epoch=1, kind=Action.SELF_DECODE, committed=6, digest=bytes(32)),
+                    table, 0.0)
+    assert back.drafter == "a"
+    assert on_event(r, Event(session=SID, epoch=0, kind=Action.SWITCH, committed=9, digest=bytes(32)),
+                    table, 0.0) is None
+    assert on_event(r, Event(session=SID, epoch=1, kind=Action.CONTINUE, committed=6, digest=bytes(32)),
+                    table, 0.0) is None
+    assert on_event(r, Event(session=SID, epoch=1, kind=Action.FINISH, committed=6, digest=bytes(32)),
+                    table, 0.0) is None
+    assert r.done
+    lonely = routed()
+    assert on_event(lonely, ev, StatusTable(), 0.0) is None
+
+
+def test_reassign_expired_drafters():
+    table = table_with(status("a", ttl_ms=100), status("b", ttl_ms=10_000))
+    r1, r2, r3 = routed(), routed(session=b"2" * 16), routed(session=b"3" * 16, done=True)
+    r1.drafter, r2.drafter, r3.drafter = "a", "b", "a"
+    plans = reassign_expired([r1, r2, r3, routed()], table, 1.0)
+    assert [(p.session, p.drafter) for p in plans] == [(SID, "b")]
+    assert reassign_expired([routed(drafter="x")], StatusTable(), 1.0) == []
+
+
+def test_failover_plan_fences_then_resumes():
+    table = table_with(status("a"))
+    r = routed(round=4, committed=9, digest=b"\x09" * 32)
+    r.drafter = "a"
+    last = CommitRecord(epoch=1, round=4, emitted=(1,), committed=9, digest=b"\x09" * 32)
+    plan = plan_failover(r, "https://v2/", last, committed_tokens="mlc://out", target_kv="mlc://kv")
+    assert plan.fence == FenceRecord(epoch=2)
+    assert plan.open.epoch == 2 and plan.open.resume.round == 4 and plan.open.resume.committed == 9
+    assert plan.open.resume.target_kv == "mlc://kv" and r.verifier == "https://v2/"
+    state = SessionState(session=SID, epoch=2, round=4, committed=9, digest=b"\x09" * 32)
+    a = after_open(r, state, table, 0.0)
+    assert a.drafter == "a" and a.epoch == 2 and a.verifier == "https://v2/"
+    with pytest.raises(ValueError):
+        plan_failover(r, "https://v3/", last)
+
+
+def test_failover_without_commits_opens_afresh_and_picks_live_drafter():
+    table = table_with(status("b"))
+    r = routed()
+    r.drafter = "gone"
+    plan = plan_failover(r, "https://v2/", None)
+    assert plan.open.resume is None and plan.open.epoch == 2
+    session, state = VerifierSession.open(plan.open, target_digest=TARGET)
+    a = after_open(r, state, table, 0.0)
+    assert a.drafter == "b" and a.digest == state.digest and a.committed == 0
+    session.assign(a)
+    assert session.drafter == "b"
+
+
+def test_open_message_and_follow_ignores_old_epochs():
+    r = routed()
+    assert open_message(r).commit_log == "mlc://log"
+    r.follow(SessionState(session=SID, epoch=9, round=3, committed=3, digest=bytes(32)))
+    assert r.round == 0
+    r.follow(Event(session=SID, epoch=1, kind=Action.SWITCH, committed=0, digest=b"\x01" * 32))
+    assert r.digest == b"\x01" * 32
