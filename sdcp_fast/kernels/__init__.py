@@ -8,10 +8,16 @@ nothing else of ours except the lazy native loader.
 
 from .backends import BACKENDS, BackendUnavailable
 from .paged_kv import gather_paged_kv, write_paged_kv
+from .sampling import apply_sampling_profile, sample_from_probs
+from .verify import verify_greedy, verify_speculative
 
 __all__ = [
     "BACKENDS",
     "BackendUnavailable",
+    "apply_sampling_profile",
     "gather_paged_kv",
+    "sample_from_probs",
+    "verify_greedy",
+    "verify_speculative",
     "write_paged_kv",
 ]

@@ -23,7 +23,8 @@ def profile_probs(logits: torch.Tensor, prof: Profile) -> torch.Tensor:
     n, vocab = x.shape
     temp = prof.temperature_milli.to(x.device, torch.float64).unsqueeze(1) / 1000.0
     greedy = temp == 0
-    w = torch.exp((x - x.max(dim=1, keepdim=True).values) / torch.where(greedy, 1.0, temp))
+    z = x / torch.where(greedy, 1.0, temp)
+    w = torch.exp(z - z.max(dim=1, keepdim=True).values)
     order = torch.sort(x, dim=1, descending=True, stable=True).indices  # stable: ties by id asc
     ws = w.gather(1, order)
     rank = torch.arange(vocab, device=x.device).expand(n, vocab)
@@ -100,7 +101,7 @@ def verify_speculative(target_logits: torch.Tensor, prof: Profile, q_probs: torc
         start, end = int(lay.cu_draft[b]), int(lay.cu_draft[b + 1])
         xs = tokens[start:end]
         q_at_x = q_probs[torch.arange(start, end, device=dev), torch.tensor(xs, device=dev, dtype=torch.long)]
-        if bool((~(q_at_x > 0)).any()):  # also catches NaN
+        if not bool(((q_at_x > 0) & torch.isfinite(q_at_x)).all()):  # NaN and inf are unusable too
             bad[b] = True
             continue
         row_prof = Profile(prof.temperature_milli[b : b + 1], prof.top_k[b : b + 1],

@@ -1,0 +1,339 @@
+// CPU kernels for SDCP verification. Definitions: sdcp_fast/kernels/reference.py.
+//
+// Determinism: every sum over the vocabulary is taken in fixed blocks of kBlock ids whose
+// partial sums are added in block order, so a row's result is the same whether its blocks
+// run on one thread or many, and whatever other sessions share the batch.
+#include "sampling_kernels.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+namespace sdcp {
+namespace {
+
+constexpr int64_t kBlock = 2048;
+
+inline float load(const float* p, int64_t j) { return p[j]; }
+inline float load(const uint16_t* p, int64_t j) {
+    uint32_t bits = uint32_t(p[j]) << 16;  // bfloat16 is the top half of a float32
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+// exp(x) for x <= 0 without a libm call, so loops vectorize: x = n ln2 + r with a degree-6
+// polynomial for exp(r) (Cephes coefficients); relative error about 2e-7; exp(-inf) = 0.
+inline float fast_exp(float x) {
+    const float lo = -87.0f;
+    float xc = std::max(std::min(x, 88.0f), lo);
+    float n = std::floor(xc * 1.44269504088896341f + 0.5f);
+    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * r * r + r + 1.0f;
+    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &bits, 4);
+    return x < lo ? 0.0f : y * scale;
+}
+
+// Runs body(k) for each block k; in parallel only when no enclosing region is (sessions
+// already fill the threads), so small batches still use every core on the vocabulary.
+template <class F>
+void for_blocks(int64_t nblocks, F&& body) {
+    bool par = !omp_in_parallel() && nblocks >= 4 && omp_get_max_threads() > 1;
+#pragma omp parallel for schedule(static) if (par)
+    for (int64_t k = 0; k < nblocks; ++k) body(k);
+}
+
+inline int64_t num_blocks(int64_t vocab) { return (vocab + kBlock - 1) / kBlock; }
+
+// p of one row under a profile: p(j) = kept(j) ? w(j) / norm : 0, w(j) = exp((l_j - lmax) / T).
+// The kept set is every id, or the ids ranked (logit desc, id asc) no later than (thr, thr_id).
+struct Stats {
+    bool greedy = false;
+    float temp = 1.0f;
+    float lmax = 0.0f;
+    double norm = 1.0;
+    bool filtered = false;
+    float thr = 0.0f;
+    int64_t thr_id = 0;
+};
+
+inline bool kept(const Stats& s, float l, int64_t j) {
+    return !s.filtered || l > s.thr || (l == s.thr && j <= s.thr_id);
+}
+inline float weight(const Stats& s, float l) { return s.greedy ? 1.0f : fast_exp((l - s.lmax) / s.temp); }
+inline double prob(const Stats& s, float l, int64_t j) {
+    return kept(s, l, j) ? double(weight(s, l)) / s.norm : 0.0;
+}
+
+template <class T>
+float row_max(const T* row, int64_t vocab) {
+    float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+    for (int64_t j = 0; j < vocab; ++j) m = std::max(m, load(row, j));
+    return m;
+}
+
+template <class T>
+int64_t first_index_of(const T* row, int64_t vocab, float value) {
+    for (int64_t j = 0; j < vocab; ++j)
+        if (load(row, j) == value) return j;
+    return 0;  // only for NaN rows
+}
+
+template <class T>
+double sum_weights(const T* row, int64_t vocab, const Stats& s) {
+    int64_t nb = num_blocks(vocab);
+    std::vector<double> part(nb);
+    for_blocks(nb, [&](int64_t k) {
+        int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
+        double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t j = j0; j < j1; ++j) acc += double(weight(s, load(row, j)));
+        part[k] = acc;
+    });
+    double total = 0.0;
+    for (double v : part) total += v;
+    return total;
+}
+
+template <class T>
+Stats row_stats(const T* row, int64_t vocab, const Profile& pr) {
+    Stats s;
+    s.lmax = row_max(row, vocab);
+    if (pr.temperature_milli == 0) {  // one-hot argmax: w = 1 on the single kept id
+        s.greedy = true;
+        s.filtered = true;
+        s.thr = s.lmax;
+        s.thr_id = first_index_of(row, vocab, s.lmax);
+        return s;
+    }
+    s.temp = float(double(pr.temperature_milli) / 1000.0);
+    int64_t top_k = pr.top_k >= vocab ? 0 : pr.top_k;
+    int64_t top_p = pr.top_p_milli >= 1000 ? 0 : pr.top_p_milli;
+    if (top_k == 0 && top_p == 0) {
+        s.norm = sum_weights(row, vocab, s);
+        return s;
+    }
+    std::vector<float> vals(vocab);
+    for (int64_t j = 0; j < vocab; ++j) vals[j] = load(row, j);
+    std::vector<int64_t> idx(vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    auto before = [&](int64_t a, int64_t b) { return vals[a] > vals[b] || (vals[a] == vals[b] && a < b); };
+    int64_t cand = vocab;
+    if (top_k > 0) {
+        std::nth_element(idx.begin(), idx.begin() + (top_k - 1), idx.end(), before);
+        cand = top_k;
+    }
+    int64_t keep = cand;
+    if (top_p == 0) {
+        s.norm = 0.0;
+        for (int64_t r = 0; r < cand; ++r) s.norm += double(weight(s, vals[idx[r]]));
+    } else {
+        double mass = 0.0;
+        if (top_k > 0) {
+            for (int64_t r = 0; r < cand; ++r) mass += double(weight(s, vals[idx[r]]));
+        } else {
+            mass = sum_weights(row, vocab, s);
+        }
+        double limit = double(top_p) / 1000.0 * mass;
+        // Widen the sorted prefix until it holds the nucleus: usually a few hundred ids.
+        for (int64_t len = std::min<int64_t>(cand, 1024);; len = std::min(cand, len * 8)) {
+            std::partial_sort(idx.begin(), idx.begin() + len, idx.begin() + cand, before);
+            double acc = 0.0;
+            int64_t r = 0;
+            while (r < len && acc < limit) acc += double(weight(s, vals[idx[r++]]));
+            if (acc >= limit || len == cand) {
+                keep = r;
+                s.norm = acc;
+                break;
+            }
+        }
+    }
+    s.filtered = true;  // the last kept id in rank order (nth_element leaves the k-th at k-1)
+    s.thr = vals[idx[keep - 1]];
+    s.thr_id = idx[keep - 1];
+    return s;
+}
+
+// The one inverse-CDF rule: smallest id with cumulative weight (ascending ids) > u * total;
+// if rounding leaves none, the largest id with positive weight; -1 without positive mass.
+// fill(j0, j1, out) writes the weights of ids j0..j1-1 as doubles.
+template <class Fill>
+int64_t inverse_cdf(int64_t vocab, double u, Fill&& fill) {
+    int64_t nb = num_blocks(vocab);
+    std::vector<double> part(nb);
+    for_blocks(nb, [&](int64_t k) {
+        double buf[kBlock];
+        int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
+        fill(j0, j1, buf);
+        double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < j1 - j0; ++i) acc += buf[i];
+        part[k] = acc;
+    });
+    double total = 0.0;
+    for (double v : part) total += v;
+    if (!(total > 0.0)) return -1;
+    double target = u * total, acc = 0.0;
+    int64_t k = 0;
+    while (k < nb && !(acc + part[k] > target)) acc += part[k++];
+    double buf[kBlock];
+    for (; k < nb; ++k) {  // past the block the partial sums point at, only if rounding says so
+        int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
+        fill(j0, j1, buf);
+        for (int64_t i = 0; i < j1 - j0; ++i) {
+            if (buf[i] > 0.0) {
+                acc += buf[i];
+                if (target < acc) return j0 + i;
+            }
+        }
+    }
+    for (k = nb - 1; k >= 0; --k) {
+        if (!(part[k] > 0.0)) continue;
+        int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
+        fill(j0, j1, buf);
+        for (int64_t i = j1 - j0 - 1; i >= 0; --i)
+            if (buf[i] > 0.0) return j0 + i;
+    }
+    return -1;
+}
+
+template <class T>
+auto prob_fill(const T* row, const Stats& s) {
+    return [row, &s](int64_t j0, int64_t j1, double* out) {
+        for (int64_t j = j0; j < j1; ++j) out[j - j0] = prob(s, load(row, j), j);
+    };
+}
+
+template <class T>
+void profile_rows(const T* logits, int64_t rows, int64_t vocab, const int64_t* tm, const int64_t* tk,
+                  const int64_t* tp, float* probs) {
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1)
+    for (int64_t n = 0; n < rows; ++n) {
+        const T* row = logits + n * vocab;
+        Stats s = row_stats(row, vocab, Profile{tm[n], tk[n], tp[n]});
+        float* out = probs + n * vocab;
+        for (int64_t j = 0; j < vocab; ++j) out[j] = float(prob(s, load(row, j), j));
+    }
+}
+
+template <class T>
+void greedy_sessions(const T* target, int64_t vocab, const int64_t* tokens, const int64_t* cu, int64_t batch,
+                     int32_t* accepted, int32_t* emitted, int64_t width) {
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+    for (int64_t b = 0; b < batch; ++b) {
+        int64_t t0 = cu[b], m = cu[b + 1] - cu[b];
+        int64_t a = 0;
+        for (;; ++a) {
+            const T* row = target + (t0 + b + a) * vocab;
+            int64_t best = first_index_of(row, vocab, row_max(row, vocab));
+            emitted[b * width + a] = int32_t(best);
+            if (a == m || tokens[t0 + a] != best) break;
+        }
+        accepted[b] = int32_t(a);
+    }
+}
+
+template <class T>
+void speculative_sessions(const T* target, int64_t vocab, const int64_t* tm, const int64_t* tk,
+                          const int64_t* tp, const float* q_probs, const int64_t* tokens, const int64_t* cu,
+                          int64_t batch, const double* u, int32_t* accepted, int32_t* emitted, int64_t width,
+                          bool* bad) {
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+    for (int64_t b = 0; b < batch; ++b) {
+        int64_t t0 = cu[b], m = cu[b + 1] - cu[b];
+        bool is_bad = false;
+        for (int64_t i = 0; i < m; ++i) {
+            float q = q_probs[(t0 + i) * vocab + tokens[t0 + i]];
+            is_bad = is_bad || !(q > 0.0f && std::isfinite(q));
+        }
+        bad[b] = is_bad;
+        accepted[b] = 0;
+        if (is_bad) continue;  // decided before any uniform is read
+        Profile pr{tm[b], tk[b], tp[b]};
+        int64_t a = 0, extra = -1;
+        for (; a < m; ++a) {
+            const T* row = target + (t0 + b + a) * vocab;
+            Stats s = row_stats(row, vocab, pr);
+            int64_t x = tokens[t0 + a];
+            const float* qrow = q_probs + (t0 + a) * vocab;
+            double p = prob(s, load(row, x), x), q = double(qrow[x]);
+            if (u[(b * width + a) * 2] < std::min(1.0, p / q)) {
+                emitted[b * width + a] = int32_t(x);
+                continue;
+            }
+            double r = u[(b * width + a) * 2 + 1];
+            extra = inverse_cdf(vocab, r, [&](int64_t j0, int64_t j1, double* out) {
+                for (int64_t j = j0; j < j1; ++j)
+                    out[j - j0] = std::max(0.0, prob(s, load(row, j), j) - double(qrow[j]));
+            });
+            if (extra < 0) extra = inverse_cdf(vocab, r, prob_fill(row, s));  // p == q up to rounding
+            break;
+        }
+        if (a == m) {
+            const T* row = target + (t0 + b + m) * vocab;
+            Stats s = row_stats(row, vocab, pr);
+            extra = inverse_cdf(vocab, u[(b * width + m) * 2 + 1], prob_fill(row, s));
+        }
+        emitted[b * width + a] = int32_t(extra);
+        accepted[b] = int32_t(a);
+    }
+}
+
+}  // namespace
+
+void apply_sampling_profile(const void* logits, LogitType type, int64_t rows, int64_t vocab,
+                            const int64_t* temperature_milli, const int64_t* top_k,
+                            const int64_t* top_p_milli, float* probs) {
+    if (type == LogitType::F32)
+        profile_rows(static_cast<const float*>(logits), rows, vocab, temperature_milli, top_k, top_p_milli, probs);
+    else
+        profile_rows(static_cast<const uint16_t*>(logits), rows, vocab, temperature_milli, top_k, top_p_milli,
+                     probs);
+}
+
+void sample_from_probs(const float* probs, int64_t rows, int64_t vocab, const double* uniforms,
+                       int32_t* tokens) {
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1)
+    for (int64_t n = 0; n < rows; ++n) {
+        const float* row = probs + n * vocab;
+        tokens[n] = int32_t(inverse_cdf(vocab, uniforms[n], [row](int64_t j0, int64_t j1, double* out) {
+            for (int64_t j = j0; j < j1; ++j) out[j - j0] = double(row[j]);
+        }));
+    }
+}
+
+void verify_greedy(const void* target, LogitType type, int64_t vocab, const int64_t* tokens,
+                   const int64_t* cu, int64_t batch, int32_t* accepted, int32_t* emitted, int64_t width) {
+    if (type == LogitType::F32)
+        greedy_sessions(static_cast<const float*>(target), vocab, tokens, cu, batch, accepted, emitted, width);
+    else
+        greedy_sessions(static_cast<const uint16_t*>(target), vocab, tokens, cu, batch, accepted, emitted, width);
+}
+
+void verify_speculative(const void* target, LogitType type, int64_t vocab, const int64_t* temperature_milli,
+                        const int64_t* top_k, const int64_t* top_p_milli, const float* q_probs,
+                        const int64_t* tokens, const int64_t* cu, int64_t batch, const double* uniforms,
+                        int32_t* accepted, int32_t* emitted, int64_t width, bool* bad) {
+    if (type == LogitType::F32)
+        speculative_sessions(static_cast<const float*>(target), vocab, temperature_milli, top_k, top_p_milli,
+                             q_probs, tokens, cu, batch, uniforms, accepted, emitted, width, bad);
+    else
+        speculative_sessions(static_cast<const uint16_t*>(target), vocab, temperature_milli, top_k, top_p_milli,
+                             q_probs, tokens, cu, batch, uniforms, accepted, emitted, width, bad);
+}
+
+}  // namespace sdcp

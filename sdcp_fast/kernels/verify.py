@@ -1,0 +1,108 @@
+"""Batched verification of speculative proposals: rules 1 and 2 of §6.4.
+
+Ragged layout: session b has ``M_b = cu_draft[b+1] - cu_draft[b]`` draft tokens
+``draft_tokens[cu_draft[b]:cu_draft[b+1]]`` and ``M_b + 1`` target rows starting at row
+``cu_draft[b] + b`` (positions 1..M_b+1). ``M_max = max M_b``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import backends, params
+from .sampling import IntParam
+
+
+def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_draft: torch.Tensor,
+                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule 1: accept x[i] while it is the argmax of its target row (ties to the smallest id).
+
+    Reads target rows 1..a+1 of each session (a = accepted), nothing after the first mismatch.
+    The argmax of p under any profile is the argmax of the logits, so no profile is taken.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        Shape: ``[D + B, V]``; dtype float32 or bfloat16.
+    draft_tokens : torch.Tensor
+        Shape: ``[D]``; integer token ids.
+    cu_draft : torch.Tensor
+        Shape: ``[B + 1]``; integer, ``cu_draft[0] = 0``, non-decreasing, ``cu_draft[B] = D``.
+    backend : str
+        ``"auto"``, ``"reference"``, ``"cpu"`` or ``"triton"``.
+
+    Returns
+    -------
+    accepted : torch.Tensor
+        Shape: ``[B]``; int32; a_b in 0..M_b.
+    emitted : torch.Tensor
+        Shape: ``[B, M_max + 1]``; int32; the a_b accepted tokens then the additional token,
+        padded with -1 (exactly a_b + 1 entries are not -1).
+    """
+    target_logits = params.logits_2d(target_logits, "target_logits")
+    lay = params.ragged(target_logits, draft_tokens, cu_draft)
+    name = backends.resolve(backend, target_logits.device)
+    tokens = draft_tokens.to(target_logits.device, torch.int64).contiguous()
+    return backends.load(name).verify_greedy(target_logits, tokens, lay)
+
+
+def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam, top_k: IntParam,
+                       top_p_milli: IntParam, q_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                       cu_draft: torch.Tensor, uniforms: torch.Tensor,
+                       backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rule 2 (speculative sampling) for a batch of sessions.
+
+    p[i] is the target row of position i under the session's profile (see
+    :func:`apply_sampling_profile`). For i = 1..M_b in order: accept x[i] iff
+    ``r < min(1, p[i](x[i]) / q[i](x[i]))`` with ``r = uniforms[b, i-1, 0]``. At the first
+    rejected position the additional token is drawn from ``max(0, p[i] - q[i])`` (or p[i]
+    if that is all zero through rounding) by inverse CDF (:func:`sample_from_probs`) with
+    ``uniforms[b, i-1, 1]``; if all are accepted, from p[M_b+1] with ``uniforms[b, M_b, 1]``.
+    A session with ``q[i](x[i]) <= 0`` (or NaN) at any position is flagged ``bad`` before
+    any uniform is used, and gets accepted 0 and no emitted token (answer ``sdcp-bad-proposal``).
+
+    What is read: q(x[i]) at every position; the target rows 1..a+1 (their max and
+    normalizer, plus the kept set when top-k/top-p is on); the full q row and target row
+    only at the first rejected position; the last target row only when all are accepted.
+
+    Parameters
+    ----------
+    target_logits : torch.Tensor
+        Shape: ``[D + B, V]``; dtype float32 or bfloat16.
+    temperature_milli, top_k, top_p_milli : int or torch.Tensor or None
+        Scalar or shape ``[B]`` integer profile of each session (None: absent); see
+        :func:`apply_sampling_profile`.
+    q_probs : torch.Tensor
+        Shape: ``[D, V]``; dtype float32; the draft distribution of each proposed position.
+    draft_tokens : torch.Tensor
+        Shape: ``[D]``; integer token ids.
+    cu_draft : torch.Tensor
+        Shape: ``[B + 1]``; integer, ``cu_draft[0] = 0``, non-decreasing, ``cu_draft[B] = D``.
+    uniforms : torch.Tensor
+        Shape: ``[B, M_max + 1, 2]``; dtype float64 in [0, 1): session, position i stored at
+        i-1, purpose (0 acceptance test, 1 drawing the additional token). Unused entries are ignored.
+    backend : str
+        ``"auto"``, ``"reference"``, ``"cpu"`` or ``"triton"``.
+
+    Returns
+    -------
+    accepted : torch.Tensor
+        Shape: ``[B]``; int32.
+    emitted : torch.Tensor
+        Shape: ``[B, M_max + 1]``; int32; accepted tokens then the additional one, -1 padded.
+    bad : torch.Tensor
+        Shape: ``[B]``; bool; q(x[i]) was not positive at some position.
+    """
+    target_logits = params.logits_2d(target_logits, "target_logits")
+    lay = params.ragged(target_logits, draft_tokens, cu_draft)
+    if q_probs.dtype != torch.float32 or q_probs.shape != (draft_tokens.numel(), target_logits.shape[1]):
+        raise ValueError(f"q_probs must be float32 [D, V] = [{draft_tokens.numel()}, {target_logits.shape[1]}], "
+                         f"got {q_probs.dtype} {tuple(q_probs.shape)}")
+    dev = target_logits.device
+    if q_probs.device != dev or uniforms.device != dev:
+        raise ValueError("target_logits, q_probs and uniforms must be on one device")
+    u = params.uniforms(uniforms, lay)
+    prof = params.profile(lay.batch, temperature_milli, top_k, top_p_milli, target_logits.shape[1], dev)
+    name = backends.resolve(backend, dev)
+    tokens = draft_tokens.to(dev, torch.int64).contiguous()
+    return backends.load(name).verify_speculative(target_logits, prof, q_probs.contiguous(), tokens, lay, u)
