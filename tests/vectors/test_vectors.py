@@ -12,6 +12,7 @@ from types import ModuleType
 from typing import Any
 
 import cbor2
+import pycddl
 import pytest
 
 from sdcp_fast.protocol import cbor
@@ -39,6 +40,13 @@ MESSAGE_TYPES: dict[str, type[Any]] = {
     "session-open": SessionOpen, "session-state": SessionState, "assignment": Assignment, "proposal": Proposal,
     "verdict": Verdict, "output": Output, "status": Status, "event": Event, "policy": Policy,
 }
+
+
+def cddl_schema(rule: str) -> pycddl.Schema:
+    text = (ROOT / "sdcp_fast" / "protocol" / "sdcp.cddl").read_text()
+    # pycddl 0.6.4 mis-validates "[+ ladder]"; the inlined choice is equivalent (see tests/protocol/test_messages.py).
+    text = text.replace("[+ ladder]", "[+ (a-reduce / a-switch / a-self-decode / a-fail)]")
+    return pycddl.Schema(f"root = {rule}\n{text}")
 
 
 def load(name: str) -> dict[str, Any]:
@@ -74,6 +82,8 @@ def test_contract_vector(vector: dict[str, Any]) -> None:
     loose = Contract.decode(bytes.fromhex(vector["loose_cbor"]))
     assert loose == contract and contract_digest(loose.to_map()).hex() == expected
     assert cbor2.loads(bytes.fromhex(vector["loose_cbor"])) == cbor2.loads(encoded)
+    if vector["name"] != "unknown-fallback-action":  # outside the CDDL's ladder by design
+        cddl_schema("contract").validate_cbor(encoded)
 
 
 @pytest.mark.parametrize("vector", load("contracts.json")["invalid"], ids=lambda v: v["name"])
@@ -123,6 +133,7 @@ def test_message_vector(vector: dict[str, Any]) -> None:
     assert msg.encode() == encoded
     assert cls.decode(bytes.fromhex(vector["loose_cbor"])) == msg
     assert cbor.deterministic_cbor(cbor2.loads(encoded)) == encoded
+    cddl_schema(vector["type"]).validate_cbor(encoded)
 
 
 def test_every_message_type_has_a_vector() -> None:
