@@ -7,6 +7,7 @@ from sdcp_fast.protocol.cbor import deterministic_cbor
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
 from sdcp_fast.protocol.messages import (
+    MEDIA_TYPE,
     Action,
     Assignment,
     Contract,
@@ -20,6 +21,8 @@ from sdcp_fast.protocol.messages import (
     SessionState,
     Status,
     Verdict,
+    parse_session_path_id,
+    session_path_id,
 )
 from sdcp_fast.protocol.problems import (
     BadContract,
@@ -38,7 +41,7 @@ from sdcp_fast.protocol.randoms import VerifierRandom, verifier_uniform
 
 __all__ = [
     "deterministic_cbor", "contract_digest", "prefix_digest", "extend_digest", "verifier_uniform",
-    "VerifierRandom",
+    "VerifierRandom", "MEDIA_TYPE", "session_path_id", "parse_session_path_id",
     "Action", "Assignment", "Contract", "Event", "Output", "Policy", "Proposal", "Resume", "Sampling",
     "SessionOpen", "SessionState", "Status", "Verdict",
     "BadContract", "BadProposal", "BadRequest", "Limit", "NotAssigned", "QUnavailable", "SdcpProblem",

@@ -12,6 +12,8 @@ a contract). Unknown map keys are ignored except inside a contract (§5.2, §4.1
 
 from __future__ import annotations
 
+import base64
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
@@ -47,6 +49,27 @@ REGISTERED_RULES = frozenset({RULE_GREEDY, RULE_SPECULATIVE})
 
 ROLE_DRAFTER = 1
 ROLE_VERIFIER = 2
+
+MEDIA_TYPE = "application/sdcp+cbor"  # §5.1: every SDCP message body
+_PATH_ID = re.compile(r"[A-Za-z0-9_-]{22}")
+
+
+def session_path_id(session: bytes) -> str:
+    """The ``{id}`` of session paths: base64url without padding of the 16-byte id (§5.1)."""
+    if not isinstance(session, bytes) or len(session) != 16:
+        raise BadRequest("session id must be 16 bytes")
+    return base64.urlsafe_b64encode(session).rstrip(b"=").decode("ascii")
+
+
+def parse_session_path_id(text: str) -> bytes:
+    """The session id in a path's ``{id}``; :class:`BadRequest` unless it is exactly that form."""
+    # 16 bytes are 22 characters; the last holds 2 bits, so only the canonical spelling is taken.
+    if not isinstance(text, str) or not _PATH_ID.fullmatch(text):
+        raise BadRequest("session path id must be 22 base64url characters")
+    session = base64.urlsafe_b64decode(text + "==")  # cannot fail: the pattern admits only base64url
+    if session_path_id(session) != text:
+        raise BadRequest("session path id is not in canonical base64url form")
+    return session
 
 
 _M = TypeVar("_M", bound="_Message")

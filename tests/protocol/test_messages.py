@@ -15,6 +15,7 @@ from message_strategies import BY_CLASS, CONTRACT, EXAMPLES, SAMPLING, any_messa
 
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.messages import (
+    MEDIA_TYPE,
     Action,
     Assignment,
     Contract,
@@ -27,6 +28,8 @@ from sdcp_fast.protocol.messages import (
     SessionOpen,
     Status,
     Verdict,
+    parse_session_path_id,
+    session_path_id,
 )
 from sdcp_fast.protocol.problems import BadContract, BadRequest, SdcpProblem
 
@@ -285,3 +288,22 @@ def test_nested_resume_and_status_problems_are_bad_request() -> None:
     with pytest.raises(BadRequest, match="Status"):
         Proposal.from_map(raw)
     assert Resume.from_map(EXAMPLES[Resume].to_map()) == EXAMPLES[Resume]
+
+
+@given(st.binary(min_size=16, max_size=16))
+def test_session_path_id_roundtrips(session: bytes) -> None:
+    text = session_path_id(session)
+    assert len(text) == 22 and "=" not in text
+    assert parse_session_path_id(text) == session
+
+
+@pytest.mark.parametrize("text", ["", "A" * 21, "A" * 23, "A" * 21 + "=", "+" * 22, "/" * 22, "AAECAwQFBgcICQoLDA0ODB"])
+def test_malformed_session_path_id_is_bad_request(text: str) -> None:
+    with pytest.raises(BadRequest):
+        parse_session_path_id(text)
+
+
+def test_session_path_id_needs_16_bytes() -> None:
+    with pytest.raises(BadRequest):
+        session_path_id(bytes(15))
+    assert MEDIA_TYPE == "application/sdcp+cbor"
