@@ -1,0 +1,192 @@
+"""A small Llama-family transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU.
+
+Reads SmolLM2, Llama 3.x and Qwen2.5 shapes (see ``config.py``). Attention reads and
+writes a :class:`~sdcp_fast.model.paged_kv.PagedKVCache`; one forward pass serves a
+ragged batch (each sequence brings any number of new tokens after its cached ones).
+q/k weights use the Hugging Face layout (RoPE rotates the two halves of each head).
+``torch.compile`` is left to the caller (see ``runner.ModelRunner(compile=True)``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .paged_kv import PagedKVCache
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    d = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))  # [D/2]
+    sc = cfg.rope_scaling or {}
+    if sc.get("rope_type", sc.get("type")) == "llama3":
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        old = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > old / lo, inv / factor, inv)
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (wavelen >= old / hi) & (wavelen <= old / lo)
+        inv = torch.where(mid, (1 - smooth) * scaled / factor + smooth * scaled, scaled)
+    return inv.float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]  # [T, H, D/2] each
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+@dataclass
+class BatchLayout:
+    """Where a ragged batch's new tokens go and what each may attend to."""
+
+    sessions: list[bytes]
+    positions: torch.Tensor  # [T] int64
+    slots: torch.Tensor  # [T] int64 cache slots of the new tokens
+    table: torch.Tensor  # [B, max_blocks] int32
+    seq_lens: torch.Tensor  # [B] int32, cached + new
+    q_lens: list[int]
+    # Padded views, for B > 1: flat index of each (b, t) query / (b, j) key, and the mask.
+    q_index: torch.Tensor | None = None  # [B, Tmax]
+    k_index: torch.Tensor | None = None  # [B, Lmax]
+    mask: torch.Tensor | None = None  # [B, 1, Tmax, Lmax] bool, True = attend
+
+    @classmethod
+    def build(cls, cache: PagedKVCache, sessions: list[bytes], new_tokens: list[list[int]]) -> BatchLayout:
+        positions: list[int] = []
+        slots: list[int] = []
+        for s, toks in zip(sessions, new_tokens, strict=True):
+            start = len(cache.seq(s).tokens)
+            positions.extend(range(start, start + len(toks)))
+            slots.extend(cache.append_slots(s, toks))
+        dev = cache.device
+        seq_lens = [len(cache.seqs[s].tokens) for s in sessions]
+        q_lens = [len(t) for t in new_tokens]
+        lay = cls(sessions, torch.tensor(positions, dtype=torch.int64, device=dev),
+                  torch.tensor(slots, dtype=torch.int64, device=dev), cache.block_table(sessions),
+                  torch.tensor(seq_lens, dtype=torch.int32, device=dev), q_lens)
+        lay._pad(seq_lens, dev)
+        return lay
+
+    def _pad(self, seq_lens: list[int], dev: torch.device) -> None:
+        B, tmax, lmax = len(seq_lens), max(self.q_lens), max(seq_lens)
+        if B == 1 and tmax == 1:
+            return
+        q_off = torch.tensor([0, *self.q_lens], device=dev).cumsum(0)[:-1]  # [B]
+        k_off = torch.tensor([0, *seq_lens], device=dev).cumsum(0)[:-1]
+        t = torch.arange(tmax, device=dev)
+        j = torch.arange(lmax, device=dev)
+        qn = torch.tensor(self.q_lens, device=dev)[:, None]
+        kn = torch.tensor(seq_lens, device=dev)[:, None]
+        q_valid = t[None] < qn  # [B, Tmax]
+        k_valid = j[None] < kn  # [B, Lmax]
+        self.q_index = (q_off[:, None] + t[None]).where(q_valid, q_off[:, None])
+        self.k_index = (k_off[:, None] + j[None]).where(k_valid, k_off[:, None])
+        q_pos = kn - qn + t[None]  # [B, Tmax] absolute position of each query
+        mask = k_valid[:, None, :] & (j[None, None, :] <= q_pos[:, :, None])  # [B, Tmax, Lmax]
+        mask[:, :, 0] |= ~q_valid  # padding queries attend to something (discarded later)
+        self.mask = mask[:, None]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        b = cfg.attention_bias
+        self.wq = nn.Linear(cfg.dim, cfg.n_heads * self.hd, bias=b)
+        self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * self.hd, bias=b)
+        self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * self.hd, bias=b)
+        self.wo = nn.Linear(cfg.n_heads * self.hd, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache, layer: int,
+                lay: BatchLayout) -> torch.Tensor:
+        T = x.shape[0]
+        q = self.wq(x).view(T, self.n_heads, self.hd)  # [T, H, D]
+        k = self.wk(x).view(T, self.n_kv, self.hd)  # [T, Hkv, D]
+        v = self.wv(x).view(T, self.n_kv, self.hd)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        cache.write(layer, k.to(cache.dtype), v.to(cache.dtype), lay.slots)
+        keys, vals = cache.gather(layer, lay.table, lay.seq_lens)  # [sum(seq_lens), Hkv, D]
+        keys, vals = keys.to(q.dtype), vals.to(q.dtype)
+        if lay.mask is None:  # one sequence, one query: it sees every cached position
+            out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
+                                                 vals.transpose(0, 1)[None], enable_gqa=True)  # [1, H, 1, D]
+            return self.wo(out[0].transpose(0, 1).reshape(T, -1))
+        assert lay.q_index is not None and lay.k_index is not None
+        qp = q[lay.q_index].transpose(1, 2)  # [B, H, Tmax, D]
+        kp = keys[lay.k_index].transpose(1, 2)  # [B, Hkv, Lmax, D]
+        vp = vals[lay.k_index].transpose(1, 2)
+        out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=lay.mask, enable_gqa=True)  # [B, H, Tmax, D]
+        out = out.transpose(1, 2)  # [B, Tmax, H, D]
+        flat = torch.cat([out[b, :n] for b, n in enumerate(lay.q_lens)])  # [T, H, D]
+        return self.wo(flat.reshape(T, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.w_gate = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_up = nn.Linear(cfg.dim, cfg.ffn_dim, bias=False)
+        self.w_down = nn.Linear(cfg.ffn_dim, cfg.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w_down(F.silu(self.w_gate(x)) * self.w_up(x))  # [T, dim]
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.ffn = FeedForward(cfg)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache, layer: int,
+                lay: BatchLayout) -> torch.Tensor:
+        x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, lay)
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+
+    def head_weight(self) -> torch.Tensor:
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, dim]
+
+    def forward(self, tokens: torch.Tensor, cache: PagedKVCache, lay: BatchLayout,
+                n_layers: int | None = None) -> torch.Tensor:
+        """Hidden states after the final norm, ``[T, dim]``, for the new ``tokens`` ``[T]``.
+        ``n_layers`` runs only the first layers (self-speculative layer skipping)."""
+        x = self.embed(tokens)  # [T, dim]
+        freqs = lay.positions.float()[:, None] * self.inv_freq[None]  # [T, D/2]
+        cos, sin = freqs.cos()[:, None].to(x.dtype), freqs.sin()[:, None].to(x.dtype)  # [T, 1, D/2]
+        for i, block in enumerate(self.layers[: n_layers or len(self.layers)]):
+            x = block(x, cos, sin, cache, i, lay)
+        return self.norm(x)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.head_weight()).float()  # [N, V]

