@@ -42,7 +42,8 @@ class _Entry:
     etag: str
     meta: dict[str, Any]
     leases: set[str] = field(default_factory=set)
-    reclaim: bool = False  # put under a lease: reclaimed when that lease expires
+    birth_lease: str | None = None  # put under this lease: reclaimed if it expires unreleased
+    reclaim: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class MLC:
             entry = _Entry(uri, scope_of(uri), size, i, handle, f'"{self._instance}-{next(self._ids)}"', meta)
             self._insert(entry)
             lease = self._grant(entry, lease_ttl, now) if lease_ttl is not None else None
-            entry.reclaim = lease is not None
+            entry.birth_lease = lease
             return Stored(entry.etag, self.tiers[i].name, lease)
 
     def get(self, uri: str) -> memoryview:
@@ -208,7 +209,8 @@ class MLC:
             del self._leases[lease_id]
             entry = self._index[uri]
             entry.leases.discard(lease_id)
-            entry.reclaim = False
+            if entry.birth_lease == lease_id:
+                entry.birth_lease = None
 
     # -- commit logs and stats -------------------------------------------------------------
 
@@ -266,6 +268,8 @@ class MLC:
             if entry is None:
                 continue
             entry.leases.discard(lease_id)
+            if entry.birth_lease == lease_id:
+                entry.reclaim = True
             if entry.reclaim and not entry.leases:
                 self.accounting[entry.scope, self.tiers[entry.tier].name].evictions += 1
                 self._remove(entry)

@@ -1,0 +1,45 @@
+"""Run the MLC's aiohttp app on loopback in a background thread (tests and the bench)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from aiohttp import web
+
+from sdcp_fast.cache.store import MLC
+from sdcp_fast.servers.mlc import init_app
+
+
+@contextmanager
+def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None) -> Iterator[str]:
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(init_app(mlc))
+    ready = threading.Event()
+    port: list[int] = []
+
+    async def start() -> None:
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_ctx)
+        await site.start()
+        port.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    assert ready.wait(10), "MLC server did not start"
+    try:
+        yield f"{'https' if ssl_ctx else 'http'}://127.0.0.1:{port[0]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

@@ -1,0 +1,124 @@
+"""The MLC and its commit logs over HTTP, plain and with mutual TLS."""
+
+from __future__ import annotations
+
+import ssl
+
+import pytest
+from certs import make_certs
+from mlc_server import serving
+
+from sdcp_fast.cache import MLC, BadRange, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
+from sdcp_fast.cache.client import RemoteMLC, client_ssl
+from sdcp_fast.cache.tiers.disk import DiskTier
+from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.servers.mlc import server_ssl
+
+SCOPE = bytes(range(16))
+
+
+def uri(n: int, kind: str = "q_rows") -> str:
+    return object_uri(SCOPE, b"s" * 16, kind, n)
+
+
+@pytest.fixture
+def mlc(tmp_path, clock):
+    m = MLC([HostTier(1 << 20), DiskTier(4 << 20, str(tmp_path))], clock=clock, log_root=str(tmp_path))
+    yield m
+    m.close()
+
+
+@pytest.fixture
+def remote(mlc):
+    with serving(mlc) as base, RemoteMLC(base) as client:
+        yield client
+
+
+def test_put_get_head_delete(remote, mlc):
+    data = bytes(range(256)) * 40
+    stored = remote.put(uri(1), data)
+    assert bytes(remote.get(uri(1))) == data
+    assert bytes(mlc.get(uri(1))) == data, "the remote put landed in the served MLC"
+    head = remote.head(uri(1))
+    assert (head.size, head.etag, head.tier, head.leased) == (len(data), stored.etag, "host", False)
+    remote.delete(uri(1))
+    with pytest.raises(ObjectUnavailable):
+        remote.get(uri(1))
+    assert not remote.contains(uri(1))
+
+
+def test_byte_ranges(remote):
+    data = bytes(range(256)) * 16
+    remote.put(uri(1), data)
+    assert bytes(remote.get_range(uri(1), 5, 300)) == data[5:300]
+    assert bytes(remote.get_range(uri(1), 4000)) == data[4000:]
+    with pytest.raises(BadRange):
+        remote.get_range(uri(1), 5000, 6000)
+
+
+def test_leases_over_http(remote, clock):
+    stored = remote.put(uri(1), b"q", lease_ttl=5)
+    assert stored.lease and remote.head(uri(1)).leased
+    with pytest.raises(ObjectLeased):
+        remote.delete(uri(1))
+    extra = remote.lease(uri(1), 10)
+    remote.renew(stored.lease, 20)
+    remote.release(extra)
+    clock.advance(21)
+    with pytest.raises(ObjectUnavailable):
+        remote.get(uri(1))
+    with pytest.raises(UnknownLease):
+        remote.release(stored.lease)
+
+
+def test_tensor_meta_and_prefetch(remote):
+    remote.put(uri(1), b"\x00" * 8, meta={"dtype": "float32", "shape": [2]})
+    assert remote.prefetch([uri(1), uri(2)]).result(timeout=10) == [True, False]
+    assert bytes(remote.get(uri(1))) == b"\x00" * 8
+
+
+def test_stats(remote):
+    remote.put(uri(1), b"abc")
+    remote.get(uri(1))
+    stats = remote.stats()
+    assert stats["scopes"][SCOPE.hex()]["host"]["hits"] == 1
+    assert stats["tiers"][0]["name"] == "host"
+
+
+def test_problem_for_bad_name(remote):
+    with pytest.raises(ValueError):
+        remote.put("mlc://not a uri", b"x")
+
+
+def test_commit_log_over_http_with_if_match(remote, mlc):
+    log_uri = uri(0, "commit_log").rsplit("/", 1)[0]
+    base = remote.base_url
+    a = open_commit_log(f"{base}/logs/{log_uri.removeprefix('mlc://')}")
+    b = remote.commit_log(log_uri)
+    view = a.read()
+    assert view.etag == '"0"' and view.records == []
+    rec = CommitRecord(1, 1, (5, 6), 2, b"\x01" * 32)
+    assert a.append(rec, view.etag) == '"1"'
+    with pytest.raises(PreconditionFailed) as exc:
+        b.append(rec, view.etag)
+    assert exc.value.status == 412
+    b.append(FenceRecord(2), None)
+    with pytest.raises(Fenced):
+        a.append(rec, a.read().etag)
+    assert b.read(1).records == [FenceRecord(2)]
+    assert mlc.commit_log(log_uri).read().records == [rec, FenceRecord(2)], "same log in-process"
+
+
+def test_mutual_tls(mlc, tmp_path):
+    certs = make_certs(tmp_path)
+    ctx = server_ssl(certs["server_cert"], certs["server_key"], certs["ca"])
+    with serving(mlc, ctx) as base:
+        good = client_ssl(certs["ca"], certs["client_cert"], certs["client_key"])
+        with RemoteMLC(base, ssl=good) as client:
+            client.put(uri(1), b"secret")
+            assert bytes(client.get(uri(1))) == b"secret"
+        with RemoteMLC(base, ssl=client_ssl(certs["ca"])) as anonymous:
+            with pytest.raises((ssl.SSLError, ConnectionError)):
+                anonymous.get(uri(1))
