@@ -25,6 +25,8 @@ def profile_probs(logits: torch.Tensor, prof: Profile) -> torch.Tensor:
     greedy = temp == 0
     z = x / torch.where(greedy, 1.0, temp)
     w = torch.exp(z - z.max(dim=1, keepdim=True).values)
+    if not bool(greedy.any() | (prof.top_k > 0).any() | (prof.top_p_milli > 0).any()):
+        return w / w.sum(dim=1, keepdim=True)  # plain softmax: no ranking needed
     order = torch.sort(x, dim=1, descending=True, stable=True).indices  # stable: ties by id asc
     ws = w.gather(1, order)
     rank = torch.arange(vocab, device=x.device).expand(n, vocab)
