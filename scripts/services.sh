@@ -5,7 +5,9 @@
 set -uo pipefail
 PACKAGES=()
 need() { command -v "$1" >/dev/null 2>&1 || PACKAGES+=("$2"); }
-# need etcd etcd-server        # (filled in by the MLC component)
+# The MLC's etcd commit log and its networked tier (Redis; docs/mlc.md says why not Mooncake).
+need etcd etcd-server
+need redis-server redis-server
 if [ ${#PACKAGES[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "services: installing ${PACKAGES[*]}"

@@ -44,6 +44,7 @@ class _Entry:
     leases: set[str] = field(default_factory=set)
     birth_lease: str | None = None  # put under this lease: reclaimed if it expires unreleased
     reclaim: bool = False
+    borrowed: bool = False  # the handle is another instance's object in a shared tier: never drop it
 
 
 @dataclass(frozen=True)
@@ -120,8 +121,12 @@ class MLC:
         """The whole object; a read-only view of the stored bytes (no copy) on host tiers."""
         with self._lock:
             entry = self._lookup(uri)
-            self._promote(entry, self._read_tier)
-            return self.tiers[entry.tier].read(entry.handle)
+            try:
+                self._promote(entry, self._read_tier)
+                return self.tiers[entry.tier].read(entry.handle)
+            except KeyError:  # a shared tier lost it (another instance deleted it)
+                self._remove(entry)
+                raise ObjectUnavailable(f"{uri} vanished from tier {self.tiers[entry.tier].name}") from None
 
     def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
         """Bytes [start, stop) without moving the object."""
@@ -296,7 +301,7 @@ class MLC:
             size = probe(uri) if probe is not None else None
             if size is not None:
                 entry = _Entry(uri, scope_of(uri), size, i, t.prefix + uri,  # type: ignore[attr-defined]
-                               f'"{self._instance}-{next(self._ids)}"', {})
+                               f'"{self._instance}-{next(self._ids)}"', {}, borrowed=True)
                 self._insert(entry)
                 return entry
         return None
@@ -334,7 +339,10 @@ class MLC:
         for lease_id in entry.leases:
             self._leases.pop(lease_id, None)
         tier = self.tiers[entry.tier]
-        tier.drop(self._unlink(entry))
+        if entry.borrowed:
+            self._unlink(entry)
+        else:
+            tier.drop(self._unlink(entry))
 
     def _make_room(self, i: int, size: int, *, keep: str) -> bool:
         """Free ``size`` bytes in tier i by demoting its LRU unleased objects."""
@@ -371,7 +379,11 @@ class MLC:
         data = src.tensor(entry.handle) if hasattr(src, "tensor") and not src.host_readable else src.read(entry.handle)
         new = dst.write(entry.uri, data)
         del data
-        src.drop(self._unlink(entry))
+        if entry.borrowed:
+            self._unlink(entry)
+            entry.borrowed = False
+        else:
+            src.drop(self._unlink(entry))
         entry.tier, entry.handle = j, new
         self._lru[j][entry.uri] = None
         self._used[j] += entry.size

@@ -35,6 +35,8 @@ class DiskTier:
         self.capacity = capacity
         self._own = root is None
         self.root = root or tempfile.mkdtemp(prefix="sdcp-mlc-")
+        # The index lives in memory, so object files of an earlier run are unreachable.
+        shutil.rmtree(os.path.join(self.root, "objects"), ignore_errors=True)
         os.makedirs(os.path.join(self.root, "objects"), exist_ok=True)
         self._gds = _kvikio()
         self._seq = 0
