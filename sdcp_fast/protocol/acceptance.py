@@ -19,9 +19,7 @@ from dataclasses import dataclass
 
 from sdcp_fast.protocol.messages import Sampling
 from sdcp_fast.protocol.problems import BadProposal
-
-PURPOSE_ACCEPT = 0
-PURPOSE_DRAW = 1
+from sdcp_fast.protocol.randoms import PURPOSE_ACCEPT, PURPOSE_DRAW
 
 Uniform = Callable[[int, int], float]
 """``uniform(i, purpose) -> r`` in [0, 1), for position ``i`` (1-based) and purpose 0 or 1."""
@@ -47,9 +45,10 @@ def _softmax(logits: Sequence[float], temperature: float) -> list[float]:
     return _normalized([math.exp(x - top) for x in scaled])
 
 
-def _ranked(p: Sequence[float]) -> list[int]:
-    # Boundary ties of top-k and top-p resolve by (probability desc, id asc).
-    return sorted(range(len(p)), key=lambda k: (-p[k], k))
+def _ranked(logits: Sequence[float]) -> list[int]:
+    # Order by (probability desc, id asc). Softmax is monotone, so ranking the logits gives
+    # that order exactly, where probabilities rounded to equal values would invent ties.
+    return sorted(range(len(logits)), key=lambda k: (-logits[k], k))
 
 
 def _keep(p: Sequence[float], kept: Sequence[int]) -> list[float]:
@@ -63,7 +62,7 @@ def profile_distribution(logits: Sequence[float], sampling: Sampling | None) -> 
     Absent members leave the distribution unchanged (temperature 1, no top-k, top-p 1);
     ``top_k == 0`` also means "no top-k". Temperature 0 is one-hot on the argmax. Top-p
     keeps the shortest prefix of the (prob desc, id asc) order whose mass reaches top_p,
-    and always at least one token.
+    so always at least one token: ``top_p_milli == 0`` keeps only the most probable.
     """
     if not logits:
         raise ValueError("empty logits row")
@@ -74,11 +73,12 @@ def profile_distribution(logits: Sequence[float], sampling: Sampling | None) -> 
         return one_hot
     temperature = 1.0 if s.temperature_milli is None else s.temperature_milli / 1000.0
     p = _softmax(logits, temperature)
+    order = _ranked(logits)
     if s.top_k:
-        p = _keep(p, _ranked(p)[: s.top_k])
+        order = order[: s.top_k]
+        p = _keep(p, order)
     if s.top_p_milli is not None and s.top_p_milli < 1000:
         top_p = s.top_p_milli / 1000.0
-        order = _ranked(p)
         kept: list[int] = []
         mass = 0.0
         for k in order:

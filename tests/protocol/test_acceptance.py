@@ -69,6 +69,12 @@ def test_top_p_applies_after_top_k():
     assert profile_distribution(logits, Sampling(top_k=2, top_p_milli=500)) == pytest.approx([0, 0, 0, 1])
 
 
+def test_ranking_uses_logits_not_rounded_probabilities():
+    # exp() rounds both to the same probability; the larger logit still ranks first.
+    assert profile_distribution([-2.2e-44, 0.0], Sampling(top_p_milli=0)) == [0.0, 1.0]
+    assert profile_distribution([-2.2e-44, 0.0], Sampling(top_k=1)) == [0.0, 1.0]
+
+
 def test_profile_rejects_empty_row():
     with pytest.raises(ValueError):
         profile_distribution([], None)
@@ -81,9 +87,8 @@ def test_profile_rejects_empty_row():
 def test_profile_is_a_distribution_keeping_the_most_probable(logits, sampling):
     p = profile_distribution(logits, sampling)
     assert math.fsum(p) == pytest.approx(1.0) and min(p) >= 0.0
-    # The top token of the tempered distribution (ties to the smallest id) always survives.
-    tempered = profile_distribution(logits, Sampling(temperature_milli=sampling.temperature_milli))
-    assert p[argmax(tempered)] == max(p)
+    # The most probable token (ties to the smallest id) always survives.
+    assert p[argmax(logits)] == max(p)
 
 
 def test_inverse_cdf_ascending_ids():
