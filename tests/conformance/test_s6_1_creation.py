@@ -1,0 +1,64 @@
+"""Conformance: §6.1 Session Creation and Assignment."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from s6kit import DRAFTER, PROMPT, SID, TARGET, VERIFIER, assignment, contract, open_session, proposal
+
+from sdcp_fast.protocol.contract import contract_digest
+from sdcp_fast.protocol.digests import prefix_digest
+from sdcp_fast.protocol.messages import SessionOpen, Status
+from sdcp_fast.protocol.problems import BadContract, NotAssigned
+from sdcp_fast.protocol.router import RoutedSession, StatusTable, assign, choose_drafter
+from sdcp_fast.protocol.session import ScoreNeeded, VerifierSession
+
+OPEN = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log")
+
+
+def test_verifier_refuses_contract_whose_target_does_not_match_its_model() -> None:
+    """§6.1: the verifier MUST refuse a contract whose target digest does not match its model."""
+    with pytest.raises(BadContract) as info:
+        VerifierSession.open(OPEN, target_digest=bytes(32))
+    assert info.value.suffix == "sdcp-bad-contract" and info.value.status == 422
+
+
+def test_verifier_answers_session_state_round_zero_committed_zero_with_d0() -> None:
+    """§6.1: the verifier computes d[0] and answers with session-state (round 0, committed 0)."""
+    _, state = VerifierSession.open(OPEN, target_digest=TARGET)
+    assert (state.session, state.epoch, state.round, state.committed) == (SID, 1, 0, 0)
+    assert state.digest == prefix_digest(contract_digest(OPEN.contract), PROMPT)
+
+
+def test_verifier_accepts_proposals_only_from_the_drafter_of_the_latest_assignment() -> None:
+    """§6.1: the verifier accepts proposals only from the drafter named in the latest assignment."""
+    session = open_session()
+    session.assign(assignment(session, drafter="https://b.example/"))
+    with pytest.raises(NotAssigned):
+        session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0)
+    mine = replace(proposal(session, (4,)), drafter="https://b.example/")
+    assert isinstance(session.receive_proposal(mine, client="https://b.example/", now=0), ScoreNeeded)
+
+
+def test_router_never_assigns_to_an_instance_whose_status_expired() -> None:
+    """§6.1: the router MUST NOT assign sessions to an instance whose status has expired."""
+    table = StatusTable()
+    table.report(Status(instance="https://old/", role=1, load=0, queue=0, ttl_ms=100), now=0.0)
+    table.report(Status(instance="https://busy/", role=1, load=99, queue=9, ttl_ms=10_000), now=0.0)
+    assert choose_drafter(table, contract(), now=0.05) == "https://old/"
+    assert choose_drafter(table, contract(), now=0.1) == "https://busy/"
+    table.expire(20.0)
+    routed = RoutedSession(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="l",
+                           verifier=VERIFIER, round=0, committed=0, digest=bytes(32), m_init=1)
+    assert assign(routed, table, 20.0) is None
+
+
+def test_router_selects_a_drafter_whose_model_the_contract_permits() -> None:
+    """§6.1: the router selects a drafter whose model is permitted by the contract."""
+    table = StatusTable()
+    for name, model, load in (("https://a/", b"A" * 32, 0), ("https://b/", b"B" * 32, 90)):
+        table.report(Status(instance=name, role=1, load=load, queue=0, ttl_ms=1000), now=0.0)
+        table.register_model(name, model)
+    assert choose_drafter(table, contract(drafters=(b"B" * 32,)), 0.0) == "https://b/"
+    assert choose_drafter(table, contract(), 0.0) == "https://a/"  # absent: any model
