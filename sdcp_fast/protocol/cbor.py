@@ -81,7 +81,11 @@ def _encode(value: Any, out: list[bytes], depth: int) -> None:
     elif isinstance(value, (list, tuple)):
         out.append(_head(_MT_ARRAY, len(value)))
         for item in value:
-            _encode(item, out, depth + 1)
+            # Token lists dominate message size: plain uints skip the dispatch below.
+            if type(item) is int and 0 <= item <= UINT64_MAX:
+                out.append(_head(_MT_UINT, item))
+            else:
+                _encode(item, out, depth + 1)
     elif isinstance(value, Mapping):
         entries: list[tuple[bytes, bytes]] = []
         for key, item in value.items():
@@ -190,7 +194,7 @@ class _Reader:
                 raise BadRequest("CBOR text string is not valid UTF-8") from exc
         if major == _MT_ARRAY:
             if arg is not None:
-                return [self.item(depth + 1) for _ in range(self.length(arg, 1))]
+                return self.array(self.length(arg, 1), depth)
             items: list[Any] = []
             while (value := self.item_or_break(depth + 1)) is not _BREAK_MARK:
                 items.append(value)
@@ -217,6 +221,32 @@ class _Reader:
         if 25 <= info <= 27:
             raise BadRequest("floating-point numbers are not used by SDCP")
         raise BadRequest(f"CBOR simple value {arg} is not used by SDCP")
+
+    def array(self, count: int, depth: int) -> list[Any]:
+        # Token lists dominate message size: read uint heads of up to 4 argument bytes inline.
+        if count and depth >= MAX_DEPTH:
+            raise BadRequest("CBOR nesting too deep")
+        buf, end = self.buf, len(self.buf)
+        items: list[Any] = []
+        append = items.append
+        for _ in range(count):
+            pos = self.pos
+            initial = buf[pos] if pos < end else 0xFF
+            if initial < 24:
+                append(initial)
+                self.pos = pos + 1
+            elif initial == 24 and pos + 2 <= end:
+                append(buf[pos + 1])
+                self.pos = pos + 2
+            elif initial == 25 and pos + 3 <= end:
+                append(buf[pos + 1] << 8 | buf[pos + 2])
+                self.pos = pos + 3
+            elif initial == 26 and pos + 5 <= end:
+                append(int.from_bytes(buf[pos + 1:pos + 5], "big"))
+                self.pos = pos + 5
+            else:
+                append(self.item(depth + 1))
+        return items
 
     def entry(self, result: dict[Any, Any], key: Any, depth: int) -> None:
         if not isinstance(key, (int, str, bytes)) or isinstance(key, bool):

@@ -142,6 +142,10 @@ class _Array(_Kind):
             raise _Invalid("must be an array")
         if self.nonempty and not raw:
             raise _Invalid("must not be empty")
+        if self.item is _UINT and all(type(x) is int for x in raw) and (
+            not raw or (min(raw) >= 0 and max(raw) <= cbor.UINT64_MAX)
+        ):
+            return tuple(raw)  # token lists: the same check as _UINT's, done by builtins
         return tuple(self.item.parse(x) for x in raw)
 
     def dump(self, value: Any) -> list[Any]:
