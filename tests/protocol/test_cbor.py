@@ -229,3 +229,30 @@ def test_every_proper_prefix_of_an_encoding_is_bad_request(value: Any) -> None:
     for end in range(len(encoded)):
         with pytest.raises(BadRequest):
             decode(encoded[:end])
+
+
+foreign = st.recursive(
+    st.one_of(scalars, st.floats(allow_nan=False), st.builds(cbor2.CBORTag, st.integers(0, 2**32), st.integers(0, 9))),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=4), inner, max_size=4)),
+    max_leaves=12,
+)
+
+
+def _has_foreign(value: Any) -> bool:
+    if isinstance(value, (float, cbor2.CBORTag)):
+        return True
+    if isinstance(value, list):
+        return any(_has_foreign(v) for v in value)
+    if isinstance(value, dict):
+        return any(_has_foreign(v) for v in value.values())
+    return False
+
+
+@given(foreign)
+def test_floats_and_tags_from_other_encoders_are_bad_request(value: Any) -> None:
+    data = cbor2.dumps(value)
+    if _has_foreign(value):
+        with pytest.raises(BadRequest):
+            decode(data)
+    else:
+        assert deterministic_cbor(decode(data)) == deterministic_cbor(value)
