@@ -73,7 +73,7 @@ def q_bytes(rows: Sequence[Sequence[float]]) -> bytes:
 def run_round(session: VerifierSession, tokens: Sequence[int], accepted: int, next_token: int, *,
               load: int = 0, client: str = DRAFTER, now: float = 0.0) -> RoundDone:
     """One rule-1 (or rule-2 with q = 1/2 everywhere) round to its commit."""
-    work = session.receive_proposal(proposal(session, tokens), client=client, now=now)
+    work = session.receive_proposal(proposal(session, tokens, drafter=client), client=client, now=now)
     assert isinstance(work, ScoreNeeded)
     if work.needs_q:
         session.provide_q([0.5] * len(tokens))

@@ -1,0 +1,42 @@
+"""Conformance: §6.8 Commit Log (as the verifier session uses it)."""
+
+from __future__ import annotations
+
+from s6kit import DRAFTER, open_session, proposal, run_round
+
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord, append_allowed, append_survived
+
+
+def test_commit_records_carry_current_epoch_and_follow_the_last_one() -> None:
+    """§6.8: a commit record appended by a verifier MUST carry the session's current epoch and
+    follow the last record it wrote."""
+    session = open_session(epoch=4)
+    records = []
+    for tokens in ((1, 3), (3,), (4, 5)):
+        session.receive_proposal(proposal(session, tokens), client=DRAFTER, now=0)
+        records.append(session.complete_scoring(len(tokens), 9).record)
+        session.append_done(ok=True)
+    assert {r.epoch for r in records} == {4}
+    assert [r.round for r in records] == [1, 2, 3]
+    assert [r.committed for r in records] == [3, 5, 8]
+    assert records[-1].digest == session.digest
+
+
+def test_appends_below_a_fence_fail() -> None:
+    """§6.8: after a fence record with epoch E+1, appends carrying an epoch lower than E+1 MUST fail."""
+    session = open_session(epoch=1)
+    done = run_round(session, (1,), 1, 3)
+    log = [CommitRecord(epoch=1, round=1, emitted=done.verdict.emitted, committed=2, digest=done.verdict.digest),
+           FenceRecord(epoch=2)]
+    session.receive_proposal(proposal(session, (3,)), client=DRAFTER, now=0)
+    record = session.complete_scoring(1, 4).record
+    assert not append_allowed(log, record)
+    assert append_allowed(log, CommitRecord(epoch=2, round=2, emitted=(3,), committed=3, digest=bytes(32)))
+
+
+def test_read_after_append_detects_an_earlier_fence() -> None:
+    """§6.8: if the MLC cannot enforce fencing, the verifier MUST read the log after its append and
+    treat the append as failed if a fence with a higher epoch precedes its record."""
+    own = CommitRecord(epoch=1, round=2, emitted=(3,), committed=3, digest=bytes(32))
+    assert not append_survived([FenceRecord(epoch=2), own], 1)
+    assert append_survived([FenceRecord(epoch=1), own], 1)
