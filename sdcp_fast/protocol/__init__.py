@@ -47,3 +47,27 @@ __all__ = [
     "BadContract", "BadProposal", "BadRequest", "Limit", "NotAssigned", "QUnavailable", "SdcpProblem",
     "SessionClosed", "StaleBase", "StaleEpoch", "UnknownSession",
 ]
+
+# The roles' state machines and rules (verifier session, control, acceptance, drafter, router).
+from sdcp_fast.protocol.acceptance import RoundResult, greedy, profile_distribution, speculative  # noqa: E402
+from sdcp_fast.protocol.control import SpeculationControl  # noqa: E402
+from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession, choose_m  # noqa: E402
+from sdcp_fast.protocol.router import RoutedSession, StatusTable, choose_drafter  # noqa: E402
+from sdcp_fast.protocol.session import (  # noqa: E402
+    AppendNeeded,
+    Discarded,
+    InvalidTransition,
+    Pending,
+    RoundDone,
+    ScoreNeeded,
+    State,
+    Uniforms,
+    VerifierSession,
+)
+
+__all__ += [
+    "RoundResult", "greedy", "profile_distribution", "speculative", "SpeculationControl",
+    "AcceptanceEstimator", "DrafterSession", "choose_m", "RoutedSession", "StatusTable", "choose_drafter",
+    "AppendNeeded", "Discarded", "InvalidTransition", "Pending", "RoundDone", "ScoreNeeded", "State",
+    "Uniforms", "VerifierSession",
+]
