@@ -16,7 +16,7 @@ struct HostAllocation {
 HostAllocation host_alloc(std::size_t size);
 void host_free(HostAllocation& a) noexcept;
 
-// memcpy split across threads for large copies (one thread below a few MiB).
+// memcpy; callers run it with the GIL released.
 void host_copy(void* dst, const void* src, std::size_t n) noexcept;
 
 }  // namespace sdcp

@@ -66,5 +66,5 @@ void register_host_memory(py::module_& m) {
                                    {static_cast<py::ssize_t>(b.size())}, {1});
         });
     m.def("host_copy", &copy_into, py::arg("dst"), py::arg("src"), py::arg("offset") = 0,
-          "Copy the bytes of src into dst at offset without the GIL (threads for large copies).");
+          "Copy the bytes of src into dst at offset with the GIL released.");
 }

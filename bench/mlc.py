@@ -1,0 +1,276 @@
+"""MLC and commit-log speed, each figure next to a baseline measured in the same run.
+
+    .venv/bin/python bench/mlc.py [--quick] [--sizes 4K,1M,64M] [--no-services]
+
+Memory tiers are compared with a plain memcpy into a preallocated buffer, the disk tier
+with a dd-like loop (write/read in 1 MiB blocks, one file per object), the networked tier
+with bare SET/GET on the same Redis, commit-log appends with a bare fsync'd append (file)
+and a bare etcd put. Targets: memory >= 70% of memcpy, disk >= 70% of dd, commit appends
+within 2x of a bare put (ratio >= 0.5). q rows are M x V x 4 bytes: 1 MiB at M=8, V=32000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
+
+import numpy as np
+
+from sdcp_fast.cache import MLC, object_uri
+from sdcp_fast.cache.tiers.disk import DiskTier
+from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.commitlog.etcd import EtcdCommitLog, EtcdGateway, _b64
+from sdcp_fast.commitlog.file import FileCommitLog, frame
+from sdcp_fast.protocol.commitlog import CommitRecord
+
+KiB, MiB = 1 << 10, 1 << 20
+SCOPE = bytes(range(16))
+ROWS: list[str] = []
+
+
+def parse_size(text: str) -> int:
+    unit = {"K": KiB, "M": MiB}.get(text[-1].upper(), 1)
+    return int(text[:-1] if unit != 1 else text) * unit
+
+
+def human(n: int) -> str:
+    return f"{n // MiB}M" if n >= MiB else f"{n // KiB}K"
+
+
+def timed(fn: Callable[[], object], budget: float, min_reps: int = 5) -> float:
+    """Median seconds per call, after one warm-up call."""
+    fn()
+    samples: list[float] = []
+    end = time.perf_counter() + budget
+    while len(samples) < min_reps or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= 10000:
+            break
+    return statistics.median(samples)
+
+
+def report(area: str, op: str, size: int, ours: float, base: float, target: float, base_name: str) -> None:
+    """``ours``/``base`` are seconds per op; the ratio is baseline time over ours (1.0 = as fast)."""
+    ratio = base / ours
+    mbps = (lambda s: size / s / MiB) if size else (lambda s: 1 / s)
+    unit = "MiB/s" if size else "ops/s"
+    verdict = "ok" if ratio >= target else "BELOW"
+    row = (f"{area:<8} {op:<14} {human(size) if size else '-':>5}  {mbps(ours):>10.1f} {unit}  "
+           f"{base_name:<14} {mbps(base):>10.1f} {unit}  ratio {ratio:5.2f}  "
+           f"(target {target:.2f}: {verdict})  lat {ours * 1e6:9.1f} us")
+    ROWS.append(row)
+    print(row, flush=True)
+
+
+def bench_host(sizes: list[int], budget: float) -> None:
+    mlc = MLC([HostTier(max(sizes) * 4)])
+    try:
+        tier = mlc.tiers[0]
+        print(f"# host tier allocator: {tier.allocator} (pinned={tier.pinned})")
+        for size in sizes:
+            _host_size(mlc, size, budget)
+    finally:
+        mlc.close()
+
+
+def _host_size(mlc: MLC, size: int, budget: float) -> None:
+    src = np.random.default_rng(0).integers(0, 255, size, dtype=np.uint8)
+    dst = np.empty_like(src)
+    uri = object_uri(SCOPE, b"b" * 16, "q_rows", size)
+    memcpy = timed(lambda: np.copyto(dst, src), budget)
+    report("host", "put", size, timed(lambda: mlc.put(uri, src), budget), memcpy, 0.7, "memcpy")
+    report("host", "get (view)", size, timed(lambda: mlc.get(uri), budget), memcpy, 0.7, "memcpy")
+    get_copy = timed(lambda: np.copyto(dst, np.frombuffer(mlc.get(uri), np.uint8)), budget)
+    report("host", "get+copy", size, get_copy, memcpy, 0.7, "memcpy")
+    mlc.delete(uri)
+
+
+def bench_disk(sizes: list[int], budget: float, root: str) -> None:
+    mlc = MLC([DiskTier(max(sizes) * 4, os.path.join(root, "mlc"))])
+    base_dir = os.path.join(root, "dd")
+    os.makedirs(base_dir, exist_ok=True)
+    try:
+        for size in sizes:
+            _disk_size(mlc, size, budget, os.path.join(base_dir, "obj"))
+    finally:
+        mlc.close()
+
+
+def _disk_size(mlc: MLC, size: int, budget: float, path: str) -> None:
+    block = MiB
+    src = np.random.default_rng(1).integers(0, 255, size, dtype=np.uint8)
+    view = memoryview(src)
+    dst = np.empty_like(src)
+    out = memoryview(dst)
+    uri = object_uri(SCOPE, b"d" * 16, "draft_kv", size)
+
+    def dd_write() -> None:
+        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        for off in range(0, size, block):
+            os.write(fd, view[off: off + block])
+        os.close(fd)
+        os.replace(path + ".new", path)
+
+    def dd_read() -> None:
+        with open(path, "rb", buffering=0) as f:
+            for off in range(0, size, block):
+                f.readinto(out[off: off + block])
+
+    report("disk", "put", size, timed(lambda: mlc.put(uri, src), budget), timed(dd_write, budget), 0.7,
+           "dd write")
+    read = timed(lambda: np.copyto(dst, np.frombuffer(mlc.get(uri), np.uint8)), budget)
+    report("disk", "get+copy", size, read, timed(dd_read, budget), 0.7, "dd read")
+    mlc.delete(uri)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_redis(sizes: list[int], budget: float) -> None:
+    binary = shutil.which("redis-server")
+    if binary is None:
+        print("# redis: skipped (redis-server missing; scripts/services.sh installs it)")
+        return
+    import redis
+
+    from sdcp_fast.cache.tiers.network import RedisTier
+
+    port = free_port()
+    proc = subprocess.Popen([binary, "--bind", "127.0.0.1", "--port", str(port), "--save", "", "--appendonly",
+                             "no"], stdout=subprocess.DEVNULL)
+    try:
+        url = f"redis://127.0.0.1:{port}/0"
+        client = redis.Redis.from_url(url)
+        for _ in range(100):
+            try:
+                client.ping()
+                break
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        mlc = MLC([RedisTier(max(sizes) * 4, url)])
+        for size in sizes:
+            _redis_size(mlc, client, size, budget)
+        mlc.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _redis_size(mlc: MLC, client: object, size: int, budget: float) -> None:
+    src = os.urandom(size)
+    uri = object_uri(SCOPE, b"r" * 16, "draft_kv", size)
+    base_put = timed(lambda: client.set("bare", src), budget)  # type: ignore[attr-defined]
+    report("redis", "put", size, timed(lambda: mlc.put(uri, src), budget), base_put, 0.7, "bare SET")
+    base_get = timed(lambda: client.get("bare"), budget)  # type: ignore[attr-defined]
+    report("redis", "get", size, timed(lambda: mlc.get(uri), budget), base_get, 0.7, "bare GET")
+    mlc.delete(uri)
+
+
+def record(n: int) -> CommitRecord:
+    return CommitRecord(epoch=1, round=n, emitted=(n, n + 1, n + 2), committed=3 * n, digest=bytes(32))
+
+
+def bench_file_log(root: str, budget: float) -> None:
+    log = FileCommitLog(os.path.join(root, "bench.log"))
+    blob = frame(record(1))
+    fd = os.open(os.path.join(root, "bare.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    state = {"etag": log.read().etag, "n": 0}
+
+    def append() -> None:
+        state["n"] += 1
+        state["etag"] = log.append(record(state["n"]), state["etag"])
+
+    def bare() -> None:
+        os.write(fd, blob)
+        os.fdatasync(fd)
+
+    try:
+        report("commit", "file append", 0, timed(append, budget), timed(bare, budget), 0.5, "write+fdatasync")
+    finally:
+        os.close(fd)
+        log.close()
+
+
+def bench_etcd(root: str, budget: float) -> None:
+    binary = shutil.which("etcd")
+    if binary is None:
+        print("# etcd: skipped (etcd missing; scripts/services.sh installs etcd-server)")
+        return
+    client, peer = free_port(), free_port()
+    data = os.path.join(root, "etcd")
+    proc = subprocess.Popen([
+        binary, "--name", "b", "--data-dir", data,
+        "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"b=http://127.0.0.1:{peer}", "--log-level", "error"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        for _ in range(150):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{client}/health", timeout=1) as r:
+                    if b"true" in r.read():
+                        break
+            except OSError:
+                time.sleep(0.1)
+        log = EtcdCommitLog("127.0.0.1", client, "/bench/log")
+        gw = EtcdGateway("127.0.0.1", client)
+        value = _b64(frame(record(1)))
+        state = {"etag": log.read().etag, "n": 0}
+
+        def append() -> None:
+            state["n"] += 1
+            state["etag"] = log.append(record(state["n"]), state["etag"])
+
+        def bare() -> None:
+            state["n"] += 1
+            gw.call("/v3/kv/put", {"key": _b64(f"/bench/bare/{state['n']:020d}"), "value": value})
+
+        report("commit", "etcd append", 0, timed(append, budget), timed(bare, budget), 0.5, "bare etcd put")
+        log.close()
+        gw.close()
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--sizes", default="4K,64K,1M,16M,64M")
+    ap.add_argument("--quick", action="store_true", help="short time budget per figure")
+    ap.add_argument("--no-services", action="store_true", help="skip Redis and etcd")
+    ap.add_argument("--root", help="folder for disk figures (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    budget = 0.1 if args.quick else 0.5
+    root = tempfile.mkdtemp(prefix="sdcp-bench-mlc-", dir=args.root)
+    print(f"# bench/mlc.py: sizes {','.join(human(s) for s in sizes)}, {budget}s per figure, root {root}")
+    try:
+        bench_host(sizes, budget)
+        bench_disk(sizes, budget, root)
+        bench_file_log(root, budget)
+        if not args.no_services:
+            bench_redis(sizes, budget)
+            bench_etcd(root, budget)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    below = [r for r in ROWS if "BELOW" in r]
+    print(f"# {len(ROWS) - len(below)}/{len(ROWS)} figures meet their target")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
