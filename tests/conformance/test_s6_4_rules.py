@@ -127,3 +127,14 @@ def test_target_distribution_is_the_sampling_profile() -> None:
     logits = [math.log(x) for x in (0.1, 0.2, 0.3, 0.4)]
     assert profile_distribution(logits, Sampling(top_k=3, top_p_milli=500)) == pytest.approx([0, 0, 3 / 7, 4 / 7])
     assert profile_distribution(logits, Sampling(temperature_milli=0)) == [0, 0, 0, 1]
+
+
+def test_drafter_side_does_not_use_the_verifier_derivation() -> None:
+    """§6.4: drafters MUST NOT use the verifier's derivation for their own sampling. The drafter
+    logic of the core draws nothing and does not reach the verifier's random values."""
+    import inspect
+
+    from sdcp_fast.protocol import drafter
+
+    source = inspect.getsource(drafter)
+    assert "randoms" not in source and "VerifierRandom" not in source and "verifier_uniform" not in source
