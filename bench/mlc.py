@@ -115,15 +115,19 @@ def _disk_size(mlc: MLC, size: int, budget: float, path: str) -> None:
     out = memoryview(dst)
     uri = object_uri(SCOPE, b"d" * 16, "draft_kv", size)
 
-    def dd_write() -> None:
-        fd = os.open(path + ".new", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    seq = [0]
+
+    def dd_write() -> None:  # a new file per object, the previous one unlinked: as the tier does
+        seq[0] += 1
+        fd = os.open(f"{path}.{seq[0]}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         for off in range(0, size, block):
             os.write(fd, view[off: off + block])
         os.close(fd)
-        os.replace(path + ".new", path)
+        if seq[0] > 1:
+            os.unlink(f"{path}.{seq[0] - 1}")
 
     def dd_read() -> None:
-        with open(path, "rb", buffering=0) as f:
+        with open(f"{path}.{seq[0]}", "rb", buffering=0) as f:
             for off in range(0, size, block):
                 f.readinto(out[off: off + block])
 

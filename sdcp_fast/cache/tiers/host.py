@@ -56,7 +56,10 @@ class HostTier:
         free = self._pool.get(n)
         if free:
             self._pooled -= n
-            return free.pop()
+            buf = free.pop()
+            if not free:
+                del self._pool[n]
+            return buf
         if self._torch_pinned:
             import torch
 
@@ -105,9 +108,16 @@ class HostTier:
         # the reader would see the next object's bytes. Callers pass the handle as a
         # temporary so that only this frame holds it.
         n = len(handle)
-        if n and self._pooled + n <= self._pool_limit and sys.getrefcount(handle) <= _UNSHARED_REFS:
-            self._pool.setdefault(n, []).append(handle)
-            self._pooled += n
+        if not n or n > self._pool_limit or sys.getrefcount(handle) > _UNSHARED_REFS:
+            return
+        while self._pooled + n > self._pool_limit:  # oldest size class first
+            size = next(iter(self._pool))
+            self._pool[size].pop()
+            self._pooled -= size
+            if not self._pool[size]:
+                del self._pool[size]
+        self._pool.setdefault(n, []).append(handle)
+        self._pooled += n
 
     def close(self) -> None:
         self._pool.clear()
