@@ -60,9 +60,9 @@ def profile_distribution(logits: Sequence[float], sampling: Sampling | None) -> 
     """The target distribution p of §4.1: temperature, then top-k, then top-p, renormalized.
 
     Absent members leave the distribution unchanged (temperature 1, no top-k, top-p 1);
-    ``top_k == 0`` also means "no top-k". Temperature 0 is one-hot on the argmax. Top-p
-    keeps the shortest prefix of the (prob desc, id asc) order whose mass reaches top_p,
-    so always at least one token: ``top_p_milli == 0`` keeps only the most probable.
+    0 also switches top-k and top-p off, as in the kernels. Temperature 0 is one-hot on the
+    argmax. Top-p keeps the shortest prefix of the (prob desc, id asc) order whose mass
+    reaches top_p, so at least one token.
     """
     if not logits:
         raise ValueError("empty logits row")
@@ -77,7 +77,7 @@ def profile_distribution(logits: Sequence[float], sampling: Sampling | None) -> 
     if s.top_k:
         order = order[: s.top_k]
         p = _keep(p, order)
-    if s.top_p_milli is not None and s.top_p_milli < 1000:
+    if s.top_p_milli and s.top_p_milli < 1000:
         top_p = s.top_p_milli / 1000.0
         kept: list[int] = []
         mass = 0.0

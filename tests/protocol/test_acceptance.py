@@ -56,7 +56,8 @@ def test_top_p_keeps_shortest_prefix_reaching_mass():
     logits = [math.log(x) for x in (0.1, 0.2, 0.3, 0.4)]
     assert profile_distribution(logits, Sampling(top_p_milli=700)) == pytest.approx([0, 0, 0.3 / 0.7, 0.4 / 0.7])
     assert profile_distribution(logits, Sampling(top_p_milli=400)) == pytest.approx([0, 0, 0, 1])
-    assert profile_distribution(logits, Sampling(top_p_milli=0)) == pytest.approx([0, 0, 0, 1])
+    assert profile_distribution(logits, Sampling(top_p_milli=1)) == pytest.approx([0, 0, 0, 1])
+    assert profile_distribution(logits, Sampling(top_p_milli=0)) == pytest.approx([0.1, 0.2, 0.3, 0.4])
     # Tie at the boundary: (prob desc, id asc) puts id 1 before id 2.
     tied = [math.log(x) for x in (0.2, 0.4, 0.4)]
     assert profile_distribution(tied, Sampling(top_p_milli=300)) == pytest.approx([0, 1, 0])
@@ -71,7 +72,7 @@ def test_top_p_applies_after_top_k():
 
 def test_ranking_uses_logits_not_rounded_probabilities():
     # exp() rounds both to the same probability; the larger logit still ranks first.
-    assert profile_distribution([-2.2e-44, 0.0], Sampling(top_p_milli=0)) == [0.0, 1.0]
+    assert profile_distribution([-2.2e-44, 0.0], Sampling(top_p_milli=1)) == [0.0, 1.0]
     assert profile_distribution([-2.2e-44, 0.0], Sampling(top_k=1)) == [0.0, 1.0]
 
 

@@ -165,6 +165,26 @@ def test_kernels_refuse_zero_q(backend):
     assert bool(bad[0]) and int(accepted[0]) == 0
 
 
+EDGE_PROFILES = [Sampling(), Sampling(temperature_milli=0), Sampling(top_k=0), Sampling(top_p_milli=0),
+                 Sampling(top_p_milli=1000), Sampling(top_k=1), Sampling(top_p_milli=1), Sampling(top_k=2, top_p_milli=999),
+                 Sampling(temperature_milli=1, top_k=3), Sampling(temperature_milli=5000, top_p_milli=500)]
+
+
+@pytest.mark.parametrize("backend", ["reference", "cpu"])
+@pytest.mark.parametrize("sampling", EDGE_PROFILES, ids=repr)
+def test_kernel_profile_agrees_on_edge_cases(backend, sampling):
+    """Absent and zero members, one-token filters and tied logits mean the same in both."""
+    from sdcp_fast.kernels.sampling import apply_sampling_profile
+
+    _backend_or_skip(backend)
+    rows = [[0.5, 2.0, 2.0, -1.0, 0.25], [3.0, 3.0, 3.0, 3.0, 3.0], [-4.0, 0.0, 1.5, 1.5, 7.0]]
+    got = apply_sampling_profile(torch.tensor(rows, dtype=torch.float32), sampling.temperature_milli,
+                                 sampling.top_k, sampling.top_p_milli, backend=backend)
+    want = torch.tensor([profile_distribution(r, sampling) for r in rows], dtype=torch.float64)
+    assert torch.equal(got > 0, want > 0)
+    assert torch.allclose(got.double(), want, atol=1e-6)
+
+
 def _cumsum(values):
     total = 0
     for v in values:
