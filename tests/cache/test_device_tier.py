@@ -1,0 +1,50 @@
+"""Device tier: CUDA tensors, side-stream copies to and from page-locked host buffers."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture
+def gpu_mlc(tmp_path, clock):
+    if not torch.cuda.is_available():
+        pytest.skip("device tier needs a CUDA device (torch.cuda.is_available() is False)")
+    from sdcp_fast.cache import MLC
+    from sdcp_fast.cache.tiers.device import DeviceTier
+    from sdcp_fast.cache.tiers.disk import DiskTier
+    from sdcp_fast.cache.tiers.host import HostTier
+
+    mlc = MLC([DeviceTier(8192), HostTier(8192), DiskTier(1 << 20, str(tmp_path))], clock=clock)
+    yield mlc
+    mlc.close()
+
+
+def test_device_tensor_put_lands_on_device_and_reads_back(gpu_mlc):
+    rows = torch.rand(4, 100, device="cuda")  # 1600 bytes
+    gpu_mlc.put("mlc://" + "0" * 32 + "/s/q_rows/1", rows)
+    assert gpu_mlc.head("mlc://" + "0" * 32 + "/s/q_rows/1").tier == "device"
+    back = gpu_mlc.get_tensor("mlc://" + "0" * 32 + "/s/q_rows/1", device="cuda")
+    assert back.device.type == "cuda" and torch.equal(back, rows)
+    host = gpu_mlc.get("mlc://" + "0" * 32 + "/s/q_rows/1")
+    assert bytes(host) == rows.cpu().numpy().tobytes()
+
+
+def test_host_buffers_are_pinned_with_cuda(gpu_mlc):
+    host = gpu_mlc.tiers[1]
+    assert host.allocator == "torch-pinned"
+    gpu_mlc.put("mlc://" + "0" * 32 + "/s/draft_kv/1", b"x" * 100)
+    assert gpu_mlc.tiers[1].tensor(gpu_mlc._index["mlc://" + "0" * 32 + "/s/draft_kv/1"].handle).is_pinned()
+
+
+def test_device_pressure_demotes_to_pinned_host_and_promotes_back(gpu_mlc):
+    names = [f"mlc://{'0' * 32}/s/draft_kv/{n}" for n in range(3)]
+    tensors = [torch.full((1024,), n, dtype=torch.float32, device="cuda") for n in range(3)]  # 4 KiB each
+    for name, t in zip(names, tensors, strict=True):
+        gpu_mlc.put(name, t)
+    assert gpu_mlc.head(names[0]).tier == "host"
+    back = gpu_mlc.get_tensor(names[0], device="cuda")
+    assert gpu_mlc.head(names[0]).tier == "device" and torch.equal(back, tensors[0])

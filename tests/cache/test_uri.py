@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+import pytest
+
+from sdcp_fast.cache.uri import ObjectName, object_uri, parse, scope_of
+
+SCOPE = bytes.fromhex("00112233445566778899aabbccddeeff")
+
+
+def test_object_uri_round_trips():
+    uri = object_uri(SCOPE, bytes(range(16)), "q_rows", 7)
+    assert uri == "mlc://00112233445566778899aabbccddeeff/AAECAwQFBgcICQoLDA0ODw/q_rows/7"
+    assert parse(uri) == ObjectName(SCOPE, "AAECAwQFBgcICQoLDA0ODw", "q_rows", 7)
+    assert str(parse(uri)) == uri
+
+
+def test_per_session_objects_have_no_round():
+    uri = object_uri(SCOPE, "sess", "commit_log")
+    assert parse(uri).round is None and uri.endswith("/sess/commit_log")
+
+
+@pytest.mark.parametrize("bad", [
+    "http://x/y", "mlc://00/s/q_rows/1", "mlc://" + "0" * 32 + "/s", "mlc://" + "0" * 32 + "/s/k/x",
+    "mlc://" + "0" * 32 + "/s p/k/1", "mlc://" + "0" * 32 + "/s/k/1/extra",
+])
+def test_parse_rejects(bad):
+    with pytest.raises(ValueError):
+        parse(bad)
+
+
+def test_object_uri_rejects_bad_parts():
+    with pytest.raises(ValueError):
+        object_uri(b"short", b"s", "q_rows", 1)
+    with pytest.raises(ValueError):
+        object_uri(SCOPE, b"s", "weights", 1)
+
+
+def test_scope_of_is_the_accounting_key():
+    assert scope_of(object_uri(SCOPE, b"s", "draft_kv", 1)) == SCOPE.hex()
+    assert scope_of("anything-else") == "-"
