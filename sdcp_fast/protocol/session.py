@@ -11,31 +11,36 @@ the ``ScoreNeeded`` of many sessions into one scoring pass)::
                                           prompt_tokens=prompt)          # -> session-state
     session.assign(assignment)                                           # PUT .../drafter
     work = session.receive_proposal(proposal, client=peer, now=now)      # POST proposals
-    if isinstance(work, Verdict):      # a retry of a finished round: send it again
+    if isinstance(work, Verdict):      # a retry of a recorded round: send it again
         ...
-    elif isinstance(work, Pending):    # identical request in progress: wait for the
-        ...                            # round, then call receive_proposal again
+    elif isinstance(work, Pending):    # identical request in progress: when that round is
+        ...                            # done or dropped, call receive_proposal again
     else:                              # ScoreNeeded
-        uniforms = None
-        if work.needs_q:               # rule 2: before any random value is drawn
-            uniforms = session.provide_q(q_of_x)   # or q_rows=raw_bytes, vocab=V
-        p_rows = profile(scorer(work.context, work.proposed), work.sampling)
-        result = greedy(p_rows, work.proposed) or speculative(p_rows, q_rows, work.proposed, uniforms)
+        uniforms = work.uniforms       # None for rule 1
+        if work.needs_q:               # rule 2: q checked before any random value is drawn
+            uniforms = session.provide_q(q_rows=raw_q_rows, vocab=V)   # or provide_q(q_of_x)
+        p_rows = [profile_distribution(row, work.sampling) for row in scorer(work.context, work.proposed)]
+        result = (greedy(p_rows, work.proposed) if work.rule == 1
+                  else speculative(p_rows, q_rows, work.proposed, uniforms))
         append = session.complete_scoring(result.accepted, result.next_token, load=load)
         ok = commit_log.append(append.record)    # conditional append (§6.8)
         done = session.append_done(ok=ok, fenced=not ok and log_was_fenced)
-        # RoundDone: send done.verdict; publish done.tokens from done.start; send done.events
+        # RoundDone: send done.verdict, publish done.tokens at output index done.start,
+        # send done.events to the router. Discarded: answer nothing, release nothing.
 
     while session.state is State.SELF_DECODING:   # after a self_decode verdict (§6.5.2)
         work = session.self_decode()               # ScoreNeeded with no proposed tokens
         ...                                        # score one position, pick the token
-        append = session.complete_scoring(0, token, load=load)
-        done = session.append_done(ok=True)
+        session.complete_scoring(0, token, load=load)
+        done = session.append_done(ok=True)        # after the append, as above
 
     session.output(from_index)                     # GET output?from=n
+    session.policy(policy)                         # POST sessions/{id}/policy
 
 Problems raised by ``provide_q`` (QUnavailable, BadProposal) are the answer to the
-proposal; the round is already discarded when they are raised.
+proposal; the round is already dropped when they are raised. ``abandon()`` drops a round
+the engine could not score. Inputs fed in a state that does not take them raise
+:class:`InvalidTransition` (a bug in the adapter, HTTP 500); ``TRANSITIONS`` is the table.
 """
 
 from __future__ import annotations
