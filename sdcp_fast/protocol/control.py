@@ -66,6 +66,13 @@ class SpeculationControl:
         """A new assignment: the drafter starts from m_init (§6.2), clamped to [1, m_max]."""
         self.m_cap = self._clamp(m_init)
 
+    def snapshot(self) -> tuple[int, int, int, int]:
+        """(m_cap, c, g, j), to undo a round whose commit failed: it never happened."""
+        return (self.m_cap, self.c, self.g, self.j)
+
+    def restore(self, saved: tuple[int, int, int, int]) -> None:
+        self.m_cap, self.c, self.g, self.j = saved
+
     def limit(self) -> int:
         """The largest M acceptable in the next proposal: min(m_max, m_cap)."""
         return min(self.contract.m_max, self.m_cap)

@@ -218,6 +218,8 @@ class _Round:
     record: CommitRecord | None = None
     emitted: tuple[int, ...] = ()
     end: Action = Action.CONTINUE  # what the session does once the record is appended
+    control_before: tuple[int, int, int, int] | None = None  # to undo the control step
+    reassigned: bool = False  # an assignment arrived while this round was in progress
 
 
 def _same_request(a: Proposal, b: Proposal) -> bool:
@@ -393,6 +395,13 @@ class VerifierSession:
         self.drafter = assignment.drafter
         self.revoked = False
         self.control.reset_cap(assignment.m_init)
+        current = self._current
+        if current is not None:
+            current.reassigned = True
+            if current.control_before is not None:
+                # Should this round's commit fail, undoing it must keep the new drafter's m_init.
+                _, c, g, j = current.control_before
+                current.control_before = (self.control.m_cap, c, g, j)
         if self.state is State.SELF_DECODING:
             self._self_count = 0
             self._move(allowed, State.READY)
@@ -557,6 +566,7 @@ class VerifierSession:
             action = Action.FINISH if finished else Action.SELF_DECODE
             current.end = self._self_end(finished, load)
         else:
+            current.control_before = self.control.snapshot()
             decision = self.control.after_round(accepted, len(proposed), load)
             m_cap, low = decision.m_cap, decision.low
             action = Action.FINISH if finished else decision.action
@@ -605,6 +615,8 @@ class VerifierSession:
         assert current is not None and current.verdict is not None
         self._current = None
         if not ok:
+            if current.control_before is not None:
+                self.control.restore(current.control_before)
             if fenced:
                 self._move(allowed, State.FENCED)
                 return Discarded(current.round, closed=True)
@@ -637,7 +649,8 @@ class VerifierSession:
         else:
             next_state = State.READY
             if end is Action.SWITCH:
-                self.revoked = True
+                # A drafter assigned meanwhile is already the router's answer to a switch.
+                self.revoked = not current.reassigned
                 events.append(self._event(Action.SWITCH))
             elif end is Action.SELF_DECODE:
                 self.revoked = True

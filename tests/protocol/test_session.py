@@ -431,3 +431,34 @@ def test_verdict_is_the_wire_message():
     session = open_session()
     done = run_round(session, (4,), 1, 5)
     assert Verdict.decode(done.verdict.encode()) == done.verdict
+
+
+def test_failed_append_undoes_the_control_step():
+    session = open_session(contract(low_rounds=1, fallback=(1, 2)), m_init=8)
+    p = proposal(session, (4, 5))
+    session.receive_proposal(p, client=DRAFTER, now=0)
+    session.complete_scoring(0, 6)
+    assert (session.control.m_cap, session.control.j) == (4, 1)
+    session.append_done(ok=False)
+    assert session.control.snapshot() == (8, 0, 0, 0)
+    session.receive_proposal(p, client=DRAFTER, now=0)
+    session.complete_scoring(0, 6)
+    done = session.append_done(ok=True)
+    assert done.verdict.action is Action.REDUCE and done.verdict.m_cap == 4
+
+
+def test_assignment_during_commit_survives_undo_and_switch():
+    session = open_session(contract(low_rounds=1, fallback=(2,)), m_init=8)
+    session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0)
+    session.complete_scoring(0, 6)
+    session.assign(assignment(session, drafter="https://b/", m_init=3))
+    session.append_done(ok=False)
+    assert session.control.m_cap == 3 and session.drafter == "https://b/"
+    p = proposal(session, (4,), drafter="https://b/")
+    session.receive_proposal(p, client="https://b/", now=0)
+    session.complete_scoring(0, 6)
+    session.assign(assignment(session, drafter="https://c/"))
+    done = session.append_done(ok=True)
+    assert done.verdict.action is Action.SWITCH and not session.revoked
+    assert isinstance(session.receive_proposal(proposal(session, (4,), drafter="https://c/"),
+                                               client="https://c/", now=0), ScoreNeeded)
