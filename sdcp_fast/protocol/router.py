@@ -7,6 +7,16 @@ for the adapter to carry out.
 Drafter choice (a local policy, §6.1; docs/interpretations.md): among live drafters whose
 model the contract permits, the lowest (load, queue, -accept_milli, instance), so the
 least loaded wins and recent acceptance breaks ties.
+
+Every function returning an :class:`Assignment` (``assign``, ``after_open``, ``on_event``,
+``reassign_expired``) names the drafter; the adapter PUTs it to the verifier first and sends
+the drafter ``confirmed(routed, state)``, built from the verifier's session-state answer::
+
+    routed = RoutedSession(...); state = POST sessions (open_message(routed))
+    a = after_open(routed, state, table, now)          # or on_event / reassign_expired
+    state = PUT sessions/{id}/drafter (a); POST assignments (confirmed(routed, state))
+    plan = plan_failover(routed, new_verifier, last_commit, committed_tokens=ref)
+    append plan.fence; state = POST sessions (plan.open); then after_open as above
 """
 
 from __future__ import annotations
