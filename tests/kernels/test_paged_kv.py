@@ -3,7 +3,7 @@ import torch
 
 from sdcp_fast.kernels import gather_paged_kv, write_paged_kv
 
-from .support import backend_params
+from .support import backend_params, device_of
 
 BACKENDS = backend_params("reference", "cpu", "triton")
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -36,8 +36,10 @@ def test_write_then_gather_round_trips(backend: str, dtype: torch.dtype) -> None
         table[b, torch.arange(n) // block_size].to(torch.int64) * block_size + torch.arange(n) % block_size
         for b, n in enumerate(lens)
     ])
-    write_paged_kv(cache, values, slots, backend=backend)
-    assert torch.equal(gather_paged_kv(cache, table, seq_lens, backend=backend), values)
+    dev = device_of(backend)
+    cache = cache.to(dev)
+    write_paged_kv(cache, values.to(dev), slots.to(dev), backend=backend)
+    assert torch.equal(gather_paged_kv(cache, table.to(dev), seq_lens.to(dev), backend=backend).cpu(), values)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -50,11 +52,14 @@ def test_matches_reference_with_skipped_slots(backend: str, dtype: torch.dtype) 
     slots[::4] = -1
     want = cache.clone()
     write_paged_kv(want, values, slots, backend="reference")
-    write_paged_kv(cache, values, slots, backend=backend)
-    assert torch.equal(cache, want)
+    dev = device_of(backend)
+    there = cache.to(dev)
+    write_paged_kv(there, values.to(dev), slots.to(dev), backend=backend)
+    assert torch.equal(there.cpu(), want)
+    cache = want
     table = torch.randint(0, 9, (4, 5), generator=gen, dtype=torch.int32)  # blocks may repeat when read
     seq_lens = torch.tensor([40, 0, 3, 9], dtype=torch.int32)
-    assert torch.equal(gather_paged_kv(cache, table, seq_lens, backend=backend),
+    assert torch.equal(gather_paged_kv(cache.to(dev), table.to(dev), seq_lens.to(dev), backend=backend).cpu(),
                        gather_paged_kv(cache, table, seq_lens, backend="reference"))
 
 

@@ -11,7 +11,7 @@ import torch
 
 from sdcp_fast.kernels import verify_speculative
 
-from .support import backend_params
+from .support import backend_params, call
 
 VOCAB = 1000
 M = 2
@@ -43,7 +43,7 @@ def _run(backend: str, x: torch.Tensor, q: torch.Tensor, trials: int, gen: torch
         tokens = torch.stack([torch.multinomial(q[i].double(), n, replacement=True, generator=gen)
                               for i in range(M)], dim=1).reshape(-1)
         u = torch.rand(n, M + 1, 2, generator=gen, dtype=torch.float64)
-        a, e, bad = verify_speculative(x.repeat(n, 1), None, None, None, q.repeat(n, 1), tokens,
+        a, e, bad = call(verify_speculative, x.repeat(n, 1), None, None, None, q.repeat(n, 1), tokens,
                                        torch.arange(0, n * M + 1, M), u, backend=backend)
         assert not bad.any()
         accepted.append(a)
