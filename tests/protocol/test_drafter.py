@@ -185,3 +185,54 @@ def test_assignment_fields_used():
     a = assignment(verifier)
     assert isinstance(a, Assignment) and a.verifier == VERIFIER
     assert not math.isnan(DrafterSession(a).estimator.alpha)
+
+
+def _toy_argmax(context):
+    import hashlib
+
+    digest = hashlib.sha256(repr(tuple(context)).encode()).digest()
+    row = list(digest[:6])
+    return row.index(max(row))
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(0, 5), min_size=1, max_size=4),
+                          st.sampled_from(["ok", "lost", "append-failed"])), min_size=1, max_size=25))
+def test_drafter_and_verifier_agree_through_lost_verdicts_and_failed_appends(steps):
+    """Rule 1 end to end: whatever is proposed and whatever is lost or retried, the output is
+    greedy decoding and the drafter's base follows the verifier's."""
+    from sessionkit import contract
+
+    verifier = open_session(contract(stop=(), max_new=200, low_rounds=1000), m_init=4)
+    drafter = DrafterSession(assignment(verifier, m_init=4))
+    for tokens, fate in steps:
+        prop = drafter.propose(tokens[: drafter.limit], STATUS)
+        while True:
+            work = verifier.receive_proposal(prop, client=DRAFTER, now=0)
+            if not isinstance(work, ScoreNeeded):
+                break  # the recorded verdict of a retried round
+            context = list(work.context)
+            accepted = 0
+            for x in work.proposed:
+                if x != _toy_argmax(context):
+                    break
+                context.append(x)
+                accepted += 1
+            verifier.complete_scoring(accepted, _toy_argmax(context))
+            if fate == "append-failed":
+                verifier.append_done(ok=False)
+                fate = "ok"  # the drafter's retry goes through
+                continue
+            work = verifier.append_done(ok=True).verdict
+            if fate == "lost":
+                fate = "ok"
+                prop = drafter.retry()
+                continue
+            break
+        drafter.on_verdict(work)
+        assert (drafter.round, drafter.committed, drafter.digest) == (verifier.round, verifier.committed,
+                                                                       verifier.digest)
+    out = list(verifier.output(0).tokens)
+    context = list(verifier.prompt)
+    for token in out:
+        assert token == _toy_argmax(context)
+        context.append(token)
