@@ -376,9 +376,17 @@ class MLC:
     def _move(self, entry: _Entry, j: int) -> None:
         src = self.tiers[entry.tier]
         dst = self.tiers[j]
-        data = src.tensor(entry.handle) if hasattr(src, "tensor") and not src.host_readable else src.read(entry.handle)
-        new = dst.write(entry.uri, data)
-        del data
+        new = None
+        if not dst.host_readable and getattr(src, "gds", False):
+            # Disk -> device through GDS: no bounce through host memory.
+            new = dst.empty(entry.size)  # type: ignore[attr-defined]
+            if not src.read_into_device(entry.handle, new):  # type: ignore[attr-defined]
+                new = None
+        if new is None:
+            device_src = hasattr(src, "tensor") and not src.host_readable
+            data = src.tensor(entry.handle) if device_src else src.read(entry.handle)  # type: ignore[attr-defined]
+            new = dst.write(entry.uri, data)
+            del data
         if entry.borrowed:
             self._unlink(entry)
             entry.borrowed = False

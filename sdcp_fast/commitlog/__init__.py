@@ -8,8 +8,10 @@ embedded MLC's file log under its root), ``etcd://host:port/prefix`` (multi-mach
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from typing import Any
 
+from sdcp_fast.cache.errors import UnknownLease
 from sdcp_fast.commitlog.base import CommitLog, Fenced, LogView, PreconditionFailed, etag_of, length_of
 from sdcp_fast.protocol.commitlog import LogRecord
 
@@ -48,9 +50,22 @@ def open_commit_log(ref: str, *, mlc: Any = None, ssl: Any = None) -> CommitLog:
     raise ValueError(f"no commit-log backend for {ref!r}")
 
 
-def append_commit(log: CommitLog, record: LogRecord, etag: str) -> str:
-    """The verifier's append (§6.8): conditional on the tag it last saw. On ``Fenced`` the
-    caller discards the round and stops serving the session; on ``PreconditionFailed``
-    another writer appended, which for a single verifier per session is also a reason to
-    stop. Leases on the round's draft objects are released after this returns."""
-    return log.append(record, etag)
+def append_commit(log: CommitLog, record: LogRecord, etag: str, *, mlc: Any = None,
+                  leases: Iterable[str] = ()) -> str:
+    """The verifier's commit path (§6.8): append ``record`` conditioned on the tag it last
+    saw, then release ``leases`` (its holds on the round's draft objects) in ``mlc``.
+
+    The leases are released whether or not the append succeeds: after a failure the round
+    is discarded. ``Fenced`` means a newer epoch owns the session: the caller stops serving
+    it; ``PreconditionFailed`` means another writer appended, which with one verifier per
+    session means the same. Returns the log's new tag.
+    """
+    try:
+        return log.append(record, etag)
+    finally:
+        if mlc is not None:
+            for lease in leases:
+                try:
+                    mlc.release(lease)
+                except UnknownLease:
+                    pass  # expired meanwhile: nothing left to release

@@ -95,3 +95,20 @@ def test_concurrent_writers_exactly_one_wins_each_slot(log_factory):
     assert [slot for slot, _ in won] == list(range(len(records))), "one winner per slot"
     for slot, w in won:
         assert records[slot].round == 100 * w + slot
+
+
+def test_append_commit_releases_leases_after_success_and_after_fencing(log_factory, tmp_path):
+    import sdcp_fast.cache as cache
+
+    with cache.embedded(str(tmp_path / "mlc"), host_bytes=1 << 16, disk_bytes=1 << 16) as mlc:
+        q = cache.object_uri(bytes(16), bytes(16), "q_rows", 1)
+        mlc.put(q, b"rows")
+        log = log_factory()
+        held = [mlc.lease(q, 30)]
+        etag = append_commit(log, commit(1, 1), log.read().etag, mlc=mlc, leases=held)
+        assert etag == '"1"' and not mlc.head(q).leased
+        log.append(FenceRecord(2), None)
+        held = [mlc.lease(q, 30)]
+        with pytest.raises(Fenced):
+            append_commit(log, commit(1, 2), log.read().etag, mlc=mlc, leases=held)
+        assert not mlc.head(q).leased, "a discarded round still lets go of its objects"

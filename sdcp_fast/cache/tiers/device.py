@@ -62,6 +62,11 @@ class DeviceTier:
     def tensor(self, handle: Any) -> Any:
         return handle
 
+    def empty(self, size: int) -> Any:
+        import torch
+
+        return torch.empty(size, dtype=torch.uint8, device=self.device)
+
     def read(self, handle: Any) -> memoryview:
         import torch
 

@@ -23,7 +23,7 @@ MAP_FROM = 1 << 20
 
 def _kvikio() -> Any:
     try:
-        import kvikio  # type: ignore[import-not-found]
+        import kvikio
 
         return kvikio
     except ImportError:
@@ -42,6 +42,7 @@ class DiskTier:
         shutil.rmtree(os.path.join(self.root, "objects"), ignore_errors=True)
         os.makedirs(os.path.join(self.root, "objects"), exist_ok=True)
         self._gds = _kvikio()
+        self.gds = self._gds is not None
         self._seq = 0
 
     def _path(self, key: str) -> str:

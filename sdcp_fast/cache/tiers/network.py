@@ -34,12 +34,12 @@ class RedisTier:
         value = self._r.get(handle)
         if value is None:
             raise KeyError(handle)
-        return memoryview(value)
+        return memoryview(bytes(value))  # type: ignore[arg-type]
 
     def read_range(self, handle: str, start: int, stop: int) -> memoryview:
         if stop <= start:
             return memoryview(b"")
-        return memoryview(self._r.getrange(handle, start, stop - 1))
+        return memoryview(bytes(self._r.getrange(handle, start, stop - 1)))  # type: ignore[arg-type]
 
     def probe(self, key: str) -> int | None:
         """Size of an object another instance left here, or None."""
