@@ -7,6 +7,7 @@ bytearray (pageable), and ``pinned`` says so.
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -25,6 +26,9 @@ _UNSHARED_REFS = _RefProbe().drop(object())
 
 
 def _cuda() -> bool:
+    # Importing torch costs seconds; a machine without an NVIDIA driver node cannot have CUDA.
+    if "torch" not in sys.modules and not os.path.exists("/dev/nvidiactl"):
+        return False
     try:
         import torch
 
