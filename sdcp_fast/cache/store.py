@@ -92,6 +92,8 @@ class MLC:
         """Store a copy of ``data`` (buffer or tensor). With ``lease_ttl`` the object is born
         leased and is reclaimed if that lease expires unreleased."""
         check_key(uri)
+        if lease_ttl is not None and lease_ttl <= 0:
+            raise ValueError("lease ttl must be positive")
         size = _nbytes(data)
         meta = dict(meta or {})
         if hasattr(data, "untyped_storage"):
