@@ -83,6 +83,7 @@ class MLC:
         self._logs: dict[str, Any] = {}
         self._prefetch = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="mlc-prefetch")
         # Reads promote into the fastest tier whose bytes Python can see without a copy.
+        self._deferring = [t for t in self.tiers if hasattr(t, "flush")]
         self._read_tier = next((i for i, t in enumerate(self.tiers) if t.host_readable), len(self.tiers) - 1)
 
     # -- objects ---------------------------------------------------------------------------
@@ -175,6 +176,7 @@ class MLC:
             if entry.leases:
                 raise ObjectLeased(f"{uri} is leased and cannot be deleted")
             self._remove(entry)
+            self._flush()
 
     def prefetch(self, uris: Iterable[str]) -> Future[list[bool]]:
         """Promote objects in the background (e.g. q rows while the verifier scores);
@@ -263,7 +265,12 @@ class MLC:
 
     # -- internals (lock held) -------------------------------------------------------------
 
+    def _flush(self) -> None:
+        for t in self._deferring:
+            t.flush()
+
     def _reap(self) -> float:
+        self._flush()
         now = self._clock()
         while self._expiry and self._expiry[0][0] <= now:
             when, lease_id = heapq.heappop(self._expiry)
@@ -280,6 +287,7 @@ class MLC:
             if entry.reclaim and not entry.leases:
                 self.accounting[entry.scope, self.tiers[entry.tier].name].evictions += 1
                 self._remove(entry)
+                self._flush()
         return now
 
     def _lookup(self, uri: str, *, count: bool = True) -> _Entry:

@@ -24,32 +24,53 @@ class RedisTier:
         self.url = url
         self._r = redis.Redis.from_url(url)
         self._r.ping()
+        self._pending: list[str] = []
+
+    # Drops are deferred to the next command and sent in its pipeline, so replacing or
+    # evicting an object during a put costs no extra round trip. The MLC flushes at the start
+    # of each operation and after a delete, so other instances never see a deleted object.
+    def _run(self, *commands: tuple[str, tuple[Any, ...]], keep: str | None = None) -> list[Any]:
+        pipe = self._r.pipeline(transaction=False)
+        for name in self._pending:
+            if name != keep:
+                pipe.delete(name)
+        dropped = len(self._pending) - (keep in self._pending)
+        self._pending.clear()
+        for method, args in commands:
+            getattr(pipe, method)(*args)
+        return list(pipe.execute())[dropped:]
 
     def write(self, key: str, data: Any) -> str:
         name = self.prefix + key
-        self._r.set(name, as_bytes_view(data))
+        self._run(("set", (name, as_bytes_view(data))), keep=name)
         return name
 
     def read(self, handle: str) -> memoryview:
-        value = self._r.get(handle)
+        (value,) = self._run(("get", (handle,)))
         if value is None:
             raise KeyError(handle)
-        return memoryview(bytes(value))  # type: ignore[arg-type]
+        return memoryview(value)
 
     def read_range(self, handle: str, start: int, stop: int) -> memoryview:
         if stop <= start:
             return memoryview(b"")
-        return memoryview(bytes(self._r.getrange(handle, start, stop - 1)))  # type: ignore[arg-type]
+        (value,) = self._run(("getrange", (handle, start, stop - 1)))
+        return memoryview(value)
 
     def probe(self, key: str) -> int | None:
         """Size of an object another instance left here, or None."""
         name = self.prefix + key
-        if not self._r.exists(name):
-            return None
-        return int(self._r.strlen(name))
+        exists, size = self._run(("exists", (name,)), ("strlen", (name,)))
+        return int(size) if exists else None
 
     def drop(self, handle: str) -> None:
-        self._r.delete(handle)
+        self._pending.append(handle)
+
+    def flush(self) -> None:
+        """Send deferred drops now (the MLC calls this where no write follows)."""
+        if self._pending:
+            self._run()
 
     def close(self) -> None:
+        self.flush()
         self._r.close()
