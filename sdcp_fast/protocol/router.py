@@ -187,9 +187,13 @@ def on_event(routed: RoutedSession, event: Event, table: StatusTable, now: float
             routed.tried.add(routed.drafter)
         assignment = assign(routed, table, now, exclude=routed.tried)
         if assignment is None:
-            # Every permitted drafter was tried: start the rotation again rather than stall.
+            # Every permitted drafter was tried: start the rotation again rather than stall,
+            # and when the current drafter is the only live one, keep it, so that the ladder
+            # goes on to its next entry instead of leaving the session unassigned.
             routed.tried.clear()
             assignment = assign(routed, table, now, exclude=() if routed.drafter is None else (routed.drafter,))
+            if assignment is None:
+                assignment = assign(routed, table, now)
         return assignment
     if kind is Action.SELF_DECODE:
         return assign(routed, table, now)

@@ -116,6 +116,11 @@ def test_events():
     assert r.done
     lonely = routed()
     assert on_event(lonely, ev, StatusTable(), 0.0) is None
+    # The only live drafter: kept rather than leaving the session unassigned.
+    single = table_with(status("a"))
+    alone = routed()
+    assign(alone, single, 0.0)
+    assert on_event(alone, ev, single, 0.0).drafter == "a"
 
 
 def test_reassign_expired_drafters():

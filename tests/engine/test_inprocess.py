@@ -1,0 +1,96 @@
+"""The in-process engine drives sessions through the core, MLC, commit log and kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdcp_fast.cache import embedded
+from sdcp_fast.commitlog import open_commit_log
+from sdcp_fast.engine.inprocess import Engine, SessionSpec, model_digest
+from sdcp_fast.engine.interfaces import ScoreRequest
+from sdcp_fast.engine.toy import ToyDrafter, ToyTarget, encode
+from sdcp_fast.protocol import Action, Sampling
+from sdcp_fast.protocol.commitlog import CommitRecord
+
+
+def make_engine(tmp_path, *, noise=(0.8, 6.0), records=None):
+    target = ToyTarget()
+    drafters = [ToyDrafter("good", target, noise[0]), ToyDrafter("weak", target, noise[1], seed=3)]
+    mlc = embedded(str(tmp_path))
+    engine = Engine(target, drafters, mlc, target_digest=model_digest("t"), tokenizer_digest=model_digest("w"),
+                    on_round=None if records is None else records.append)
+    return engine, target, mlc
+
+
+def greedy(target: ToyTarget, prompt: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        row = target.score([ScoreRequest(b"g" * 16, [*prompt, *out], [])])[0][0]
+        out.append(int(torch.argmax(row)))
+    return out
+
+
+@pytest.mark.parametrize("drafters", [("good",), ("weak",), None])
+def test_rule1_output_is_greedy_decoding_of_the_target(tmp_path, drafters):
+    """§6.4 rule 1: the output is greedy decoding of the target, whatever the drafter."""
+    engine, target, _ = make_engine(tmp_path)
+    prompt = encode("the verifier commits")
+    [result] = engine.run([SessionSpec(prompt, max_new=24, drafters=drafters, fallback=(Action.REDUCE,) * 3
+                                       + (Action.SELF_DECODE, Action.REDUCE))])
+    assert result.tokens == greedy(target, prompt, len(result.tokens))
+    assert result.chain_ok
+
+
+def test_weak_drafter_walks_the_ladder_and_the_log_holds_every_round(tmp_path):
+    records = []
+    engine, _, mlc = make_engine(tmp_path, records=records)
+    [result] = engine.run([SessionSpec(encode("every session is"), max_new=40, drafters=("weak",))])
+    actions = {r.action for r in records}
+    assert {Action.REDUCE, Action.SWITCH, Action.SELF_DECODE} <= actions
+    assert result.finish in (Action.FAIL, Action.FINISH) and result.chain_ok
+    log = mlc.commit_log(engine._live[0].routed.commit_log)
+    commits = [r for r in log.read().records if isinstance(r, CommitRecord)]
+    assert [c.round for c in commits] == list(range(1, result.rounds + 1))
+    assert [t for c in commits for t in c.emitted] == result.tokens
+    assert commits[-1].digest == result.digest
+
+
+def test_rule2_seeded_runs_are_bit_identical_and_use_the_mlc(tmp_path):
+    spec = SessionSpec(encode("a drafter proposes tokens"), max_new=30, rule=2,
+                       sampling=Sampling(temperature_milli=700, top_k=20, seed=9), drafters=("good",))
+    runs = []
+    for k in range(2):
+        engine, _, mlc = make_engine(tmp_path / str(k))
+        engine.generator.manual_seed(1)
+        runs.append(engine.run([spec])[0])
+        assert mlc.stats()  # q rows went through the cache
+    assert runs[0].tokens == runs[1].tokens and runs[0].digest == runs[1].digest
+    assert runs[0].proposed > 0 and runs[0].chain_ok
+
+
+def test_batch_of_mixed_rules_finishes_every_session(tmp_path):
+    engine, _, _ = make_engine(tmp_path)
+    specs = [SessionSpec(encode("the router"), max_new=16, rule=1 + i % 2,
+                         sampling=Sampling(seed=i) if i % 2 else None) for i in range(5)]
+    results = engine.run(specs)
+    assert all(r.chain_ok and r.finish is not None for r in results)
+    assert engine.target_passes < sum(len(r.tokens) for r in results)
+
+
+def test_fenced_log_stops_the_session_without_releasing_the_round(tmp_path):
+    engine, _, mlc = make_engine(tmp_path)
+    from sdcp_fast.protocol.commitlog import FenceRecord
+
+    spec = SessionSpec(encode("the router"), max_new=30, drafters=("good",))
+    engine._live = []
+    engine._report_status(engine.clock())
+    live = engine._open(0, spec, engine.clock())
+    engine._live = [live]
+    engine.step()
+    before = list(live.result.tokens)
+    log = open_commit_log(live.routed.commit_log, mlc=mlc)
+    log.append(FenceRecord(epoch=2), None)  # a fail-over elsewhere fenced this verifier
+    engine.step()
+    assert live.result.tokens == before and live.verifier.closed
+    assert "sdcp-stale-epoch" in live.result.problems
