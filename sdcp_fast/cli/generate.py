@@ -1,0 +1,68 @@
+"""``sdcp-fast generate``: in-process speculative decoding of one prompt (no HTTP)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+HELP = "generate text with a target model and a drafter, in process (speculative decoding)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2", help="target: a GGUF file, an HF directory, or 'smollm2'")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new", type=int, default=64)
+    p.add_argument("--drafter", default="ngram", help="none | ngram | layerskip:L | model:PATH (default ngram)")
+    p.add_argument("--m", type=int, default=4, help="tokens proposed per round")
+    p.add_argument("--rule", type=int, choices=(1, 2), default=1, help="1 greedy, 2 speculative sampling")
+    p.add_argument("--temperature", type=float, default=None)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from sdcp_fast.model import loader
+    from sdcp_fast.model.build import make_drafter, stop_tokens, uses_chatml
+    from sdcp_fast.model.runner import ModelRunner
+    from sdcp_fast.model.speculative import Sampling, generate
+    from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        lm = loader.load(args.model)
+        drafter = make_drafter(args.drafter, lm)
+    except (loader.ModelNotFound, ValueError) as exc:
+        print(f"sdcp-fast generate: {exc}", file=sys.stderr)
+        return 2
+    if lm.tokenizer is None:
+        print(f"sdcp-fast generate: {args.model} has no tokenizer", file=sys.stderr)
+        return 2
+    text = chat_prompt(args.prompt) if uses_chatml(lm) and not args.raw else args.prompt
+    prompt = encode(lm.tokenizer, text)
+    sampling = Sampling(
+        rule=args.rule,
+        temperature_milli=None if args.temperature is None else round(args.temperature * 1000),
+        top_k=args.top_k,
+        top_p_milli=None if args.top_p is None else round(args.top_p * 1000),
+        seed=args.seed,
+    )
+    res = generate(ModelRunner(lm.model), drafter, [prompt], args.max_new, m=args.m, sampling=sampling,
+                   stop=stop_tokens(lm))[0]
+    out = decode(lm.tokenizer, res.tokens)
+    if args.json:
+        print(json.dumps({"tokens": res.tokens, "text": out, "accepted": res.accepted, "proposed": res.proposed,
+                          "rounds": res.rounds, "target_passes": res.target_passes,
+                          "seconds": round(res.seconds, 4), "drafter": args.drafter}))
+    else:
+        print(out)
+        print(f"[{len(res.tokens)} tokens, {res.rounds} rounds, accepted {res.accepted}/{res.proposed}, "
+              f"{len(res.tokens) / max(res.seconds, 1e-9):.1f} tokens/s]", file=sys.stderr)
+    return 0
