@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from sdcp_fast.cache.errors import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease
 from sdcp_fast.cache.stats import Accounting
@@ -47,8 +47,7 @@ class _Entry:
     borrowed: bool = False  # the handle is another instance's object in a shared tier: never drop it
 
 
-@dataclass(frozen=True)
-class Head:
+class Head(NamedTuple):
     size: int
     etag: str
     tier: str
@@ -56,8 +55,7 @@ class Head:
     meta: dict[str, Any]
 
 
-@dataclass(frozen=True)
-class Stored:
+class Stored(NamedTuple):
     etag: str
     tier: str
     lease: str | None
@@ -95,9 +93,10 @@ class MLC:
         check_key(uri)
         if lease_ttl is not None and lease_ttl <= 0:
             raise ValueError("lease ttl must be positive")
-        size = _nbytes(data)
-        meta = dict(meta or {})
-        if hasattr(data, "untyped_storage"):
+        is_tensor = hasattr(data, "untyped_storage")
+        size = int(data.numel() * data.element_size()) if is_tensor else memoryview(data).nbytes
+        meta = dict(meta) if meta else {}
+        if is_tensor:
             meta.setdefault("dtype", str(data.dtype).removeprefix("torch."))
             meta.setdefault("shape", list(data.shape))
         with self._lock:
@@ -107,7 +106,7 @@ class MLC:
                 raise ObjectLeased(f"{uri} is leased and cannot be replaced")
             if old is not None:
                 self._remove(old)
-            start = 0 if hasattr(data, "untyped_storage") and data.device.type == "cuda" else self._read_tier
+            start = 0 if is_tensor and data.device.type == "cuda" else self._read_tier
             for i in range(start, len(self.tiers)):
                 if size <= self.tiers[i].capacity and self._make_room(i, size, keep=uri):
                     handle = self.tiers[i].write(uri, data)
@@ -407,8 +406,3 @@ class MLC:
         self._used[j] += entry.size
         self.accounting.added(entry.scope, dst.name, entry.size)
 
-
-def _nbytes(data: Any) -> int:
-    if hasattr(data, "untyped_storage"):
-        return int(data.numel() * data.element_size())
-    return memoryview(data).nbytes

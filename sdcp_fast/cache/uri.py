@@ -9,6 +9,7 @@ clean-up never touch another's. ``<session>`` is the base64url session id of §5
 from __future__ import annotations
 
 import base64
+import functools
 import re
 from dataclasses import dataclass
 
@@ -62,6 +63,7 @@ def parse(uri: str) -> ObjectName:
     return ObjectName(bytes.fromhex(parts[0]), parts[1], parts[2], round_)
 
 
+@functools.lru_cache(maxsize=4096)
 def scope_of(uri: str) -> str:
     """Accounting key: the scope hex of an ``mlc://`` URI, ``-`` for any other name."""
     if uri.startswith(SCHEME):
