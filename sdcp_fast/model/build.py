@@ -23,7 +23,7 @@ def make_drafter(spec: str, target: LoadedModel, dtype: torch.dtype = torch.floa
         n = int(arg or 4)
         return ModelDrafter(target.model, n_layers=n)
     if kind == "model":
-        draft = loader.load(arg or "smollm2-draft", dtype)
+        draft = loader.load(arg or "smollm2-draft", dtype, borrow=target.model)
         if draft.config.vocab_size != target.config.vocab_size:
             raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target's {target.config.vocab_size}")
         return ModelDrafter(draft.model, name=f"model:{arg or 'smollm2-draft'}")

@@ -139,6 +139,16 @@ class Attention(nn.Module):
         return self.wo(flat.reshape(T, -1))
 
 
+    def forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Training path: full causal attention over ``x`` ``[B, T, dim]``, no cache."""
+        B, T, _ = x.shape
+        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.hd), cos, sin).transpose(1, 2)  # [B, H, T, D]
+        k = apply_rope(self.wk(x).view(B, T, self.n_kv, self.hd), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, T, D]
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
+
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -161,6 +171,10 @@ class Block(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: PagedKVCache, layer: int,
                 lay: BatchLayout) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x), cos, sin, cache, layer, lay)
+        return x + self.ffn(self.ffn_norm(x))
+
+    def forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn.forward_dense(self.attn_norm(x), cos, sin)
         return x + self.ffn(self.ffn_norm(x))
 
 
@@ -186,6 +200,17 @@ class Transformer(nn.Module):
         cos, sin = freqs.cos()[:, None].to(x.dtype), freqs.sin()[:, None].to(x.dtype)  # [T, 1, D/2]
         for i, block in enumerate(self.layers[: n_layers or len(self.layers)]):
             x = block(x, cos, sin, cache, i, lay)
+        return self.norm(x)
+
+    def forward_dense(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Training path (differentiable, no cache): hidden states after the final norm,
+        ``[B, T, dim]``, for whole sequences ``tokens`` ``[B, T]`` starting at position 0."""
+        x = self.embed(tokens)  # [B, T, dim]
+        pos = torch.arange(tokens.shape[1], device=tokens.device)
+        freqs = pos.float()[:, None] * self.inv_freq[None]  # [T, D/2]
+        cos, sin = freqs.cos()[:, None].to(x.dtype), freqs.sin()[:, None].to(x.dtype)  # [T, 1, D/2]
+        for block in self.layers:
+            x = block.forward_dense(x, cos, sin)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -71,10 +71,12 @@ def resolve(spec: str | os.PathLike[str]) -> Path:
     return path
 
 
-def load(spec: str | os.PathLike[str], dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load(spec: str | os.PathLike[str], dtype: torch.dtype = torch.float32,
+         borrow: Transformer | None = None) -> LoadedModel:
+    """``borrow``: the target whose embedding (and tied head) a distilled draft shares."""
     path = resolve(spec)
     if path.is_dir():
-        return load_hf_dir(path, dtype)
+        return load_hf_dir(path, dtype, borrow)
     if path.suffix == ".gguf":
         return load_gguf(path, dtype)
     raise ModelNotFound(f"{path}: expected a directory with config.json or a .gguf file")
@@ -92,11 +94,12 @@ def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype)
     return model.eval().requires_grad_(False)
 
 
-def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32, borrow: Transformer | None = None) -> LoadedModel:
     from safetensors.torch import load_file
 
     hf = json.loads((path / "config.json").read_text())
     cfg = ModelConfig.from_hf(hf)
+    borrows = bool(hf.get("sdcp_fast", {}).get("borrow_embedding"))
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelNotFound(f"{path} has no *.safetensors")
@@ -108,6 +111,12 @@ def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
                 state[ours] = t
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
+    if borrows:
+        # A distilled draft ships without the (vocab-wide) embedding and uses its target's.
+        if borrow is None or borrow.cfg.vocab_size != cfg.vocab_size or borrow.cfg.dim != cfg.dim:
+            raise ValueError(f"{path} borrows its embedding from its target; pass a target with vocabulary "
+                             f"{cfg.vocab_size} and width {cfg.dim}")
+        state["embed.weight"] = borrow.embed.weight
     tok_file = path / "tokenizer.json"
     tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
     return LoadedModel(_build(cfg, state, dtype), tok, str(path), {"format": "hf", "hf_config": hf})
@@ -168,7 +177,8 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
 
 
 def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = None,
-                dtype: torch.dtype = torch.bfloat16, extra: dict[str, Any] | None = None) -> None:
+                dtype: torch.dtype = torch.bfloat16, extra: dict[str, Any] | None = None,
+                borrow_embedding: bool = False) -> None:
     """Write ``model`` as a Hugging Face Llama directory that :func:`load_hf_dir` (and
     ``transformers``) read."""
     from safetensors.torch import save_file
@@ -184,10 +194,11 @@ def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = No
         "bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids) or None,
         "hidden_act": "silu", "torch_dtype": str(dtype).removeprefix("torch."),
     }
-    if extra:
-        hf["sdcp_fast"] = extra
+    if extra or borrow_embedding:
+        hf["sdcp_fast"] = {**(extra or {}), "borrow_embedding": borrow_embedding}
     (path / "config.json").write_text(json.dumps(hf, indent=1) + "\n")
-    state = {weights.to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()}
+    state = {weights.to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
+             if not (borrow_embedding and k == "embed.weight")}
     save_file(state, str(path / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save(str(path / "tokenizer.json"))

@@ -73,3 +73,9 @@ def test_prefill_decode_one_and_layer_skip(small_model) -> None:
 
 def test_greedy_token_breaks_ties_to_smallest_id() -> None:
     assert greedy_token(torch.tensor([0.0, 2.0, 1.0, 2.0])) == 1
+
+
+def test_dense_training_path_matches_reference(small_model) -> None:
+    a, b = seq(7, 13), seq(7, 14)
+    hidden = small_model.forward_dense(torch.tensor([a, b]))  # [2, 7, dim]
+    torch.testing.assert_close(small_model.logits(hidden[1]), dense_logits(small_model, b), atol=ATOL, rtol=0)

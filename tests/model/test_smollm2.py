@@ -73,8 +73,9 @@ def test_greedy_matches_transformers_on_the_same_gguf(smollm2, prompt_ids) -> No
     from sdcp_fast.model.loader import smollm2_path
 
     path = smollm2_path()
-    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, torch_dtype=torch.float32)
-    ours = generate(ModelRunner(smollm2.model), None, prompt_ids[:2], 12)
+    hf = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
+    # Both stop at the end-of-sequence token (transformers takes it from the GGUF).
+    ours = generate(ModelRunner(smollm2.model), None, prompt_ids[:2], 12, stop=smollm2.config.eos_token_ids)
     for ids, o in zip(prompt_ids, ours, strict=False):
         ref = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False)[0, len(ids):].tolist()
         assert o.tokens == ref
