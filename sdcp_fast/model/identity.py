@@ -1,0 +1,61 @@
+"""Model identity for session contracts (§4.1): ``target`` / ``drafters`` and ``tokenizer``
+hash32 values, and the §6.1 check that a contract names the model we serve.
+
+Weights digest (canonical byte order, see docs/models.md)::
+
+    SHA-256( "SDCP-WEIGHTS-1" 0x00
+             for each tensor, by Hugging Face name in ascending byte order:
+               name (UTF-8) 0x00 dtype ("F32" | "BF16" | "F16") 0x00
+               uint32(ndim) uint32(dim_0) .. uint32(dim_n-1) uint64(nbytes)
+               the values, row-major, each little-endian )
+
+over the tensors *as loaded* (a GGUF's dequantized float32 values, not its quantized
+blocks), so two loaders of one checkpoint agree exactly when they compute the same weights.
+A tied output head is not a tensor of its own. Integers are big-endian (network order).
+
+Tokenizer digest: SHA-256 of "SDCP-TOKENIZER-1" 0x00 and the tokenizer's ``tokenizers``
+JSON definition re-serialized canonically (sorted keys, no whitespace, UTF-8).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+
+import torch
+from tokenizers import Tokenizer
+
+from sdcp_fast.protocol.problems import BadContract
+
+from . import weights
+from .llama import Transformer
+
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+
+
+def weights_digest(model: Transformer) -> bytes:
+    h = hashlib.sha256(b"SDCP-WEIGHTS-1\x00")
+    state = {weights.to_hf_name(k): v for k, v in model.state_dict().items()}
+    for name in sorted(state, key=lambda n: n.encode()):
+        t = state[name].detach().cpu().contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""  # native order: little-endian hosts
+        h.update(name.encode() + b"\x00" + _DTYPES[t.dtype].encode() + b"\x00")
+        h.update(struct.pack(f">I{t.dim()}I", t.dim(), *t.shape) + struct.pack(">Q", len(raw)))
+        h.update(raw)
+    return h.digest()
+
+
+def tokenizer_digest(tok: Tokenizer) -> bytes:
+    canon = json.dumps(json.loads(tok.to_str()), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(b"SDCP-TOKENIZER-1\x00" + canon.encode()).digest()
+
+
+def check_target(contract: dict[str, object], target: bytes, tokenizer: bytes | None = None) -> None:
+    """§6.1: refuse a contract whose ``target`` (or ``tokenizer``) digest is not ours."""
+    if contract.get("target") != target:
+        raise BadContract("the contract's target digest does not match this verifier's model",
+                          extra={"expected_target": target.hex()})
+    if tokenizer is not None and contract.get("tokenizer") != tokenizer:
+        raise BadContract("the contract's tokenizer digest does not match this verifier's tokenizer",
+                          extra={"expected_tokenizer": tokenizer.hex()})
