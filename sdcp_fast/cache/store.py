@@ -153,7 +153,7 @@ class MLC:
             tier = self.tiers[entry.tier]
             flat = tier.tensor(entry.handle) if hasattr(tier, "tensor") else torch.frombuffer(
                 bytearray(tier.read(entry.handle)), dtype=torch.uint8)
-            if want_device:
+            if want_device and tier.host_readable:  # no device tier, or no room on it
                 flat = flat.to(device, non_blocking=flat.device.type == "cpu" and flat.is_pinned())
             dtype = getattr(torch, entry.meta["dtype"]) if "dtype" in entry.meta else torch.uint8
             out = flat.view(dtype)
@@ -392,8 +392,10 @@ class MLC:
             if not src.read_into_device(entry.handle, new):  # type: ignore[attr-defined]
                 new = None
         if new is None:
-            device_src = hasattr(src, "tensor") and not src.host_readable
-            data = src.tensor(entry.handle) if device_src else src.read(entry.handle)  # type: ignore[attr-defined]
+            # Between device and host, hand over tensors: a pinned host tensor lets the copy
+            # run on the side stream without a pageable bounce.
+            as_tensor = hasattr(src, "tensor") and not (src.host_readable and dst.host_readable)
+            data = src.tensor(entry.handle) if as_tensor else src.read(entry.handle)  # type: ignore[attr-defined]
             new = dst.write(entry.uri, data)
             del data
         if entry.borrowed:

@@ -48,3 +48,57 @@ def test_device_pressure_demotes_to_pinned_host_and_promotes_back(gpu_mlc):
     assert gpu_mlc.head(names[0]).tier == "host"
     back = gpu_mlc.get_tensor(names[0], device="cuda")
     assert gpu_mlc.head(names[0]).tier == "device" and torch.equal(back, tensors[0])
+
+
+class CpuStandInDevice:
+    """The device tier's contract with CPU tensors, so the MLC's device paths run without a GPU."""
+
+    host_readable = False
+
+    def __init__(self, capacity: int) -> None:
+        self.name = "device"
+        self.capacity = capacity
+        self.writes: list[str] = []
+
+    def write(self, key, data):
+        self.writes.append(type(data).__name__)
+        if isinstance(data, torch.Tensor):
+            return data.detach().contiguous().reshape(-1).view(torch.uint8).clone()
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+    def tensor(self, handle):
+        return handle
+
+    def empty(self, size):
+        return torch.empty(size, dtype=torch.uint8)
+
+    def read(self, handle):
+        return memoryview(handle.numpy().tobytes())
+
+    def read_range(self, handle, start, stop):
+        return self.read(handle[start:stop])
+
+    def drop(self, handle):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_store_device_paths_with_a_stand_in(tmp_path, clock):
+    from sdcp_fast.cache import MLC
+    from sdcp_fast.cache.tiers.host import HostTier
+
+    dev = CpuStandInDevice(4096)
+    mlc = MLC([dev, HostTier(1 << 16)], clock=clock)
+    try:
+        name = "mlc://" + "0" * 32 + "/s/q_rows/1"
+        mlc.put(name, b"\x01" * 64)
+        assert mlc.head(name).tier == "host", "host data is written to the fastest host-readable tier"
+        rows = mlc.get_tensor(name, device="cuda")
+        assert mlc.head(name).tier == "device" and dev.writes == ["Tensor"], "promotion hands over a tensor"
+        assert rows.numel() == 64
+        assert bytes(mlc.get(name)) == b"\x01" * 64
+        assert mlc.head(name).tier == "host", "a host read promotes back to the host tier"
+    finally:
+        mlc.close()
