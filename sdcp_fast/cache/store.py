@@ -108,7 +108,7 @@ class MLC:
                 self._remove(old)
             start = 0 if is_tensor and data.device.type == "cuda" else self._read_tier
             for i in range(start, len(self.tiers)):
-                if size <= self.tiers[i].capacity and self._make_room(i, size, keep=uri):
+                if size <= self.tiers[i].capacity and self._make_room(i, size, keep={uri}):
                     handle = self.tiers[i].write(uri, data)
                     break
             else:
@@ -353,22 +353,24 @@ class MLC:
         else:
             tier.drop(self._unlink(entry))
 
-    def _make_room(self, i: int, size: int, *, keep: str) -> bool:
-        """Free ``size`` bytes in tier i by demoting its LRU unleased objects."""
+    def _make_room(self, i: int, size: int, *, keep: set[str]) -> bool:
+        """Free ``size`` bytes in tier i by demoting its LRU unleased objects; objects in
+        ``keep`` (the one being placed, and those being moved on its behalf) stay."""
         tier = self.tiers[i]
         if size > tier.capacity:
             return False
         while tier.capacity - self._used[i] < size:
-            victim = next((self._index[u] for u in self._lru[i] if u != keep and not self._index[u].leases), None)
+            victim = next((self._index[u] for u in self._lru[i] if u not in keep and not self._index[u].leases),
+                          None)
             if victim is None:
                 return False
-            self._move_down(victim)
+            self._move_down(victim, keep)
         return True
 
-    def _move_down(self, entry: _Entry) -> None:
+    def _move_down(self, entry: _Entry, keep: set[str]) -> None:
         src = entry.tier
         for j in range(src + 1, len(self.tiers)):
-            if self._make_room(j, entry.size, keep=entry.uri):
+            if self._make_room(j, entry.size, keep=keep | {entry.uri}):
                 self._move(entry, j)
                 return
         self.accounting[entry.scope, self.tiers[src].name].evictions += 1
@@ -378,7 +380,7 @@ class MLC:
         if entry.tier <= target:
             return
         for j in range(target, entry.tier):
-            if self._make_room(j, entry.size, keep=entry.uri):
+            if self._make_room(j, entry.size, keep={entry.uri}):
                 self._move(entry, j)
                 return
 
