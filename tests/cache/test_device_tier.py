@@ -6,7 +6,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture
@@ -23,6 +22,7 @@ def gpu_mlc(tmp_path, clock):
     mlc.close()
 
 
+@pytest.mark.gpu
 def test_device_tensor_put_lands_on_device_and_reads_back(gpu_mlc):
     rows = torch.rand(4, 100, device="cuda")  # 1600 bytes
     gpu_mlc.put("mlc://" + "0" * 32 + "/s/q_rows/1", rows)
@@ -33,6 +33,7 @@ def test_device_tensor_put_lands_on_device_and_reads_back(gpu_mlc):
     assert bytes(host) == rows.cpu().numpy().tobytes()
 
 
+@pytest.mark.gpu
 def test_host_buffers_are_pinned_with_cuda(gpu_mlc):
     host = gpu_mlc.tiers[1]
     assert host.allocator == "torch-pinned"
@@ -40,6 +41,7 @@ def test_host_buffers_are_pinned_with_cuda(gpu_mlc):
     assert gpu_mlc.tiers[1].tensor(gpu_mlc._index["mlc://" + "0" * 32 + "/s/draft_kv/1"].handle).is_pinned()
 
 
+@pytest.mark.gpu
 def test_device_pressure_demotes_to_pinned_host_and_promotes_back(gpu_mlc):
     names = [f"mlc://{'0' * 32}/s/draft_kv/{n}" for n in range(3)]
     tensors = [torch.full((1024,), n, dtype=torch.float32, device="cuda") for n in range(3)]  # 4 KiB each

@@ -18,7 +18,7 @@ def etcd_endpoint():
 _prefixes = itertools.count()
 
 
-@pytest.fixture(params=["file", "mlc", "etcd"])
+@pytest.fixture(params=["file", "mlc", pytest.param("etcd", marks=pytest.mark.services)])
 def log_factory(request, tmp_path):
     """A function returning a fresh handle on one log (call twice: two writers, one log)."""
     if request.param == "file":
@@ -32,7 +32,6 @@ def log_factory(request, tmp_path):
         ref = cache.object_uri(bytes(16), bytes(16), "commit_log")
         factory = lambda: open_commit_log(ref, mlc=mlc)  # noqa: E731
     else:
-        request.applymarker(pytest.mark.services)
         host, port = request.getfixturevalue("etcd_endpoint")
         ref = f"etcd://{host}:{port}/sdcp-test/{next(_prefixes)}"
         factory = lambda: open_commit_log(ref)  # noqa: E731
