@@ -142,7 +142,8 @@ class MLC:
 
     def get_tensor(self, uri: str, device: str | None = None) -> Any:
         """The object as a tensor (dtype/shape from a tensor put, else flat uint8). On
-        ``device='cuda'`` it is promoted to the device tier when there is one."""
+        ``device='cuda'`` it is promoted to the device tier when there is one. On the host
+        and device tiers the tensor shares the stored bytes: read it, do not write it."""
         import torch
 
         with self._lock:
@@ -155,7 +156,9 @@ class MLC:
                 bytearray(tier.read(entry.handle)), dtype=torch.uint8)
             if want_device and tier.host_readable:  # no device tier, or no room on it
                 flat = flat.to(device, non_blocking=flat.device.type == "cpu" and flat.is_pinned())
-            dtype = getattr(torch, entry.meta["dtype"]) if "dtype" in entry.meta else torch.uint8
+            dtype = getattr(torch, str(entry.meta.get("dtype", "uint8")), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"{uri} has no usable dtype in its metadata: {entry.meta.get('dtype')!r}")
             out = flat.view(dtype)
             return out.reshape(entry.meta["shape"]) if "shape" in entry.meta else out
 
@@ -203,6 +206,8 @@ class MLC:
             return self._grant(self._lookup(uri, count=False), ttl, now)
 
     def renew(self, lease_id: str, ttl: float) -> None:
+        if ttl <= 0:
+            raise ValueError("lease ttl must be positive")
         with self._lock:
             now = self._reap()
             uri, _ = self._held(lease_id)
