@@ -4,7 +4,8 @@
 
 Memory tiers are compared with a plain memcpy into a preallocated buffer, the disk tier
 with a dd-like loop (write/read in 1 MiB blocks, one file per object), the networked tier
-with bare SET/GET on the same Redis, commit-log appends with a bare fsync'd append (file)
+with bare SET/GET on the same Redis, the HTTP API with a bare aiohttp server that keeps
+one body, commit-log appends with a bare fsync'd append (file)
 and a bare etcd put. Targets: memory >= 70% of memcpy, disk >= 70% of dd, commit appends
 within 2x of a bare put (ratio >= 0.5). q rows are M x V x 4 bytes: 1 MiB at M=8, V=32000.
 """
@@ -184,6 +185,86 @@ def _redis_size(mlc: MLC, client: object, size: int, budget: float) -> None:
     mlc.delete(uri)
 
 
+def _serve(app: object) -> tuple[str, Callable[[], None]]:
+    """Run an aiohttp app on 127.0.0.1 in a thread; returns its base URL and a stopper."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)  # type: ignore[arg-type]
+    port = free_port()
+    ready = threading.Event()
+
+    def run() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(runner.setup())
+        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
+        ready.set()
+        loop.run_forever()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    ready.wait(10)
+
+    def stop() -> None:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+    return f"http://127.0.0.1:{port}", stop
+
+
+def bench_http(sizes: list[int], budget: float) -> None:
+    """The MLC's HTTP API against a bare aiohttp server that stores/returns one body."""
+    import http.client
+
+    from aiohttp import web
+
+    from sdcp_fast.cache.client import RemoteMLC
+    from sdcp_fast.servers.mlc import init_app
+
+    held: dict[str, bytes] = {}
+
+    async def bare_put(request: web.Request) -> web.Response:
+        held["x"] = await request.read()
+        return web.Response(status=201)
+
+    async def bare_get(request: web.Request) -> web.Response:
+        return web.Response(body=held["x"])
+
+    bare = web.Application(client_max_size=1 << 30)
+    bare.router.add_put("/x", bare_put)
+    bare.router.add_get("/x", bare_get)
+    mlc = MLC([HostTier(max(sizes) * 4)])
+    mlc_url, stop_mlc = _serve(init_app(mlc))
+    bare_url, stop_bare = _serve(bare)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", int(bare_url.rsplit(":", 1)[1]))
+
+        def call(method: str, body: bytes | None = None) -> None:
+            conn.request(method, "/x", body=body)
+            conn.getresponse().read()
+
+        with RemoteMLC(mlc_url) as remote:
+            for size in sizes:
+                _http_size(remote, call, size, budget)
+    finally:
+        stop_mlc()
+        stop_bare()
+        mlc.close()
+
+
+def _http_size(remote: object, call: Callable[..., None], size: int, budget: float) -> None:
+    src = os.urandom(size)
+    uri = object_uri(SCOPE, b"h" * 16, "q_rows", size)
+    put = timed(lambda: remote.put(uri, src), budget)  # type: ignore[attr-defined]
+    report("http", "put", size, put, timed(lambda: call("PUT", src), budget), 0.7, "bare aiohttp")
+    get = timed(lambda: remote.get(uri), budget)  # type: ignore[attr-defined]
+    report("http", "get", size, get, timed(lambda: call("GET"), budget), 0.7, "bare aiohttp")
+
+
 def record(n: int) -> CommitRecord:
     return CommitRecord(epoch=1, round=n, emitted=(n, n + 1, n + 2), committed=3 * n, digest=bytes(32))
 
@@ -266,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
         bench_host(sizes, budget)
         bench_disk(sizes, budget, root)
         bench_file_log(root, budget)
+        bench_http([s for s in sizes if s <= 16 * MiB], budget)
         if not args.no_services:
             bench_redis(sizes, budget)
             bench_etcd(root, budget)
