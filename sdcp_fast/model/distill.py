@@ -38,7 +38,9 @@ from .tokenizer import chat_prompt, encode
 @dataclass
 class DistillConfig:
     n_layers: int = 2
-    gen_tokens: int = 96  # target tokens generated per training prompt
+    gen_tokens: int = 64  # target tokens generated per training prompt
+    prompts: int = 192  # training prompts used (of the built-in set)
+    gen_batch: int = 32  # sessions per batched target pass while generating
     top_k: int = 64
     hidden_weight: float = 1.0
     steps: int = 600
@@ -54,14 +56,19 @@ def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, device: to
     if path.is_file():
         return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
     assert target.tokenizer is not None
-    prompts = [encode(target.tokenizer, chat_prompt(p["text"])) for p in data.prompts("train")]
+    prompts = [encode(target.tokenizer, chat_prompt(p["text"])) for p in data.prompts("train")][: cfg.prompts]
     runner = ModelRunner(target.model)
-    seqs: list[list[int]] = []
+    partial = path.with_suffix(".gen.json")  # generations so far, so a restart resumes here
+    seqs: list[list[int]] = json.loads(partial.read_text()) if partial.is_file() else []
     stop = list(target.config.eos_token_ids)
-    for i in tqdm(range(0, len(prompts), 16), desc="teacher generations", unit="batch"):
-        chunk = prompts[i:i + 16]
+    bar = tqdm(total=len(prompts), initial=len(seqs), desc="teacher generations", unit="prompt")
+    for i in range(len(seqs), len(prompts), cfg.gen_batch):
+        chunk = prompts[i:i + cfg.gen_batch]
         for p, r in zip(chunk, generate(runner, None, chunk, cfg.gen_tokens, stop=stop), strict=True):
             seqs.append(p + r.tokens)
+        partial.write_text(json.dumps(seqs))
+        bar.update(len(chunk))
+    bar.close()
     hid, idx, val = [], [], []
     model = target.model
     with torch.inference_mode():
@@ -84,7 +91,7 @@ def init_draft(target: Transformer, n_layers: int) -> Transformer:
     draft.embed = target.embed  # shared and frozen
     draft.layers = torch.nn.ModuleList(copy.deepcopy(target.layers[i]) for i in range(n_layers))
     draft.norm = copy.deepcopy(target.norm)
-    draft.lm_head = None
+    draft.lm_head = target.lm_head  # shared and frozen too (None when tied)
     draft.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
     for p in [*draft.layers.parameters(), *draft.norm.parameters()]:
         p.requires_grad_(True)
@@ -115,7 +122,7 @@ def _batch(teacher: dict[str, list], ids: list[int], device: torch.device) -> tu
 def loss_fn(draft: Transformer, batch: tuple[torch.Tensor, ...], hidden_weight: float) -> tuple[torch.Tensor, float]:
     tokens, mask, hid_t, tidx, tval = batch
     h = draft.forward_dense(tokens)  # [B, T, dim]
-    w = draft.embed.weight[tidx]  # [B, T, K, dim] head rows of the target's top-K tokens
+    w = draft.head_weight()[tidx]  # [B, T, K, dim] head rows of the target's top-K tokens
     logits_d = torch.einsum("btd,btkd->btk", h, w)  # [B, T, K]
     logp_t = F.log_softmax(tval, -1)
     kl = (logp_t.exp() * (logp_t - F.log_softmax(logits_d, -1))).sum(-1)  # [B, T]
@@ -134,6 +141,7 @@ def distill(target_spec: str, out: Path, cfg: DistillConfig, device: str = "cpu"
     target.model.to(dev)
     teacher = teacher_data(target, cfg, out / "teacher.pt", dev)
     draft = init_draft(target.model, cfg.n_layers).to(dev)
+    draft.embed.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
     ckpt = out / "checkpoint.pt"
@@ -150,7 +158,7 @@ def distill(target_spec: str, out: Path, cfg: DistillConfig, device: str = "cpu"
     loss_ema = top1_ema = None
 
     def save() -> None:
-        trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith("embed.")}
+        trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith(("embed.", "lm_head."))}
         torch.save({"draft": trainable, "opt": opt.state_dict(), "step": step}, ckpt)
 
     while step < cfg.steps and time.monotonic() < deadline:

@@ -112,11 +112,13 @@ def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32, borrow: Transfor
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     if borrows:
-        # A distilled draft ships without the (vocab-wide) embedding and uses its target's.
+        # A distilled draft ships without the (vocab-wide) embedding and head; it uses its target's.
         if borrow is None or borrow.cfg.vocab_size != cfg.vocab_size or borrow.cfg.dim != cfg.dim:
             raise ValueError(f"{path} borrows its embedding from its target; pass a target with vocabulary "
                              f"{cfg.vocab_size} and width {cfg.dim}")
         state["embed.weight"] = borrow.embed.weight
+        if borrow.lm_head is not None:
+            state["lm_head.weight"] = borrow.lm_head.weight
     tok_file = path / "tokenizer.json"
     tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
     return LoadedModel(_build(cfg, state, dtype), tok, str(path), {"format": "hf", "hf_config": hf})
@@ -198,7 +200,7 @@ def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = No
         hf["sdcp_fast"] = {**(extra or {}), "borrow_embedding": borrow_embedding}
     (path / "config.json").write_text(json.dumps(hf, indent=1) + "\n")
     state = {weights.to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
-             if not (borrow_embedding and k == "embed.weight")}
+             if not (borrow_embedding and k in ("embed.weight", "lm_head.weight"))}
     save_file(state, str(path / "model.safetensors"))
     if tokenizer is not None:
         tokenizer.save(str(path / "tokenizer.json"))

@@ -1,0 +1,59 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sdcp_fast.model import loader
+from sdcp_fast.model.distill import _batch, init_draft, loss_fn
+from sdcp_fast.model.identity import weights_digest
+from sdcp_fast.model.weights import unpermute_rope
+
+from .conftest import SMALL, random_model
+
+
+def test_hf_directory_roundtrip_is_exact_in_float32(tmp_path) -> None:
+    m = random_model()
+    loader.save_hf_dir(m, tmp_path, dtype=torch.float32)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    assert hf["model_type"] == "llama" and hf["num_key_value_heads"] == SMALL.n_kv_heads
+    back = loader.load(tmp_path)
+    assert back.config == m.cfg
+    assert weights_digest(back.model) == weights_digest(m)
+
+
+def test_unpermute_inverts_llama_cpp_permutation() -> None:
+    w = torch.arange(2 * 8 * 3).float().view(16, 3)  # 2 heads of head_dim 8
+    # llama.cpp's convert script: reshape(n_head, 2, hd/2, ...).swapaxes(1, 2)
+    permuted = w.reshape(2, 2, 4, 3).swapaxes(1, 2).reshape(16, 3)
+    assert torch.equal(unpermute_rope(permuted, 2), w)
+
+
+def test_distilled_draft_borrows_embedding_and_head(tmp_path) -> None:
+    target = random_model()
+    draft = init_draft(target, 1)
+    loader.save_hf_dir(draft, tmp_path, borrow_embedding=True)
+    with pytest.raises(ValueError, match="borrows"):
+        loader.load(tmp_path)
+    back = loader.load(tmp_path, borrow=target)
+    assert back.model.embed.weight.data_ptr() == target.embed.weight.data_ptr()
+    assert back.config.n_layers == 1
+
+
+def test_distill_loss_is_zero_for_a_copy_of_the_target() -> None:
+    target = random_model()
+    seqs = [[1, 2, 3, 4, 5], [6, 7, 8]]
+    teacher: dict[str, list] = {"seqs": seqs, "hidden": [], "top_idx": [], "top_val": []}
+    with torch.inference_mode():
+        for s in seqs:
+            h = target.forward_dense(torch.tensor([s]))[0]
+            top = target.logits(h).topk(8, -1)
+            teacher["hidden"].append(h)
+            teacher["top_idx"].append(top.indices)
+            teacher["top_val"].append(top.values)
+    batch = _batch(teacher, [0, 1], torch.device("cpu"))
+    loss, top1 = loss_fn(init_draft(target, SMALL.n_layers), batch, 1.0)
+    assert float(loss) < 1e-5 and top1 == 1.0
+    loss1, _ = loss_fn(init_draft(target, 1), batch, 1.0)
+    assert float(loss1) > 1e-2
