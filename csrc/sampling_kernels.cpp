@@ -27,13 +27,29 @@ inline float load(const uint16_t* p, int64_t j) {
     return f;
 }
 
+inline int32_t as_int(float f) {
+    int32_t i;
+    std::memcpy(&i, &f, 4);
+    return i;
+}
+inline float as_float(int32_t i) {
+    float f;
+    std::memcpy(&f, &i, 4);
+    return f;
+}
+
 // exp(x) for x <= 0 without a libm call, so loops vectorize: x = n ln2 + r with a degree-6
-// polynomial for exp(r) (Cephes coefficients); relative error about 2e-7; exp(-inf) = 0.
+// polynomial for exp(r) (Cephes coefficients); relative error about 2e-7; 0 below -87 and
+// for -inf or NaN. Written without selects, floorf or fmaxf: with those GCC (trapping math,
+// NaN rules) leaves store loops scalar.
 inline float fast_exp(float x) {
-    const float lo = -87.0f;
-    float xc = std::max(std::min(x, 88.0f), lo);
-    float n = std::floor(xc * 1.44269504088896341f + 0.5f);
-    float r = xc - n * 0.693359375f + n * 2.12194440e-4f;
+    const int32_t keep = -static_cast<int32_t>(x >= -87.0f);  // all ones, or zero
+    const float xc = as_float(as_int(x) & keep);
+    const float t = xc * 1.44269504088896341f + 0.5f;
+    int32_t n = static_cast<int32_t>(t);
+    n -= static_cast<int32_t>(static_cast<float>(n) > t);  // floor, t may be negative
+    const float nf = static_cast<float>(n);
+    const float r = xc - nf * 0.693359375f + nf * 2.12194440e-4f;
     float y = 1.9875691500e-4f;
     y = y * r + 1.3981999507e-3f;
     y = y * r + 8.3334519073e-3f;
@@ -41,10 +57,7 @@ inline float fast_exp(float x) {
     y = y * r + 1.6666665459e-1f;
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
-    int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &bits, 4);
-    return x < lo ? 0.0f : y * scale;
+    return as_float(as_int(y * as_float((n + 127) << 23)) & keep);
 }
 
 // Runs body(k) for each block k; in parallel only when no enclosing region is (sessions
@@ -99,9 +112,13 @@ double sum_weights(const T* row, int64_t vocab, const Stats& s) {
     std::vector<double> part(nb);
     for_blocks(nb, [&](int64_t k) {
         int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
+        const float lmax = s.lmax, temp = s.temp;
+        float w[kBlock];  // a store loop then a sum: GCC vectorizes both, not the fused form
+#pragma omp simd
+        for (int64_t j = j0; j < j1; ++j) w[j - j0] = fast_exp((load(row, j) - lmax) / temp);
         double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
-        for (int64_t j = j0; j < j1; ++j) acc += double(weight(s, load(row, j)));
+        for (int64_t i = 0; i < j1 - j0; ++i) acc += double(w[i]);
         part[k] = acc;
     });
     double total = 0.0;
@@ -211,11 +228,34 @@ int64_t inverse_cdf(int64_t vocab, double u, Fill&& fill) {
     return -1;
 }
 
+// max(0, p(j) - q(j)) for ids j0..j1-1 (q == nullptr: p itself). The common unfiltered
+// case has its own loop so that it vectorizes.
+template <class T>
+void fill_probs(const T* row, const Stats& s, const float* q, int64_t j0, int64_t j1, double* out) {
+    if (!s.filtered && !s.greedy) {
+        const float lmax = s.lmax, temp = s.temp;
+        const double inv_norm = 1.0 / s.norm;
+        if (q == nullptr) {
+#pragma omp simd
+            for (int64_t j = j0; j < j1; ++j) out[j - j0] = double(fast_exp((load(row, j) - lmax) / temp)) * inv_norm;
+        } else {
+#pragma omp simd
+            for (int64_t j = j0; j < j1; ++j) {
+                double v = double(fast_exp((load(row, j) - lmax) / temp)) * inv_norm - double(q[j]);
+                out[j - j0] = v > 0.0 ? v : 0.0;
+            }
+        }
+        return;
+    }
+    for (int64_t j = j0; j < j1; ++j) {
+        double p = prob(s, load(row, j), j);
+        out[j - j0] = q == nullptr ? p : std::max(0.0, p - double(q[j]));
+    }
+}
+
 template <class T>
 auto prob_fill(const T* row, const Stats& s) {
-    return [row, &s](int64_t j0, int64_t j1, double* out) {
-        for (int64_t j = j0; j < j1; ++j) out[j - j0] = prob(s, load(row, j), j);
-    };
+    return [row, &s](int64_t j0, int64_t j1, double* out) { fill_probs(row, s, nullptr, j0, j1, out); };
 }
 
 template <class T>
@@ -226,7 +266,12 @@ void profile_rows(const T* logits, int64_t rows, int64_t vocab, const int64_t* t
         const T* row = logits + n * vocab;
         Stats s = row_stats(row, vocab, Profile{tm[n], tk[n], tp[n]});
         float* out = probs + n * vocab;
-        for (int64_t j = 0; j < vocab; ++j) out[j] = float(prob(s, load(row, j), j));
+        double buf[kBlock];
+        for (int64_t j0 = 0; j0 < vocab; j0 += kBlock) {
+            int64_t j1 = std::min(vocab, j0 + kBlock);
+            fill_probs(row, s, nullptr, j0, j1, buf);
+            for (int64_t j = j0; j < j1; ++j) out[j] = float(buf[j - j0]);
+        }
     }
 }
 
@@ -277,8 +322,7 @@ void speculative_sessions(const T* target, int64_t vocab, const int64_t* tm, con
             }
             double r = u[(b * width + a) * 2 + 1];
             extra = inverse_cdf(vocab, r, [&](int64_t j0, int64_t j1, double* out) {
-                for (int64_t j = j0; j < j1; ++j)
-                    out[j - j0] = std::max(0.0, prob(s, load(row, j), j) - double(qrow[j]));
+                fill_probs(row, s, qrow, j0, j1, out);
             });
             if (extra < 0) extra = inverse_cdf(vocab, r, prob_fill(row, s));  // p == q up to rounding
             break;
