@@ -89,6 +89,11 @@ class BatchLayout:
         B, tmax, lmax = len(seq_lens), max(self.q_lens), max(seq_lens)
         if B == 1 and tmax == 1:
             return
+        if B == 1:  # no padding: the gathered keys are already the one sequence's
+            j = torch.arange(lmax, device=dev)
+            q_pos = lmax - tmax + torch.arange(tmax, device=dev)
+            self.mask = (j[None, :] <= q_pos[:, None])[None, None]  # [1, 1, T, L]
+            return
         q_off = torch.tensor([0, *self.q_lens], device=dev).cumsum(0)[:-1]  # [B]
         k_off = torch.tensor([0, *seq_lens], device=dev).cumsum(0)[:-1]
         t = torch.arange(tmax, device=dev)
@@ -129,10 +134,12 @@ class Attention(nn.Module):
             out = F.scaled_dot_product_attention(q.transpose(0, 1)[None], keys.transpose(0, 1)[None],
                                                  vals.transpose(0, 1)[None], enable_gqa=True)  # [1, H, 1, D]
             return self.wo(out[0].transpose(0, 1).reshape(T, -1))
-        assert lay.q_index is not None and lay.k_index is not None
-        qp = q[lay.q_index].transpose(1, 2)  # [B, H, Tmax, D]
-        kp = keys[lay.k_index].transpose(1, 2)  # [B, Hkv, Lmax, D]
-        vp = vals[lay.k_index].transpose(1, 2)
+        if lay.q_index is None or lay.k_index is None:  # one sequence, no padding
+            qp, kp, vp = q[None].transpose(1, 2), keys[None].transpose(1, 2), vals[None].transpose(1, 2)
+        else:
+            qp = q[lay.q_index].transpose(1, 2)  # [B, H, Tmax, D]
+            kp = keys[lay.k_index].transpose(1, 2)  # [B, Hkv, Lmax, D]
+            vp = vals[lay.k_index].transpose(1, 2)
         out = F.scaled_dot_product_attention(qp, kp, vp, attn_mask=lay.mask, enable_gqa=True)  # [B, H, Tmax, D]
         out = out.transpose(1, 2)  # [B, Tmax, H, D]
         flat = torch.cat([out[b, :n] for b, n in enumerate(lay.q_lens)])  # [T, H, D]
