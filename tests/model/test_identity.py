@@ -23,7 +23,7 @@ def test_weights_digest_follows_the_documented_byte_order() -> None:
         m.norm.weight.copy_(torch.tensor([1.0, -2.0]))
     h = hashlib.sha256(b"SDCP-WEIGHTS-1\x00")
     for name, t in [("model.embed_tokens.weight", m.embed.weight), ("model.norm.weight", m.norm.weight)]:
-        raw = b"".join(struct.pack("<f", float(x)) for x in t.flatten())
+        raw = b"".join(struct.pack("<f", float(x)) for x in t.detach().flatten())
         h.update(name.encode() + b"\x00F32\x00" + struct.pack(">I", t.dim()) +
                  b"".join(struct.pack(">I", d) for d in t.shape) + struct.pack(">Q", len(raw)) + raw)
     assert weights_digest(m) == h.digest()
