@@ -69,18 +69,18 @@ def copy_bandwidth(device: torch.device, nbytes: int = 512 << 20) -> float:
 
 def make_batch(b: int, m: int, vocab: int, device: torch.device, seed: int = 0) -> dict[str, Any]:
     """Target logits spread like a model's and q close to p (acceptance well above half)."""
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     rows = b * (m + 1)
-    logits = torch.randn(rows, vocab, generator=gen) * 3.0
-    draft_rows = torch.cat([torch.arange(s * (m + 1), s * (m + 1) + m) for s in range(b)])
+    logits = torch.randn(rows, vocab, generator=gen, device=device) * 3.0
+    draft_rows = torch.cat([torch.arange(s * (m + 1), s * (m + 1) + m) for s in range(b)]).to(device)
     q = logits[draft_rows]
-    q.add_(torch.randn(q.shape, generator=gen) * 0.5)
+    q.add_(torch.randn(q.shape, generator=gen, device=device) * 0.5)
     q = torch.softmax(q, dim=1)
     tokens = torch.multinomial(q, 1, generator=gen).squeeze(1)
-    u = torch.rand(b, m + 1, 2, generator=gen, dtype=torch.float64)
+    u = torch.rand(b, m + 1, 2, generator=gen, dtype=torch.float64, device=device)
     cu = torch.arange(0, b * m + 1, m)
-    return dict(target_logits=logits.to(device), temperature_milli=None, top_k=None, top_p_milli=None,
-                q_probs=q.to(device), draft_tokens=tokens.to(device), cu_draft=cu, uniforms=u.to(device))
+    return dict(target_logits=logits, temperature_milli=None, top_k=None, top_p_milli=None,
+                q_probs=q, draft_tokens=tokens, cu_draft=cu, uniforms=u)
 
 
 def must_read_bytes(accepted: torch.Tensor, m: int, vocab: int, logit_bytes: int = 4) -> int:
@@ -133,7 +133,7 @@ def run(device: torch.device, cases: list[tuple[int, int, int]], backends: list[
                                    mean_accepted=float(accepted.float().mean()), backends={})
         for name in backends:
             reps = 3 if name == "reference" else 50
-            if name == "reference" and gb > 1.0:
+            if name == "reference" and gb > (1.0 if device.type == "cpu" else 0.3):
                 continue  # minutes per call; the ratio is reported where it is measured
             seconds = timeit(lambda name=name, args=args: kernels.verify_speculative(**args, backend=name), device, reps,
                              budget_s=20.0 if name == "reference" else 3.0)
