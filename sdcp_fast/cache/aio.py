@@ -22,6 +22,10 @@ class AsyncMLC:
         view: memoryview = await asyncio.to_thread(self.sync.get, uri)
         return view
 
+    async def get_into(self, uri: str, out: Any) -> int:
+        n: int = await asyncio.to_thread(self.sync.get_into, uri, out)
+        return n
+
     async def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
         view: memoryview = await asyncio.to_thread(self.sync.get_range, uri, start, stop)
         return view

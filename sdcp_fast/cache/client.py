@@ -146,6 +146,14 @@ class RemoteMLC:
             return memoryview(early)
         return memoryview(self._http.request("GET", _path("/objects/", uri))[2])
 
+    def get_into(self, uri: str, out: Any) -> int:
+        data = self.get(uri)
+        view = memoryview(out).cast("B")
+        if data.nbytes > view.nbytes:
+            raise errors.BadRange(f"{uri} has {data.nbytes} bytes; the buffer holds {view.nbytes}")
+        view[: data.nbytes] = data
+        return data.nbytes
+
     def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
         if stop is not None and stop <= start:
             if stop < start:

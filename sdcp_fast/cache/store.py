@@ -140,6 +140,25 @@ class MLC:
             self._lru[entry.tier].move_to_end(uri)
             return self.tiers[entry.tier].read_range(entry.handle, start, stop)
 
+    def get_into(self, uri: str, out: Any) -> int:
+        """Copy the whole object into the caller's writable buffer ``out`` (e.g. a pinned
+        staging buffer); returns its size. One copy, straight from the tier; the object is
+        not moved."""
+        view = memoryview(out).cast("B")
+        if view.readonly:
+            raise ValueError("get_into needs a writable buffer")
+        with self._lock:
+            entry = self._lookup(uri)
+            if entry.size > view.nbytes:
+                raise BadRange(f"{uri} has {entry.size} bytes; the buffer holds {view.nbytes}")
+            tier = self.tiers[entry.tier]
+            self._lru[entry.tier].move_to_end(uri)
+            reader = getattr(tier, "read_into", None)
+            if reader is not None:
+                return int(reader(entry.handle, view))
+            view[: entry.size] = tier.read(entry.handle)
+            return entry.size
+
     def get_tensor(self, uri: str, device: str | None = None) -> Any:
         """The object as a tensor (dtype/shape from a tensor put, else flat uint8). On
         ``device='cuda'`` it is promoted to the device tier when there is one. On the host

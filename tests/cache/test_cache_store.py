@@ -188,3 +188,20 @@ def test_tensor_roundtrip_keeps_dtype_and_shape(small_mlc):
 def test_bad_names_are_refused(small_mlc):
     with pytest.raises(ValueError):
         small_mlc.put("has space", b"x")
+
+
+def test_get_into_copies_from_every_tier_without_moving(small_mlc):
+    data = bytes(range(256)) * 8
+    small_mlc.put(uri(1), data)
+    out = bytearray(3000)
+    assert small_mlc.get_into(uri(1), out) == 2048 and bytes(out[:2048]) == data
+    for n in (2, 3, 4):
+        small_mlc.put(uri(n), blob(n, 2048))
+    assert tier_of(small_mlc, uri(1)) == "disk"
+    out = bytearray(2048)
+    assert small_mlc.get_into(uri(1), memoryview(out)) == 2048 and bytes(out) == data
+    assert tier_of(small_mlc, uri(1)) == "disk"
+    with pytest.raises(BadRange):
+        small_mlc.get_into(uri(1), bytearray(100))
+    with pytest.raises(ValueError):
+        small_mlc.get_into(uri(1), b"readonly" * 300)

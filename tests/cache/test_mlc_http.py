@@ -54,6 +54,8 @@ def test_byte_ranges(remote):
     remote.put(uri(1), data)
     assert bytes(remote.get_range(uri(1), 5, 300)) == data[5:300]
     assert bytes(remote.get_range(uri(1), 4000)) == data[4000:]
+    out = bytearray(5000)
+    assert remote.get_into(uri(1), out) == len(data) and bytes(out[: len(data)]) == data
     with pytest.raises(BadRange):
         remote.get_range(uri(1), 5000, 6000)
 

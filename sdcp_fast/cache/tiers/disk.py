@@ -6,7 +6,6 @@ kvikio and a GPU are present; everything else takes the host path.
 
 from __future__ import annotations
 
-import hashlib
 import mmap
 import os
 import shutil
@@ -17,7 +16,8 @@ from sdcp_fast.cache.tiers.base import as_bytes_view
 
 _EMPTY = memoryview(b"")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-# Below this size one pread costs less than setting up (and tearing down) a mapping.
+# Below this size one pread (a copy) costs less than setting up and faulting in a mapping
+# (measured with bench/mlc.py). Callers with a buffer of their own use read_into instead.
 MAP_FROM = 1 << 20
 
 
@@ -41,15 +41,16 @@ class DiskTier:
         # The index lives in memory, so object files of an earlier run are unreachable.
         shutil.rmtree(os.path.join(self.root, "objects"), ignore_errors=True)
         os.makedirs(os.path.join(self.root, "objects"), exist_ok=True)
+        self._objects = os.path.join(self.root, "objects")
         self._gds = _kvikio()
         self.gds = self._gds is not None
         self._seq = 0
 
     def _path(self, key: str) -> str:
-        # A sequence number keeps a re-put from truncating a file a reader still has mapped.
+        # Named by sequence, not by key: a re-put never truncates a file a reader still has
+        # mapped, and names need no escaping.
         self._seq += 1
-        digest = hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
-        return os.path.join(self.root, "objects", f"{digest}.{self._seq}")
+        return f"{self._objects}/{self._seq:x}"
 
     def write(self, key: str, data: Any) -> str:
         path = self._path(key)
@@ -58,31 +59,55 @@ class DiskTier:
                 f.write(data.contiguous())
             return path
         view = as_bytes_view(data)
-        with open(path, "wb", buffering=0) as f:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
             done = 0
             while done < view.nbytes:
-                done += f.write(view[done:])
+                done += os.write(fd, view[done:])
+        finally:
+            os.close(fd)
         return path
 
     def _map(self, path: str) -> memoryview:
-        with open(path, "rb", buffering=0) as f:
-            size = os.fstat(f.fileno()).st_size
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
             if size == 0:
                 return _EMPTY
             if size < MAP_FROM:
-                return memoryview(os.pread(f.fileno(), size, 0))
-            # The mapping outlives the file object and is unmapped when the last view goes.
+                return memoryview(os.pread(fd, size, 0))
+            # The mapping outlives the descriptor and is unmapped when the last view goes.
             # MAP_POPULATE faults every page in at once instead of one fault per 4 KiB read.
-            return memoryview(mmap.mmap(f.fileno(), 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
+            return memoryview(mmap.mmap(fd, 0, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
 
     def read(self, handle: str) -> memoryview:
         return self._map(handle)
 
     def read_range(self, handle: str, start: int, stop: int) -> memoryview:
-        if stop - start < mmap.PAGESIZE:
-            with open(handle, "rb") as f:
-                return memoryview(os.pread(f.fileno(), stop - start, start))
+        if stop - start < MAP_FROM:
+            fd = os.open(handle, os.O_RDONLY)
+            try:
+                return memoryview(os.pread(fd, stop - start, start))
+            finally:
+                os.close(fd)
         return self._map(handle)[start:stop]
+
+    def read_into(self, handle: str, out: memoryview) -> int:
+        """Read the whole object into ``out`` (a writable byte view at least that long)."""
+        fd = os.open(handle, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            done = 0
+            while done < size:
+                n = os.preadv(fd, [out[done:size]], done)
+                if n == 0:
+                    raise OSError(f"{handle} shrank while being read")
+                done += n
+            return size
+        finally:
+            os.close(fd)
 
     def read_into_device(self, handle: str, out: Any) -> bool:
         """GDS read into a CUDA tensor; False when GDS is not there (caller goes via host)."""

@@ -99,6 +99,14 @@ class HostTier:
     def read_range(self, handle: Any, start: int, stop: int) -> memoryview:
         return self._view(handle)[start:stop].toreadonly()
 
+    def read_into(self, handle: Any, out: memoryview) -> int:
+        n = len(handle)
+        if self._native is not None:
+            self._native.host_copy(out, handle)
+        else:
+            out[:n] = self._view(handle)
+        return n
+
     def tensor(self, handle: Any) -> Any:
         """The stored bytes as a CPU uint8 tensor (pinned where CUDA exists), no copy."""
         import torch
