@@ -8,8 +8,8 @@ import subprocess
 import sys
 import time
 
-from certs import make_certs
-from redis_server import free_port
+from mlc_certs import make_certs
+from mlc_redis import free_port
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.client import RemoteMLC, client_ssl

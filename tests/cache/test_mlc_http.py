@@ -5,7 +5,7 @@ from __future__ import annotations
 import ssl
 
 import pytest
-from certs import make_certs
+from mlc_certs import make_certs
 from mlc_server import serving
 
 from sdcp_fast.cache import MLC, BadRange, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri

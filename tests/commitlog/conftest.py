@@ -3,7 +3,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from etcd_server import running_etcd
+from mlc_etcd import running_etcd
 
 from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.commitlog.file import FileCommitLog

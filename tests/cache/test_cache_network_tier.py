@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from redis_server import running_redis
+from mlc_redis import running_redis
 
 from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
 from sdcp_fast.cache.tiers.host import HostTier
