@@ -9,7 +9,7 @@ Leases: POST /leases {uri, ttl_ms} -> {lease}; PUT /leases/<id> {ttl_ms}; DELETE
 Commit logs: GET /logs/<name>?from=n (application/cbor-seq of records, ETag of the log);
   POST /logs/<name> with one CBOR record and If-Match (412 on a stale tag, 409
   sdcp-stale-epoch when fenced).
-Metrics: GET /stats (JSON). Errors are RFC 9457 problem details, never tracebacks.
+Metrics: GET /stats (JSON), GET /metrics (Prometheus text). Errors are RFC 9457 problem details, never tracebacks.
 """
 
 from __future__ import annotations
@@ -200,6 +200,30 @@ async def stats(request: web.Request) -> web.Response:
     return web.Response(body=json.dumps(request.app[MLC_KEY].stats()), content_type="application/json")
 
 
+def prometheus_text(stats: dict[str, Any]) -> str:
+    """The accounting in Prometheus' text exposition format (one gauge or counter per field)."""
+    lines = []
+    kinds = {"bytes": "gauge", "objects": "gauge", "hits": "counter", "misses": "counter", "evictions": "counter"}
+    for field, kind in kinds.items():
+        metric = f"sdcp_mlc_{field}" + ("_total" if kind == "counter" else "")
+        lines.append(f"# TYPE {metric} {kind}")
+        for scope, tiers in stats["scopes"].items():
+            for tier, counters in tiers.items():
+                lines.append(f'{metric}{{scope="{scope}",tier="{tier}"}} {counters[field]}')
+    lines.append("# TYPE sdcp_mlc_tier_used_bytes gauge")
+    lines += [f'sdcp_mlc_tier_used_bytes{{tier="{t["name"]}"}} {t["used"]}' for t in stats["tiers"]]
+    lines.append("# TYPE sdcp_mlc_tier_capacity_bytes gauge")
+    lines += [f'sdcp_mlc_tier_capacity_bytes{{tier="{t["name"]}"}} {t["capacity"]}' for t in stats["tiers"]]
+    lines.append("# TYPE sdcp_mlc_leases gauge")
+    lines.append(f"sdcp_mlc_leases {stats['leases']}")
+    return "\n".join(lines) + "\n"
+
+
+async def metrics(request: web.Request) -> web.Response:
+    text = prometheus_text(request.app[MLC_KEY].stats())
+    return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"Cache-Control": "no-store"})
+
+
 def init_app(mlc: MLC, *, close_mlc: bool = False) -> web.Application:
     app = web.Application(middlewares=[problems], client_max_size=MAX_BODY)
     app[MLC_KEY] = mlc
@@ -214,6 +238,7 @@ def init_app(mlc: MLC, *, close_mlc: bool = False) -> web.Application:
     app.router.add_get("/logs/{name:.+}", read_log)
     app.router.add_post("/logs/{name:.+}", append_log)
     app.router.add_get("/stats", stats)
+    app.router.add_get("/metrics", metrics)
     if close_mlc:
         async def closing(app: web.Application) -> Any:
             yield

@@ -89,6 +89,18 @@ def test_stats(remote):
     assert stats["tiers"][0]["name"] == "host"
 
 
+def test_prometheus_metrics(remote):
+    import urllib.request
+
+    remote.put(uri(1), b"abcd")
+    remote.get(uri(1))
+    with urllib.request.urlopen(remote.base_url + "/metrics", timeout=10) as resp:
+        text = resp.read().decode()
+    assert f'sdcp_mlc_bytes{{scope="{SCOPE.hex()}",tier="host"}} 4' in text
+    assert f'sdcp_mlc_hits_total{{scope="{SCOPE.hex()}",tier="host"}} 1' in text
+    assert 'sdcp_mlc_tier_used_bytes{tier="host"} 4' in text and "# TYPE sdcp_mlc_leases gauge" in text
+
+
 def test_problem_for_bad_name(remote):
     with pytest.raises(ValueError):
         remote.put("mlc://not a uri", b"x")
