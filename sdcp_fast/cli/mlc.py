@@ -23,6 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import asyncio
     import os
     import sys
 
@@ -43,6 +44,12 @@ def run(args: argparse.Namespace) -> int:
     mib = 1 << 20
     mlc = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
                    device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib)
+    try:
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
+    except ImportError:
+        pass  # the default loop serves the same API, a little slower
     ctx = server_ssl(args.cert, args.key, args.ca) if args.cert else None
     scheme = "https" if ctx else "http"
     web.run_app(init_app(mlc, close_mlc=True), host=args.host, port=args.port, ssl_context=ctx,
