@@ -125,6 +125,8 @@ class RemoteMLC:
         from sdcp_fast.cache.tiers.base import as_bytes_view
 
         view = as_bytes_view(data)
+        if hasattr(data, "untyped_storage"):
+            meta = {"dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape), **(meta or {})}
         if meta:
             body: Any = cbor2.dumps({"data": bytes(view), "meta": meta,
                                      **({"lease_ms": _ms(lease_ttl)} if lease_ttl else {})})
@@ -145,6 +147,22 @@ class RemoteMLC:
         if early is not None:
             return memoryview(early)
         return memoryview(self._http.request("GET", _path("/objects/", uri))[2])
+
+    def get_tensor(self, uri: str, device: str | None = None) -> Any:
+        """The object as a tensor, with the dtype/shape its writer gave (flat uint8 otherwise)."""
+        import torch
+
+        _, _, body = self._http.request("GET", _path("/objects/", uri), headers={"Accept": "application/cbor"})
+        doc = cbor2.loads(body)
+        meta = doc.get("meta") or {}
+        dtype = getattr(torch, str(meta.get("dtype", "uint8")), None)
+        if not isinstance(dtype, torch.dtype):
+            raise ValueError(f"{uri} has no usable dtype in its metadata: {meta.get('dtype')!r}")
+        data = bytearray(doc["data"])
+        flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+        out = flat.view(dtype)
+        out = out.reshape(meta["shape"]) if "shape" in meta else out
+        return out.to(device) if device is not None else out
 
     def get_into(self, uri: str, out: Any) -> int:
         data = self.get(uri)

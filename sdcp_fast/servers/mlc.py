@@ -2,7 +2,8 @@
 
 Objects (``<name>`` is an ``mlc://`` URI without its scheme):
   PUT    /objects/<name>[?lease_ms=N]   raw body, or application/cbor {data, ? lease_ms, ? meta}
-  GET    /objects/<name>                raw bytes; ``Range: bytes=a-b`` gives 206
+  GET    /objects/<name>                raw bytes; ``Range: bytes=a-b`` gives 206;
+                                        ``Accept: application/cbor`` gives {data, etag, meta}
   HEAD   /objects/<name>                Content-Length, ETag, MLC-Tier, MLC-Leased
   DELETE /objects/<name>
 Leases: POST /leases {uri, ttl_ms} -> {lease}; PUT /leases/<id> {ttl_ms}; DELETE /leases/<id>
@@ -118,6 +119,10 @@ async def get_object(request: web.Request) -> web.Response:
     spec = request.headers.get("Range")
     if spec is None:
         view = await _offload(request, head.size, lambda: mlc.get(uri))
+        if CBOR in request.headers.get("Accept", ""):
+            # The CBOR form carries the metadata too (dtype/shape of a tensor put).
+            body = cbor2.dumps({"data": bytes(view), "etag": head.etag, "meta": head.meta})
+            return web.Response(body=body, content_type=CBOR, headers=headers)
         return web.Response(body=view, content_type=OCTETS, headers=headers)
     m = _RANGE.match(spec.strip())
     if m is None or m.groups() == ("", ""):

@@ -81,6 +81,15 @@ def test_tensor_meta_and_prefetch(remote):
     assert bytes(remote.get(uri(1))) == b"\x00" * 8
 
 
+def test_tensor_round_trip_keeps_dtype_and_shape(remote, mlc):
+    torch = pytest.importorskip("torch")
+    rows = torch.rand(3, 7)
+    remote.put(uri(1), rows)
+    back = remote.get_tensor(uri(1))
+    assert back.dtype == torch.float32 and back.shape == (3, 7) and torch.equal(back, rows)
+    assert torch.equal(mlc.get_tensor(uri(1)), rows), "the served MLC kept the metadata too"
+
+
 def test_stats(remote):
     remote.put(uri(1), b"abc")
     remote.get(uri(1))
