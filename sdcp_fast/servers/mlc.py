@@ -62,8 +62,12 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         return problem_response(p)
     except (ValueError, cbor2.CBORDecodeError) as exc:
         return problem_response(BadRequest(str(exc)))
-    except web.HTTPException:
-        raise
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        # aiohttp's own refusals (no such route, body too large, ...) as problem details too.
+        body = json.dumps({"type": "about:blank", "title": exc.reason, "status": exc.status}).encode()
+        return web.Response(status=exc.status, body=body, content_type=PROBLEM_MEDIA_TYPE)
     except Exception:
         log.exception("MLC request failed: %s %s", request.method, request.path)
         return problem_response(InternalError())

@@ -110,6 +110,18 @@ def test_prometheus_metrics(remote):
     assert 'sdcp_mlc_tier_used_bytes{tier="host"} 4' in text and "# TYPE sdcp_mlc_leases gauge" in text
 
 
+def test_unknown_route_is_a_problem_document(remote):
+    import json
+    import urllib.error
+    import urllib.request
+
+    with pytest.raises(urllib.error.HTTPError) as exc:
+        urllib.request.urlopen(remote.base_url + "/nothing-here", timeout=10)
+    assert exc.value.code == 404
+    assert exc.value.headers["Content-Type"].startswith("application/problem+json")
+    assert json.loads(exc.value.read())["status"] == 404
+
+
 def test_problem_for_bad_name(remote):
     with pytest.raises(ValueError):
         remote.put("mlc://not a uri", b"x")
