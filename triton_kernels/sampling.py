@@ -150,50 +150,62 @@ def _draw_weights(src_ptr, q_ptr, row, qrow, offs, limit, V, lmax_ptr, norm_ptr,
 
 @triton.jit
 def draw_partials_kernel(src_ptr, q_ptr, draw_row_ptr, draw_q_ptr, lmax_ptr, norm_ptr, temp_ptr, thr_ptr,
-                         thr_id_ptr, filtered_ptr, greedy_ptr, part_ptr, V, NBLK, BLOCK: tl.constexpr,
+                         thr_id_ptr, filtered_ptr, greedy_ptr, part_ptr, part_p_ptr, V, NBLK, BLOCK: tl.constexpr,
                          RAW: tl.constexpr):
-    """Per (draw, block): the sum of the block's weights (residual max(0, p - q), p, or raw)."""
+    """Per (draw, block): block sums of the weights (raw, or residual max(0, p - q)) and of p."""
     d = tl.program_id(0)
     blk = tl.program_id(1)
     qrow = tl.load(draw_q_ptr + d)
     offs = blk * BLOCK + tl.arange(0, BLOCK)
-    w = _draw_weights(src_ptr, q_ptr, tl.load(draw_row_ptr + d), qrow, offs, tl.where(qrow > -2, V, 0), V, lmax_ptr, norm_ptr,
-                      temp_ptr, thr_ptr, thr_id_ptr, filtered_ptr, greedy_ptr, RAW)
+    row = tl.load(draw_row_ptr + d)
+    limit = tl.where(qrow > -2, V, 0)
+    w = _draw_weights(src_ptr, q_ptr, row, qrow, offs, limit, V, lmax_ptr, norm_ptr, temp_ptr, thr_ptr,
+                      thr_id_ptr, filtered_ptr, greedy_ptr, RAW)
     tl.store(part_ptr + d * NBLK + blk, tl.sum(w.to(tl.float64), axis=0))
+    if not RAW:  # p's block sums, for a residual that rounding left without mass
+        p = _draw_weights(src_ptr, q_ptr, row, qrow * 0 - 1, offs, limit, V, lmax_ptr, norm_ptr, temp_ptr, thr_ptr,
+                          thr_id_ptr, filtered_ptr, greedy_ptr, RAW)
+        tl.store(part_p_ptr + d * NBLK + blk, tl.sum(p.to(tl.float64), axis=0))
 
 
 @triton.jit
 def draw_select_kernel(src_ptr, q_ptr, draw_row_ptr, draw_q_ptr, draw_u_ptr, lmax_ptr, norm_ptr, temp_ptr, thr_ptr,
-                       thr_id_ptr, filtered_ptr, greedy_ptr, part_ptr, out_ptr, V, NBLK, BLOCK: tl.constexpr,
-                       RAW: tl.constexpr):
+                       thr_id_ptr, filtered_ptr, greedy_ptr, part_ptr, part_p_ptr, out_ptr, V, NBLK,
+                       BLOCK: tl.constexpr, RAW: tl.constexpr):
     """Inverse CDF: smallest id with cumulative weight (ascending ids) > u * total; -1 without mass.
 
+    A residual without mass (p == q up to rounding) draws from p instead, as the reference does.
     Block totals (float64, in block order) locate the block; a scan inside it finds the id.
     If rounding leaves the scan short, the block's last positive id is taken.
     """
     d = tl.program_id(0)
     qrow = tl.load(draw_q_ptr + d)
     total = tl.zeros([], dtype=tl.float64)
+    total_p = tl.zeros([], dtype=tl.float64)
     for k in range(0, NBLK):
         total += tl.load(part_ptr + d * NBLK + k)
+        total_p += tl.load(part_p_ptr + d * NBLK + k)
+    use_p = (total <= 0.0) & (qrow >= 0)
+    qrow = tl.where(use_p, -1, qrow)
+    total = tl.where(use_p, total_p, total)
     target = tl.load(draw_u_ptr + d) * total
     before = tl.zeros([], dtype=tl.float64)
     found = tl.zeros([], dtype=tl.int64)
     chosen = tl.zeros([], dtype=tl.int64)
     for k in range(0, NBLK):
-        part = tl.load(part_ptr + d * NBLK + k)
+        part = tl.where(use_p, tl.load(part_p_ptr + d * NBLK + k), tl.load(part_ptr + d * NBLK + k))
         hit = ((before + part > target) & (part > 0) & (found == 0)).to(tl.int64)
         chosen = tl.where(hit != 0, k, chosen)
         found += hit
         before += part * (found == 0).to(tl.float64)
     # no block crossed (rounding at the top end): the last block with mass
     for k in range(0, NBLK):
-        part = tl.load(part_ptr + d * NBLK + k)
+        part = tl.where(use_p, tl.load(part_p_ptr + d * NBLK + k), tl.load(part_ptr + d * NBLK + k))
         last = (found == 0) & (part > 0)
         chosen = tl.where(last, k, chosen)
     offs = chosen * BLOCK + tl.arange(0, BLOCK)
-    w = _draw_weights(src_ptr, q_ptr, tl.load(draw_row_ptr + d), qrow, offs, tl.where(qrow > -2, V, 0), V, lmax_ptr, norm_ptr,
-                      temp_ptr, thr_ptr, thr_id_ptr, filtered_ptr, greedy_ptr, RAW).to(tl.float64)
+    w = _draw_weights(src_ptr, q_ptr, tl.load(draw_row_ptr + d), qrow, offs, tl.where(qrow > -2, V, 0), V,
+                      lmax_ptr, norm_ptr, temp_ptr, thr_ptr, thr_id_ptr, filtered_ptr, greedy_ptr, RAW).to(tl.float64)
     c = tl.cumsum(w, axis=0) + before
     first = tl.min(tl.where((c > target) & (w > 0), offs, V), axis=0)
     first = tl.where(found != 0, first, V)

@@ -16,7 +16,7 @@ KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 @dataclass(frozen=True)
 class Profile:
-    """Per-row sampling profile, one int64 entry per row (CPU or the logits' device).
+    """Per-row sampling profile, one int64 CPU tensor entry per row (backends move what they need).
 
     temperature_milli: 0 selects the argmax; top_k: 0 (or >= V) disables;
     top_p_milli: 0 (or >= 1000) disables.
@@ -52,8 +52,11 @@ def _per_row(value: int | torch.Tensor | None, rows: int, default: int, name: st
 
 
 def profile(rows: int, temperature_milli: int | torch.Tensor | None, top_k: int | torch.Tensor | None,
-            top_p_milli: int | torch.Tensor | None, vocab: int, device: torch.device) -> Profile:
-    """Normalise profile arguments: absent temperature is 1000, disabled filters become 0."""
+            top_p_milli: int | torch.Tensor | None, vocab: int) -> Profile:
+    """Normalise profile arguments: absent temperature is 1000, disabled filters become 0.
+
+    Kept on the CPU, so that backends can branch on them without waiting for a device."""
+    device = torch.device("cpu")
     t = _per_row(temperature_milli, rows, 1000, "temperature_milli", device)
     k = _per_row(top_k, rows, 0, "top_k", device)
     p = _per_row(top_p_milli, rows, 0, "top_p_milli", device)

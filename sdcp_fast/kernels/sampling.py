@@ -39,8 +39,7 @@ def apply_sampling_profile(logits: torch.Tensor, temperature_milli: IntParam = N
         Shape: ``[N, V]``; dtype float32. Rows sum to 1; filtered tokens are exactly 0.
     """
     logits = params.logits_2d(logits, "logits")
-    prof = params.profile(logits.shape[0], temperature_milli, top_k, top_p_milli, logits.shape[1],
-                          logits.device)
+    prof = params.profile(logits.shape[0], temperature_milli, top_k, top_p_milli, logits.shape[1])
     name = backends.resolve(backend, logits.device)
     return backends.load(name).apply_sampling_profile(logits, prof)
 

@@ -48,12 +48,16 @@ class RowStats:
 
 
 def _row_stats(logits: torch.Tensor, prof: Profile) -> RowStats:
+    """Statistics of every row; ``prof`` is on the CPU, so branching on it costs no device sync."""
     rows, vocab = logits.shape
     dev = logits.device
     block, nblk = _block(vocab)
-    tm = prof.temperature_milli.to(dev)
-    greedy = tm == 0
-    temp = torch.where(greedy, 1000, tm).to(torch.float32) / 1000.0
+    greedy = prof.temperature_milli == 0
+    top = (prof.top_k > 0) | (prof.top_p_milli > 0)
+    if bool((prof.temperature_milli == 1000).all()):
+        temp = torch.ones(rows, dtype=torch.float32, device=dev)
+    else:
+        temp = (torch.where(greedy, 1000, prof.temperature_milli).to(torch.float32) / 1000.0).to(dev)
     part_max = torch.empty(rows, nblk, dtype=torch.float32, device=dev)
     part_sum = torch.empty_like(part_max)
     part_arg = torch.empty(rows, nblk, dtype=torch.int32, device=dev)
@@ -64,10 +68,15 @@ def _row_stats(logits: torch.Tensor, prof: Profile) -> RowStats:
     argmax = torch.empty(rows, dtype=torch.int32, device=dev)
     kernels.row_combine_kernel[(rows,)](part_max, part_sum, part_arg, temp, lmax, norm, argmax, vocab, nblk,
                                         NBLK_P2=triton.next_power_of_2(nblk))
-    top = (prof.top_k.to(dev) > 0) | (prof.top_p_milli.to(dev) > 0)
-    stats = RowStats(lmax=lmax, norm=torch.where(greedy, 1.0, norm), temp=temp,
-                     thr=torch.where(greedy, lmax, 0.0), thr_id=torch.where(greedy, argmax.long(), 0),
-                     filtered=(greedy | top).to(torch.int8), greedy=greedy.to(torch.int8), argmax=argmax)
+    if not bool(greedy.any() | top.any()):  # plain softmax rows: nothing is filtered
+        off = torch.zeros(rows, dtype=torch.int8, device=dev)
+        return RowStats(lmax=lmax, norm=norm, temp=temp, thr=lmax, thr_id=argmax.long(), filtered=off,
+                        greedy=off, argmax=argmax)
+    greedy_d = greedy.to(dev)
+    stats = RowStats(lmax=lmax, norm=torch.where(greedy_d, 1.0, norm), temp=temp,
+                     thr=torch.where(greedy_d, lmax, 0.0), thr_id=torch.where(greedy_d, argmax.long(), 0),
+                     filtered=(greedy | top).to(torch.int8).to(dev), greedy=greedy.to(torch.int8).to(dev),
+                     argmax=argmax)
     ranked = torch.nonzero(top & ~greedy).squeeze(1)
     if ranked.numel():
         _ranked_rows(logits, prof, ranked, stats)
@@ -76,32 +85,36 @@ def _row_stats(logits: torch.Tensor, prof: Profile) -> RowStats:
 
 def _ranked_rows(logits: torch.Tensor, prof: Profile, rows: torch.Tensor, stats: RowStats) -> None:
     """Kept set of top-k/top-p rows from the reference ranking, as (thr, thr_id) and norm."""
-    x = logits[rows]
-    sub = Profile(prof.temperature_milli.to(x.device)[rows], prof.top_k.to(x.device)[rows],
-                  prof.top_p_milli.to(x.device)[rows])
+    rows_d = rows.to(logits.device)
+    x = logits[rows_d]
+    sub = Profile(prof.temperature_milli[rows], prof.top_k[rows], prof.top_p_milli[rows])
     kept = reference.profile_probs(x, sub) > 0
     xf = x.to(torch.float32)
     thr = torch.where(kept, xf, float("inf")).min(dim=1).values
     ids = torch.arange(x.shape[1], device=x.device)
     thr_id = torch.where(kept & (xf == thr.unsqueeze(1)), ids, -1).max(dim=1).values
-    w = torch.exp((xf.double() - stats.lmax[rows].double().unsqueeze(1)) / stats.temp[rows].double().unsqueeze(1))
-    stats.norm[rows] = torch.where(kept, w, 0.0).sum(dim=1).to(torch.float32)
-    stats.thr[rows] = thr
-    stats.thr_id[rows] = thr_id
+    w = torch.exp((xf.double() - stats.lmax[rows_d].double().unsqueeze(1))
+                  / stats.temp[rows_d].double().unsqueeze(1))
+    stats.norm[rows_d] = torch.where(kept, w, 0.0).sum(dim=1).to(torch.float32)
+    stats.thr[rows_d] = thr
+    stats.thr_id[rows_d] = thr_id
 
 
 def _draw(src: torch.Tensor, q: torch.Tensor, draw_row: torch.Tensor, draw_q: torch.Tensor, draw_u: torch.Tensor,
           stats: RowStats | None) -> torch.Tensor:
+    """One inverse-CDF draw per entry: from raw rows of ``src`` (stats None), or from the residual
+    max(0, p - q[draw_q]) (p itself where draw_q is -1, or where the residual has no mass)."""
     n, vocab = draw_row.numel(), src.shape[1]
     block, nblk = _block(vocab)
     raw = stats is None
     stat_args = (src,) * 7 if stats is None else stats.args()  # unused pointers when raw
     part = torch.empty(n, nblk, dtype=torch.float64, device=src.device)
+    part_p = part if raw else torch.empty_like(part)
     out = torch.empty(n, dtype=torch.int32, device=src.device)
-    kernels.draw_partials_kernel[(n, nblk)](src, q, draw_row, draw_q, *stat_args, part, vocab, nblk,
+    kernels.draw_partials_kernel[(n, nblk)](src, q, draw_row, draw_q, *stat_args, part, part_p, vocab, nblk,
                                             BLOCK=block, RAW=raw)
-    kernels.draw_select_kernel[(n,)](src, q, draw_row, draw_q, draw_u, *stat_args, part, out, vocab, nblk,
-                                     BLOCK=block, RAW=raw)
+    kernels.draw_select_kernel[(n,)](src, q, draw_row, draw_q, draw_u, *stat_args, part, part_p, out, vocab,
+                                     nblk, BLOCK=block, RAW=raw)
     return out
 
 
@@ -120,19 +133,18 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     return _draw(probs, probs, rows, torch.full_like(rows, -1), u, None)
 
 
-def _row_profile(prof: Profile, lay: Ragged, device: torch.device) -> Profile:
-    counts = (lay.cu_draft[1:] - lay.cu_draft[:-1] + 1).to(device)
-    session = torch.repeat_interleave(torch.arange(lay.batch, device=device), counts)
-    return Profile(prof.temperature_milli.to(device)[session], prof.top_k.to(device)[session],
-                   prof.top_p_milli.to(device)[session])
+def _row_profile(prof: Profile, lay: Ragged) -> Profile:
+    """Each session's profile repeated over its M_b + 1 target rows (on the CPU)."""
+    session = torch.repeat_interleave(torch.arange(lay.batch), lay.cu_draft[1:] - lay.cu_draft[:-1] + 1)
+    return Profile(prof.temperature_milli[session], prof.top_k[session], prof.top_p_milli[session])
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                   lay: Ragged) -> tuple[torch.Tensor, torch.Tensor]:
     dev = target_logits.device
     rows = target_logits.shape[0]
-    plain = Profile(torch.full((rows,), 1000, device=dev), torch.zeros(rows, dtype=torch.int64, device=dev),
-                    torch.zeros(rows, dtype=torch.int64, device=dev))
+    plain = Profile(torch.full((rows,), 1000), torch.zeros(rows, dtype=torch.int64),
+                    torch.zeros(rows, dtype=torch.int64))
     stats = _row_stats(target_logits, plain)
     accepted = torch.zeros(lay.batch, dtype=torch.int32, device=dev)
     emitted = torch.full((lay.batch, lay.m_max + 1), -1, dtype=torch.int32, device=dev)
@@ -146,7 +158,7 @@ def verify_speculative(target_logits: torch.Tensor, prof: Profile, q_probs: torc
                        u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     dev = target_logits.device
     batch, width = lay.batch, lay.m_max + 1
-    stats = _row_stats(target_logits, _row_profile(prof, lay, dev))
+    stats = _row_stats(target_logits, _row_profile(prof, lay))
     accepted = torch.zeros(batch, dtype=torch.int32, device=dev)
     emitted = torch.full((batch, width), -1, dtype=torch.int32, device=dev)
     bad = torch.zeros(batch, dtype=torch.int8, device=dev)
@@ -158,11 +170,6 @@ def verify_speculative(target_logits: torch.Tensor, prof: Profile, q_probs: torc
                                                 *stats.args(), accepted, emitted, bad, draw_row, draw_q, draw_u,
                                                 target_logits.shape[1], width)
     extra = _draw(target_logits, q, draw_row, draw_q, draw_u, stats)
-    # A residual with no mass (p == q up to rounding) draws from p instead, as in the reference.
-    redo = (extra < 0) & (draw_q >= 0)
-    if bool(redo.any()):
-        again = _draw(target_logits, q, draw_row, torch.where(redo, -1, -2), draw_u, stats)
-        extra = torch.where(redo, again, extra)
     emitted.scatter_(1, accepted.long().unsqueeze(1), extra.unsqueeze(1))
     return accepted, emitted, bad.bool()
 

@@ -102,7 +102,7 @@ def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam,
     if q_probs.device != dev or uniforms.device != dev:
         raise ValueError("target_logits, q_probs and uniforms must be on one device")
     u = params.uniforms(uniforms, lay)
-    prof = params.profile(lay.batch, temperature_milli, top_k, top_p_milli, target_logits.shape[1], dev)
+    prof = params.profile(lay.batch, temperature_milli, top_k, top_p_milli, target_logits.shape[1])
     name = backends.resolve(backend, dev)
     tokens = draft_tokens.to(dev, torch.int64).contiguous()
     return backends.load(name).verify_speculative(target_logits, prof, q_probs.contiguous(), tokens, lay, u)

@@ -239,3 +239,21 @@ def test_reference_rule2_by_hand() -> None:
                                               u, backend="reference")
     assert accepted.tolist() == [1] and emitted.tolist() == [[0, 2]]
     assert int(inverse_cdf(torch.tensor([[0.25, 0.25, 0.0]]), torch.tensor([0.5]))[0]) == 1
+
+
+@pytest.mark.parametrize("backend", ALL)
+def test_residual_without_mass_draws_from_p(backend: str) -> None:
+    # q = 1.5 p is not a distribution, but it makes max(0, p - q) zero everywhere: the
+    # rejected position then draws from p itself (what the reference defines).
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(4, 40, generator=gen)
+    p = torch.softmax(x.double(), 1)
+    q = (1.5 * p[[0, 2]]).float()
+    tokens = torch.tensor([int(p[0].argmax()), int(p[2].argmax())])
+    u = torch.tensor([[[0.9, 0.3], [0.0, 0.0]], [[0.95, 0.8], [0.0, 0.0]]], dtype=torch.float64)
+    args = (x, None, None, None, q, tokens, torch.tensor([0, 1, 2]), u)
+    want = verify_speculative(*args, backend="reference")
+    got = call(verify_speculative, *args, backend=backend)
+    assert want[0].tolist() == [0, 0]
+    assert torch.equal(got[1], want[1])
+    assert int(want[1][0, 0]) == int(inverse_cdf(p[:1], torch.tensor([0.3]))[0])
