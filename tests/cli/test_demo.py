@@ -1,20 +1,43 @@
 import json
 
+import pytest
+
 from sdcp_fast.cli import main
 
 
 def test_demo_json_runs_sessions_to_the_end(capsys):
-    assert main(["demo", "--json", "--sessions", "3", "--max-new", "12"]) == 0
+    assert main(["demo", "--model", "toy", "--json", "--sessions", "3", "--max-new", "12"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["sessions"]) == 3
-    assert all(s["chain_ok"] and s["finish"] in ("finish", "fail") for s in report["sessions"])
+    assert all(s["chain_ok"] and s["finish"] == "finish" for s in report["sessions"])
     assert report["tokens_per_pass"] > 1
+    assert all(report["baseline"]["identical_output"])
 
 
 def test_demo_prints_rounds_and_figures(capsys):
-    assert main(["demo", "--sessions", "2", "--max-new", "8"]) == 0
+    assert main(["demo", "--model", "toy", "--sessions", "2", "--max-new", "8", "--rule", "2"]) == 0
     out = capsys.readouterr().out
-    assert "digest chain verified" in out and "tokens/s" in out and " r1 " in out
+    assert "digest chain verified" in out and "tokens/s" in out and " r1 " in out and "speedup" in out
+
+
+@pytest.mark.model
+def test_demo_on_smollm2_equals_target_only_greedy_decoding(capsys):
+    from sdcp_fast.model.loader import ModelNotFound, smollm2_path
+
+    try:
+        smollm2_path()
+    except ModelNotFound as exc:
+        pytest.skip(str(exc))
+    assert main(["demo", "--model", "smollm2", "--json", "--sessions", "2", "--max-new", "12",
+                 "--drafters", "ngram"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert all(report["baseline"]["identical_output"])
+    assert all(s["chain_ok"] for s in report["sessions"])
+
+
+def test_unknown_model_is_a_clear_error(capsys):
+    assert main(["demo", "--model", "/nonexistent/model.gguf"]) == 2
+    assert "no model at" in capsys.readouterr().err
 
 
 def test_help_lists_the_commands(capsys):

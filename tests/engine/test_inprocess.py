@@ -14,12 +14,12 @@ from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord
 
 
-def make_engine(tmp_path, *, noise=(0.8, 6.0), records=None):
+def make_engine(tmp_path, *, noise=(0.8, 6.0), records=None, adaptive_m=False):
     target = ToyTarget()
     drafters = [ToyDrafter("good", target, noise[0]), ToyDrafter("weak", target, noise[1], seed=3)]
     mlc = embedded(str(tmp_path))
     engine = Engine(target, drafters, mlc, target_digest=model_digest("t"), tokenizer_digest=model_digest("w"),
-                    on_round=None if records is None else records.append)
+                    adaptive_m=adaptive_m, on_round=None if records is None else records.append)
     return engine, target, mlc
 
 
@@ -94,3 +94,34 @@ def test_fenced_log_stops_the_session_without_releasing_the_round(tmp_path):
     engine.step()
     assert live.result.tokens == before and live.verifier.closed
     assert "sdcp-stale-epoch" in live.result.problems
+
+
+def test_q_rows_lost_from_the_cache_answer_q_unavailable_and_commit_nothing(tmp_path):
+    """§6.3: rows that cannot be obtained reject the round with sdcp-q-unavailable."""
+    engine, _, mlc = make_engine(tmp_path)
+    real_get = mlc.get
+
+    def lose_q_rows(uri):
+        if "/q_rows/" in uri:
+            from sdcp_fast.cache import ObjectUnavailable
+
+            raise ObjectUnavailable(uri)
+        return real_get(uri)
+
+    mlc.get = lose_q_rows
+    spec = SessionSpec(encode("the router"), max_new=8, rule=2, sampling=Sampling(seed=1), drafters=("good",))
+    engine._live = []
+    engine._report_status(engine.clock())
+    live = engine._open(0, spec, engine.clock())
+    engine._live = [live]
+    engine.step()
+    assert live.result.problems == ["sdcp-q-unavailable"] and live.result.tokens == []
+    assert live.verifier.committed == 0
+    mlc.get = real_get
+    assert engine.step() and live.result.tokens  # the drafter proposes again and the round commits
+
+
+def test_adaptive_choice_of_m_follows_measured_costs(tmp_path):
+    engine, _, _ = make_engine(tmp_path, adaptive_m=True)
+    [result] = engine.run([SessionSpec(encode("the verifier commits"), max_new=20, drafters=("good",))])
+    assert result.chain_ok and result.proposed > 0
