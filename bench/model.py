@@ -73,7 +73,9 @@ def run_case(lm: loader.LoadedModel, spec: str, prompts: list[list[int]], batch:
     tokens = sum(len(r.tokens) for r in results)
     proposed = sum(r.proposed for r in results)
     out = {"drafter": spec, "batch": batch, "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
-           "target_passes": score_t.calls, "tokens_per_pass": tokens / max(1, score_t.calls),
+           "target_passes": score_t.calls,
+           # per session: tokens committed per target pass it took part in
+           "tokens_per_pass": tokens / max(1, sum(r.target_passes for r in results)),
            "acceptance": sum(r.accepted for r in results) / proposed if proposed else None,
            "t_verify": score_t.seconds / max(1, score_t.calls),
            "t_draft_token": (draft_t.seconds / max(1, proposed)) if draft_t else None,
