@@ -8,10 +8,11 @@ clean-up never touch another's. ``<session>`` is the base64url session id of §5
 
 from __future__ import annotations
 
-import base64
 import functools
 import re
 from dataclasses import dataclass
+
+from sdcp_fast.protocol.messages import session_path_id
 
 SCHEME = "mlc://"
 KINDS = frozenset({"q_rows", "draft_kv", "prompt_kv", "target_kv", "committed_tokens", "prompt", "commit_log"})
@@ -42,7 +43,9 @@ def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None 
     if round is not None and round < 0:
         raise ValueError("round is a uint")
     if isinstance(session, bytes):
-        session = base64.urlsafe_b64encode(session).rstrip(b"=").decode()
+        if len(session) != 16:
+            raise ValueError("session is the 16-byte session id")
+        session = session_path_id(session)
     return str(ObjectName(scope, session, kind, round))
 
 

@@ -29,6 +29,7 @@ from aiohttp import web
 from sdcp_fast.cache.errors import BadRange
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.cache.uri import SCHEME
+from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record, encode_record
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, SdcpProblem
 
@@ -60,7 +61,7 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         return await handler(request)
     except SdcpProblem as p:
         return problem_response(p)
-    except (ValueError, cbor2.CBORDecodeError) as exc:
+    except ValueError as exc:
         return problem_response(BadRequest(str(exc)))
     except web.HTTPException as exc:
         if exc.status < 400:
@@ -99,7 +100,7 @@ async def put_object(request: web.Request) -> web.Response:
     meta = None
     data: Any = body
     if request.content_type == CBOR:
-        msg = cbor2.loads(body)
+        msg = cbor.decode(body)  # untrusted input: the strict decoder only raises BadRequest
         if not isinstance(msg, dict) or not isinstance(msg.get("data"), bytes):
             raise BadRequest("CBOR object body is {data: bstr, ? lease_ms: uint, ? meta: map}")
         data, lease_ms, meta = msg["data"], msg.get("lease_ms", lease_ms), msg.get("meta")
@@ -159,7 +160,7 @@ async def delete_object(request: web.Request) -> web.Response:
 
 
 async def _cbor_map(request: web.Request) -> dict[str, Any]:
-    msg = cbor2.loads(await request.read())
+    msg = cbor.decode(await request.read())
     if not isinstance(msg, dict):
         raise BadRequest("body must be a CBOR map")
     return msg

@@ -36,5 +36,10 @@ def test_object_uri_rejects_bad_parts():
 
 
 def test_scope_of_is_the_accounting_key():
-    assert scope_of(object_uri(SCOPE, b"s", "draft_kv", 1)) == SCOPE.hex()
+    assert scope_of(object_uri(SCOPE, b"s" * 16, "draft_kv", 1)) == SCOPE.hex()
     assert scope_of("anything-else") == "-"
+
+
+def test_a_session_id_of_another_size_is_refused():
+    with pytest.raises(ValueError):
+        object_uri(SCOPE, b"short", "q_rows", 1)
