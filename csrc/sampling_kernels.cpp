@@ -75,7 +75,7 @@ inline int64_t num_blocks(int64_t vocab) { return (vocab + kBlock - 1) / kBlock;
 // The kept set is every id, or the ids ranked (logit desc, id asc) no later than (thr, thr_id).
 struct Stats {
     bool greedy = false;
-    float temp = 1.0f;
+    float inv_temp = 1.0f;  // 1 / T: a multiply per id instead of a divide (exact when T = 1)
     float lmax = 0.0f;
     double norm = 1.0;
     bool filtered = false;
@@ -86,7 +86,7 @@ struct Stats {
 inline bool kept(const Stats& s, float l, int64_t j) {
     return !s.filtered || l > s.thr || (l == s.thr && j <= s.thr_id);
 }
-inline float weight(const Stats& s, float l) { return s.greedy ? 1.0f : fast_exp((l - s.lmax) / s.temp); }
+inline float weight(const Stats& s, float l) { return s.greedy ? 1.0f : fast_exp((l - s.lmax) * s.inv_temp); }
 inline double prob(const Stats& s, float l, int64_t j) {
     return kept(s, l, j) ? double(weight(s, l)) / s.norm : 0.0;
 }
@@ -112,10 +112,10 @@ double sum_weights(const T* row, int64_t vocab, const Stats& s) {
     std::vector<double> part(nb);
     for_blocks(nb, [&](int64_t k) {
         int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
-        const float lmax = s.lmax, temp = s.temp;
+        const float lmax = s.lmax, inv_temp = s.inv_temp;
         float w[kBlock];  // a store loop then a sum: GCC vectorizes both, not the fused form
 #pragma omp simd
-        for (int64_t j = j0; j < j1; ++j) w[j - j0] = fast_exp((load(row, j) - lmax) / temp);
+        for (int64_t j = j0; j < j1; ++j) w[j - j0] = fast_exp((load(row, j) - lmax) * inv_temp);
         double acc = 0.0;
 #pragma omp simd reduction(+ : acc)
         for (int64_t i = 0; i < j1 - j0; ++i) acc += double(w[i]);
@@ -126,9 +126,49 @@ double sum_weights(const T* row, int64_t vocab, const Stats& s) {
     return total;
 }
 
+// Max and normalizer of an unfiltered row in one read of memory: each block's max and its
+// sum of exp((l - block max) / T) are taken while the block is in L1, then rescaled to the
+// row max in block order.
+template <class T>
+void max_and_norm(const T* row, int64_t vocab, Stats& s) {
+    int64_t nb = num_blocks(vocab);
+    std::vector<float> part_max(nb);
+    std::vector<double> part_sum(nb);
+    const float inv_temp = s.inv_temp;
+    for_blocks(nb, [&](int64_t k) {
+        int64_t j0 = k * kBlock, n = std::min(vocab, j0 + kBlock) - j0;
+        const T* x = row + j0;
+        float m = -std::numeric_limits<float>::infinity();
+#pragma omp simd reduction(max : m)
+        for (int64_t i = 0; i < n; ++i) m = std::max(m, load(x, i));
+        float w[kBlock];
+#pragma omp simd
+        for (int64_t i = 0; i < n; ++i) w[i] = fast_exp((load(x, i) - m) * inv_temp);
+        double acc = 0.0;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < n; ++i) acc += double(w[i]);
+        part_max[k] = m;
+        part_sum[k] = acc;
+    });
+    float lmax = -std::numeric_limits<float>::infinity();
+    for (float m : part_max) lmax = std::max(lmax, m);
+    double norm = 0.0;
+    for (int64_t k = 0; k < nb; ++k)
+        if (part_sum[k] > 0.0) norm += part_sum[k] * double(fast_exp((part_max[k] - lmax) * inv_temp));
+    s.lmax = lmax;
+    s.norm = norm;
+}
+
 template <class T>
 Stats row_stats(const T* row, int64_t vocab, const Profile& pr) {
     Stats s;
+    int64_t top_k = pr.top_k >= vocab ? 0 : pr.top_k;
+    int64_t top_p = pr.top_p_milli >= 1000 ? 0 : pr.top_p_milli;
+    if (pr.temperature_milli != 0 && top_k == 0 && top_p == 0) {
+        s.inv_temp = float(1000.0 / double(pr.temperature_milli));
+        max_and_norm(row, vocab, s);
+        return s;
+    }
     s.lmax = row_max(row, vocab);
     if (pr.temperature_milli == 0) {  // one-hot argmax: w = 1 on the single kept id
         s.greedy = true;
@@ -137,13 +177,7 @@ Stats row_stats(const T* row, int64_t vocab, const Profile& pr) {
         s.thr_id = first_index_of(row, vocab, s.lmax);
         return s;
     }
-    s.temp = float(double(pr.temperature_milli) / 1000.0);
-    int64_t top_k = pr.top_k >= vocab ? 0 : pr.top_k;
-    int64_t top_p = pr.top_p_milli >= 1000 ? 0 : pr.top_p_milli;
-    if (top_k == 0 && top_p == 0) {
-        s.norm = sum_weights(row, vocab, s);
-        return s;
-    }
+    s.inv_temp = float(1000.0 / double(pr.temperature_milli));
     std::vector<float> vals(vocab);
     for (int64_t j = 0; j < vocab; ++j) vals[j] = load(row, j);
     std::vector<int64_t> idx(vocab);
@@ -233,15 +267,15 @@ int64_t inverse_cdf(int64_t vocab, double u, Fill&& fill) {
 template <class T>
 void fill_probs(const T* row, const Stats& s, const float* q, int64_t j0, int64_t j1, double* out) {
     if (!s.filtered && !s.greedy) {
-        const float lmax = s.lmax, temp = s.temp;
+        const float lmax = s.lmax, inv_temp = s.inv_temp;
         const double inv_norm = 1.0 / s.norm;
         if (q == nullptr) {
 #pragma omp simd
-            for (int64_t j = j0; j < j1; ++j) out[j - j0] = double(fast_exp((load(row, j) - lmax) / temp)) * inv_norm;
+            for (int64_t j = j0; j < j1; ++j) out[j - j0] = double(fast_exp((load(row, j) - lmax) * inv_temp)) * inv_norm;
         } else {
 #pragma omp simd
             for (int64_t j = j0; j < j1; ++j) {
-                double v = double(fast_exp((load(row, j) - lmax) / temp)) * inv_norm - double(q[j]);
+                double v = double(fast_exp((load(row, j) - lmax) * inv_temp)) * inv_norm - double(q[j]);
                 out[j - j0] = v > 0.0 ? v : 0.0;
             }
         }
