@@ -14,10 +14,17 @@
 #include <numeric>
 #include <vector>
 
+// Wide vectors where the build targets AVX-512 (-march=native); no effect elsewhere.
+#pragma GCC target("prefer-vector-width=512")
+
 namespace sdcp {
 namespace {
 
 constexpr int64_t kBlock = 2048;
+// Below these sizes a parallel region costs more than it saves (waking threads on a busy
+// machine takes a scheduler tick): rows x vocab per call, and blocks per row.
+constexpr int64_t kParallelIds = int64_t(1) << 20;
+constexpr int64_t kParallelBlocks = 32;
 
 inline float load(const float* p, int64_t j) { return p[j]; }
 inline float load(const uint16_t* p, int64_t j) {
@@ -64,7 +71,7 @@ inline float fast_exp(float x) {
 // already fill the threads), so small batches still use every core on the vocabulary.
 template <class F>
 void for_blocks(int64_t nblocks, F&& body) {
-    bool par = !omp_in_parallel() && nblocks >= 4 && omp_get_max_threads() > 1;
+    bool par = !omp_in_parallel() && nblocks >= kParallelBlocks && omp_get_max_threads() > 1;
 #pragma omp parallel for schedule(static) if (par)
     for (int64_t k = 0; k < nblocks; ++k) body(k);
 }
@@ -295,7 +302,7 @@ auto prob_fill(const T* row, const Stats& s) {
 template <class T>
 void profile_rows(const T* logits, int64_t rows, int64_t vocab, const int64_t* tm, const int64_t* tk,
                   const int64_t* tp, float* probs) {
-#pragma omp parallel for schedule(dynamic, 1) if (rows > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && rows * vocab >= kParallelIds)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * vocab;
         Stats s = row_stats(row, vocab, Profile{tm[n], tk[n], tp[n]});
@@ -312,7 +319,7 @@ void profile_rows(const T* logits, int64_t rows, int64_t vocab, const int64_t* t
 template <class T>
 void greedy_sessions(const T* target, int64_t vocab, const int64_t* tokens, const int64_t* cu, int64_t batch,
                      int32_t* accepted, int32_t* emitted, int64_t width) {
-#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1 && batch * vocab >= kParallelIds)
     for (int64_t b = 0; b < batch; ++b) {
         int64_t t0 = cu[b], m = cu[b + 1] - cu[b];
         int64_t a = 0;
@@ -331,7 +338,7 @@ void speculative_sessions(const T* target, int64_t vocab, const int64_t* tm, con
                           const int64_t* tp, const float* q_probs, const int64_t* tokens, const int64_t* cu,
                           int64_t batch, const double* u, int32_t* accepted, int32_t* emitted, int64_t width,
                           bool* bad) {
-#pragma omp parallel for schedule(dynamic, 1) if (batch > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (batch > 1 && batch * vocab >= kParallelIds)
     for (int64_t b = 0; b < batch; ++b) {
         int64_t t0 = cu[b], m = cu[b + 1] - cu[b];
         bool is_bad = false;
@@ -385,7 +392,7 @@ void apply_sampling_profile(const void* logits, LogitType type, int64_t rows, in
 
 void sample_from_probs(const float* probs, int64_t rows, int64_t vocab, const double* uniforms,
                        int32_t* tokens) {
-#pragma omp parallel for schedule(dynamic, 1) if (rows > 1)
+#pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && rows * vocab >= kParallelIds)
     for (int64_t n = 0; n < rows; ++n) {
         const float* row = probs + n * vocab;
         tokens[n] = int32_t(inverse_cdf(vocab, uniforms[n], [row](int64_t j0, int64_t j1, double* out) {

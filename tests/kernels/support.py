@@ -10,6 +10,10 @@ import torch
 
 from sdcp_fast.kernels import backends
 
+# Rule-2 parity: sessions per compared batch that differed from the reference at a decision
+# boundary (within 1e-6); conftest.py prints the totals at the end of the run.
+BOUNDARY_CASES: list[int] = []
+
 
 def device_of(backend: str) -> torch.device:
     """Where a backend's inputs live in these tests: CUDA for triton on a GPU, else the CPU."""
