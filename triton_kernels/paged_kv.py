@@ -5,12 +5,13 @@ import triton.language as tl
 
 
 @triton.jit
-def write_kernel(cache_ptr, values_ptr, slots_ptr, ROW, BLOCK: tl.constexpr):
-    """cache row ``slots[t]`` = values row t (ROW elements), skipped when the slot is negative."""
+def write_kernel(cache_ptr, values_ptr, slots_ptr, ROW, CAPACITY, BLOCK: tl.constexpr):
+    """cache row ``slots[t]`` = values row t (ROW elements), skipped when the slot is negative
+    or not below CAPACITY (the launcher does not check on the GPU: that would need a host sync)."""
     t = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(slots_ptr + t)
-    mask = offs < tl.where(slot >= 0, ROW, 0)  # a block mask built from the scalar test alone
+    mask = offs < tl.where((slot >= 0) & (slot < CAPACITY), ROW, 0)  # a block mask from a scalar test
     v = tl.load(values_ptr + t.to(tl.int64) * ROW + offs, mask=mask)
     tl.store(cache_ptr + tl.maximum(slot, 0) * ROW + offs, v, mask=mask)
 

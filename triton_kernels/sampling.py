@@ -135,17 +135,23 @@ def speculative_accept_kernel(logits_ptr, q_ptr, tokens_ptr, cu_ptr, u_ptr, lmax
 @triton.jit
 def _draw_weights(src_ptr, q_ptr, row, qrow, offs, limit, V, lmax_ptr, norm_ptr, temp_ptr, thr_ptr, thr_id_ptr,
                   filtered_ptr, greedy_ptr, RAW: tl.constexpr):
-    # Masks compare offs with a scalar limit: combining a block mask with a scalar test by
-    # `&` is not supported by the triton interpreter.
+    """Weights of ids ``offs``: row ``row`` of ``src`` as given (RAW), else the residual
+    max(0, p - q[qrow]) of target row ``row`` (p itself when qrow < 0); 0 from ``limit`` on.
+
+    Masks compare offs with a scalar limit: combining a block mask with a scalar test by
+    `&` is not supported by the triton interpreter.
+    """
     mask = offs < limit
-    if RAW:  # rows of given probabilities
-        return tl.load(src_ptr + row.to(tl.int64) * V + offs, mask=mask, other=0.0)
-    p = _weights(src_ptr, row, offs, mask, V, tl.load(lmax_ptr + row), tl.load(norm_ptr + row),
-                 tl.load(temp_ptr + row), tl.load(thr_ptr + row), tl.load(thr_id_ptr + row),
-                 tl.load(filtered_ptr + row), tl.load(greedy_ptr + row))
-    q = tl.load(q_ptr + tl.maximum(qrow, 0).to(tl.int64) * V + offs, mask=offs < tl.where(qrow >= 0, limit, 0),
-                other=0.0)
-    return tl.maximum(p - q, 0.0)
+    if RAW:
+        w = tl.load(src_ptr + row.to(tl.int64) * V + offs, mask=mask, other=0.0)
+    else:
+        p = _weights(src_ptr, row, offs, mask, V, tl.load(lmax_ptr + row), tl.load(norm_ptr + row),
+                     tl.load(temp_ptr + row), tl.load(thr_ptr + row), tl.load(thr_id_ptr + row),
+                     tl.load(filtered_ptr + row), tl.load(greedy_ptr + row))
+        q = tl.load(q_ptr + tl.maximum(qrow, 0).to(tl.int64) * V + offs, mask=offs < tl.where(qrow >= 0, limit, 0),
+                    other=0.0)
+        w = tl.maximum(p - q, 0.0)
+    return w
 
 
 @triton.jit

@@ -26,7 +26,8 @@ def write_paged_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torc
     slot_mapping : torch.Tensor
         Shape: ``[T]``; int64. ``slot_mapping[t] = block * block_size + offset`` receives
         ``values[t]``; a negative slot skips the token (padding). Non-negative slots must
-        be distinct (which duplicate wins is unspecified) and below ``num_blocks * block_size``.
+        be distinct (which duplicate wins is unspecified) and below ``num_blocks * block_size``
+        (a ValueError for CPU tensors; skipped without a host sync on CUDA).
     backend : str
         ``"auto"``, ``"reference"``, ``"cpu"`` or ``"triton"``.
     """
@@ -40,7 +41,9 @@ def write_paged_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torc
                          f"{slot_mapping.dtype} {tuple(slot_mapping.shape)}")
     if values.device != cache.device or slot_mapping.device != cache.device:
         raise ValueError("cache, values and slot_mapping must be on one device")
-    if slot_mapping.numel() and int(slot_mapping.max()) >= num_blocks * block_size:
+    # Checked where it is free; on a GPU the check would cost a host sync per call (per layer),
+    # so the kernel skips out-of-range slots instead of writing out of bounds.
+    if cache.device.type == "cpu" and slot_mapping.numel() and int(slot_mapping.max()) >= num_blocks * block_size:
         raise ValueError(f"slot_mapping has a slot >= num_blocks * block_size = {num_blocks * block_size}")
     name = backends.resolve(backend, cache.device)
     backends.load(name).write_paged_kv(cache, values.contiguous(), slot_mapping.contiguous())

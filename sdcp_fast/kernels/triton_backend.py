@@ -180,6 +180,7 @@ def write_paged_kv(cache: torch.Tensor, values: torch.Tensor, slot_mapping: torc
         return
     block = min(1024, triton.next_power_of_2(row))
     kv_kernels.write_kernel[(values.shape[0], triton.cdiv(row, block))](cache, values, slot_mapping, row,
+                                                                         cache.shape[0] * cache.shape[1],
                                                                          BLOCK=block)
 
 
