@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -88,6 +89,10 @@ struct Stats {
     bool filtered = false;
     float thr = 0.0f;
     int64_t thr_id = 0;
+    // Plain rows may keep their exps: cached[j] * block_scale[j / kBlock] = p(j), so the
+    // residual or final draw on this row reads them instead of computing exp again.
+    const float* cached = nullptr;
+    std::vector<double> block_scale;
 };
 
 inline bool kept(const Stats& s, float l, int64_t j) {
@@ -137,7 +142,7 @@ double sum_weights(const T* row, int64_t vocab, const Stats& s) {
 // sum of exp((l - block max) / T) are taken while the block is in L1, then rescaled to the
 // row max in block order.
 template <class T>
-void max_and_norm(const T* row, int64_t vocab, Stats& s) {
+void max_and_norm(const T* row, int64_t vocab, Stats& s, float* keep_exps) {
     int64_t nb = num_blocks(vocab);
     std::vector<float> part_max(nb);
     std::vector<double> part_sum(nb);
@@ -148,7 +153,8 @@ void max_and_norm(const T* row, int64_t vocab, Stats& s) {
         float m = -std::numeric_limits<float>::infinity();
 #pragma omp simd reduction(max : m)
         for (int64_t i = 0; i < n; ++i) m = std::max(m, load(x, i));
-        float w[kBlock];
+        float local[kBlock];
+        float* w = keep_exps != nullptr ? keep_exps + j0 : local;
 #pragma omp simd
         for (int64_t i = 0; i < n; ++i) w[i] = fast_exp((load(x, i) - m) * inv_temp);
         double acc = 0.0;
@@ -164,16 +170,23 @@ void max_and_norm(const T* row, int64_t vocab, Stats& s) {
         if (part_sum[k] > 0.0) norm += part_sum[k] * double(fast_exp((part_max[k] - lmax) * inv_temp));
     s.lmax = lmax;
     s.norm = norm;
+    if (keep_exps != nullptr) {
+        s.cached = keep_exps;
+        s.block_scale.resize(nb);
+        for (int64_t k = 0; k < nb; ++k)
+            s.block_scale[k] = part_sum[k] > 0.0 ? double(fast_exp((part_max[k] - lmax) * inv_temp)) / norm : 0.0;
+    }
 }
 
+// keep_exps (vocab floats, or null) lets a plain row keep its exps for a later draw.
 template <class T>
-Stats row_stats(const T* row, int64_t vocab, const Profile& pr) {
+Stats row_stats(const T* row, int64_t vocab, const Profile& pr, float* keep_exps = nullptr) {
     Stats s;
     int64_t top_k = pr.top_k >= vocab ? 0 : pr.top_k;
     int64_t top_p = pr.top_p_milli >= 1000 ? 0 : pr.top_p_milli;
     if (pr.temperature_milli != 0 && top_k == 0 && top_p == 0) {
         s.inv_temp = float(1000.0 / double(pr.temperature_milli));
-        max_and_norm(row, vocab, s);
+        max_and_norm(row, vocab, s, keep_exps);
         return s;
     }
     s.lmax = row_max(row, vocab);
@@ -273,6 +286,23 @@ int64_t inverse_cdf(int64_t vocab, double u, Fill&& fill) {
 // case has its own loop so that it vectorizes.
 template <class T>
 void fill_probs(const T* row, const Stats& s, const float* q, int64_t j0, int64_t j1, double* out) {
+    if (s.cached != nullptr) {  // j0..j1 is one block of the row's statistics
+        const double scale = s.block_scale[j0 / kBlock];
+        const float* w = s.cached + j0;
+        const int64_t n = j1 - j0;
+        if (q == nullptr) {
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i) out[i] = double(w[i]) * scale;
+        } else {
+            const float* qb = q + j0;
+#pragma omp simd
+            for (int64_t i = 0; i < n; ++i) {
+                double v = double(w[i]) * scale - double(qb[i]);
+                out[i] = v > 0.0 ? v : 0.0;
+            }
+        }
+        return;
+    }
     if (!s.filtered && !s.greedy) {
         const float lmax = s.lmax, inv_temp = s.inv_temp;
         const double inv_norm = 1.0 / s.norm;
@@ -305,7 +335,8 @@ void profile_rows(const T* logits, int64_t rows, int64_t vocab, const int64_t* t
 #pragma omp parallel for schedule(dynamic, 1) if (rows > 1 && rows * vocab >= kParallelIds)
     for (int64_t n = 0; n < rows; ++n) {
         const T* row = logits + n * vocab;
-        Stats s = row_stats(row, vocab, Profile{tm[n], tk[n], tp[n]});
+        std::unique_ptr<float[]> exps(new float[vocab]);
+        Stats s = row_stats(row, vocab, Profile{tm[n], tk[n], tp[n]}, exps.get());
         float* out = probs + n * vocab;
         double buf[kBlock];
         for (int64_t j0 = 0; j0 < vocab; j0 += kBlock) {
@@ -350,13 +381,15 @@ void speculative_sessions(const T* target, int64_t vocab, const int64_t* tm, con
         accepted[b] = 0;
         if (is_bad) continue;  // decided before any uniform is read
         Profile pr{tm[b], tk[b], tp[b]};
+        std::unique_ptr<float[]> exps(new float[vocab]);  // the current row's exps, for its draw
         int64_t a = 0, extra = -1;
         for (; a < m; ++a) {
             const T* row = target + (t0 + b + a) * vocab;
-            Stats s = row_stats(row, vocab, pr);
+            Stats s = row_stats(row, vocab, pr, exps.get());
             int64_t x = tokens[t0 + a];
             const float* qrow = q_probs + (t0 + a) * vocab;
-            double p = prob(s, load(row, x), x), q = double(qrow[x]);
+            double p = s.cached != nullptr ? double(s.cached[x]) * s.block_scale[x / kBlock] : prob(s, load(row, x), x);
+            double q = double(qrow[x]);
             if (u[(b * width + a) * 2] < std::min(1.0, p / q)) {
                 emitted[b * width + a] = int32_t(x);
                 continue;
@@ -370,7 +403,7 @@ void speculative_sessions(const T* target, int64_t vocab, const int64_t* tm, con
         }
         if (a == m) {
             const T* row = target + (t0 + b + m) * vocab;
-            Stats s = row_stats(row, vocab, pr);
+            Stats s = row_stats(row, vocab, pr, exps.get());
             extra = inverse_cdf(vocab, u[(b * width + m) * 2 + 1], prob_fill(row, s));
         }
         emitted[b * width + a] = int32_t(extra);
