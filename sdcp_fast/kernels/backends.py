@@ -12,11 +12,13 @@ import functools
 import importlib
 import logging
 import os
-from types import ModuleType
+from typing import Protocol, cast
 
 import torch
 
 from sdcp_fast import native
+
+from .params import Profile, Ragged
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 _log = logging.getLogger(__name__)
@@ -83,7 +85,28 @@ def resolve(backend: str, device: torch.device) -> str:
     return backend
 
 
-def load(name: str) -> ModuleType:
+class Backend(Protocol):
+    """What each backend module provides; inputs arrive validated by :mod:`.params`."""
+
+    def apply_sampling_profile(self, logits: torch.Tensor, prof: Profile) -> torch.Tensor: ...
+
+    def sample_from_probs(self, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor: ...
+
+    def verify_greedy(self, target_logits: torch.Tensor, draft_tokens: torch.Tensor,
+                      lay: Ragged) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def verify_speculative(self, target_logits: torch.Tensor, prof: Profile, q_probs: torch.Tensor,
+                           draft_tokens: torch.Tensor, lay: Ragged,
+                           u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+    def write_paged_kv(self, cache: torch.Tensor, values: torch.Tensor, slot_mapping: torch.Tensor) -> None: ...
+
+    def gather_paged_kv(self, cache: torch.Tensor, block_table: torch.Tensor,
+                        seq_lens: torch.Tensor) -> torch.Tensor: ...
+
+
+def load(name: str) -> Backend:
     """The launcher module of a concrete backend, imported on first use."""
-    return importlib.import_module(f"sdcp_fast.kernels.{name}_backend" if name != "reference"
-                                   else "sdcp_fast.kernels.reference")
+    module = importlib.import_module(f"sdcp_fast.kernels.{name}_backend" if name != "reference"
+                                     else "sdcp_fast.kernels.reference")
+    return cast(Backend, module)
