@@ -58,12 +58,14 @@ def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam,
     rejected position the additional token is drawn from ``max(0, p[i] - q[i])`` (or p[i]
     if that is all zero through rounding) by inverse CDF (:func:`sample_from_probs`) with
     ``uniforms[b, i-1, 1]``; if all are accepted, from p[M_b+1] with ``uniforms[b, M_b, 1]``.
-    A session with ``q[i](x[i]) <= 0`` (or NaN) at any position is flagged ``bad`` before
+    A session with ``q[i](x[i]) <= 0`` (or NaN or inf) at any position is flagged ``bad`` before
     any uniform is used, and gets accepted 0 and no emitted token (answer ``sdcp-bad-proposal``).
 
     What is read: q(x[i]) at every position; the target rows 1..a+1 (their max and
     normalizer, plus the kept set when top-k/top-p is on); the full q row and target row
     only at the first rejected position; the last target row only when all are accepted.
+    (The triton backend takes the statistics of all M_b + 1 rows in one parallel pass
+    instead of walking positions; docs/kernels.md says what each backend reads.)
 
     Parameters
     ----------
