@@ -16,7 +16,9 @@
 #include <vector>
 
 // Wide vectors where the build targets AVX-512 (-march=native); no effect elsewhere.
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 8 && defined(__x86_64__)
 #pragma GCC target("prefer-vector-width=512")
+#endif
 
 namespace sdcp {
 namespace {
