@@ -1,4 +1,4 @@
-"""Hypothesis: the cpu backend equals the reference on arbitrary small inputs (ragged
+"""Hypothesis: the native backends equal the reference on arbitrary small inputs (ragged
 batches with empty proposals, V = 1, ties, -inf logits, every profile member)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from sdcp_fast.kernels import apply_sampling_profile, verify_greedy, verify_speculative
 
-from .support import backend_params
+from .support import backend_params, call
 
 CPU = backend_params("cpu")
 LOGIT = st.one_of(st.integers(-3, 3).map(float), st.floats(-20, 20, width=32), st.just(float("-inf")))
@@ -36,21 +36,32 @@ def batches(draw: st.DrawFn) -> dict[str, object]:
     return dict(logits=logits, q=q, tokens=tokens, cu=cu, u=u, profile=profile)
 
 
-@pytest.mark.parametrize("backend", CPU)
-@settings(max_examples=150, deadline=None)
-@given(batch=batches())
-def test_cpu_equals_reference(backend: str, batch: dict) -> None:
+def _check(backend: str, batch: dict) -> None:
     logits, prof = batch["logits"], batch["profile"]
     want = apply_sampling_profile(logits, **prof, backend="reference")
-    got = apply_sampling_profile(logits, **prof, backend=backend)
+    got = call(apply_sampling_profile, logits, **prof, backend=backend)
     assert torch.equal(got == 0, want == 0)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=1e-7)
     g_want = verify_greedy(logits, batch["tokens"], batch["cu"], backend="reference")
-    g_got = verify_greedy(logits, batch["tokens"], batch["cu"], backend=backend)
+    g_got = call(verify_greedy, logits, batch["tokens"], batch["cu"], backend=backend)
     assert all(torch.equal(a, b) for a, b in zip(g_got, g_want, strict=True))
     args = (logits, prof["temperature_milli"], prof["top_k"], prof["top_p_milli"], batch["q"], batch["tokens"],
             batch["cu"], batch["u"])
     s_want = verify_speculative(*args, backend="reference")
-    s_got = verify_speculative(*args, backend=backend)
+    s_got = call(verify_speculative, *args, backend=backend)
     # Random uniforms sit within 1e-6 of a boundary with probability ~1e-6 per decision.
     assert all(torch.equal(a, b) for a, b in zip(s_got, s_want, strict=True))
+
+
+@pytest.mark.parametrize("backend", CPU)
+@settings(max_examples=150, deadline=None)
+@given(batch=batches())
+def test_cpu_equals_reference(backend: str, batch: dict) -> None:
+    _check(backend, batch)
+
+
+@pytest.mark.parametrize("backend", backend_params("triton"))
+@settings(max_examples=12, deadline=None)  # the interpreter is slow; a GPU runs the same few
+@given(batch=batches())
+def test_triton_equals_reference(backend: str, batch: dict) -> None:
+    _check(backend, batch)
