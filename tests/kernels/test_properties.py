@@ -24,6 +24,7 @@ def batches(draw: st.DrawFn) -> dict[str, object]:
     flat = draw(st.lists(LOGIT, min_size=rows * vocab, max_size=rows * vocab))
     logits = torch.tensor(flat, dtype=torch.float32).reshape(rows, vocab)
     logits[:, draw(st.integers(0, vocab - 1))] = 0.0  # every row has a finite entry
+    logits = logits.to(draw(st.sampled_from([torch.float32, torch.bfloat16])))
     seed = draw(st.integers(0, 2**31))
     gen = torch.Generator().manual_seed(seed)
     q = torch.softmax(torch.randn(sum(ms), vocab, generator=gen) * 2, dim=1)
