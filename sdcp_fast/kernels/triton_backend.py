@@ -26,7 +26,8 @@ MAX_BLOCK = 1024
 
 
 def _block(vocab: int) -> tuple[int, int]:
-    block = min(MAX_BLOCK, triton.next_power_of_2(vocab))
+    # At least 128 ids: every small vocabulary then shares one compiled specialization.
+    block = min(MAX_BLOCK, max(128, triton.next_power_of_2(vocab)))
     return block, triton.cdiv(vocab, block)
 
 
