@@ -23,7 +23,7 @@ except Exception as exc:  # noqa: BLE001
     print("flashinfer not importable:", exc)
 PY
 status=0
-timeout 150 "$PY" -m pytest tests/kernels -q -x -k "triton or readme" -p no:cacheprovider -rs \
+timeout 170 "$PY" -m pytest tests/kernels -q -x -k "triton or readme" -p no:cacheprovider -rs \
     2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || status=1
-timeout 120 "$PY" bench/kernels.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log" || status=1
+timeout 110 "$PY" bench/kernels.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log" || status=1
 exit $status
