@@ -7,6 +7,7 @@ import importlib.util
 import pytest
 import torch
 
+from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
 from sdcp_fast.model.runner import ModelRunner
 from sdcp_fast.model.speculative import generate
@@ -44,7 +45,8 @@ def test_greedy_answer_is_sensible(smollm2, prompt_ids) -> None:
 def test_speculative_rule1_equals_greedy_for_every_drafter(smollm2, prompt_ids) -> None:
     target = ModelRunner(smollm2.model)
     greedy = generate(target, None, prompt_ids, 14)
-    drafters = [NgramDrafter(smollm2.config.vocab_size), ModelDrafter(smollm2.model, n_layers=4)]
+    drafters = [NgramDrafter(smollm2.config.vocab_size), ModelDrafter(smollm2.model, n_layers=4),
+                make_drafter("model:smollm2-draft", smollm2)]
     for drafter in drafters:
         spec = generate(target, drafter, prompt_ids, 14, m=4)
         for g, s in zip(greedy, spec, strict=True):
@@ -63,6 +65,15 @@ def test_batched_score_matches_single_session_scores(smollm2, prompt_ids) -> Non
     alone = ModelRunner(smollm2.model)
     for q, b in zip(reqs, batched, strict=True):
         torch.testing.assert_close(b, alone.score([q])[0], atol=2e-3, rtol=0)
+
+
+def test_shipped_draft_shares_the_tokenizer_and_loads_in_bf16_size(smollm2) -> None:
+    from sdcp_fast.model.loader import shipped_path
+
+    files = list(shipped_path("smollm2-draft").iterdir())
+    assert sum(f.stat().st_size for f in files) < 40 * 2**20
+    drafter = make_drafter("model:smollm2-draft", smollm2)
+    assert drafter is not None and drafter.name == "model:smollm2-draft"
 
 
 @pytest.mark.skipif(importlib.util.find_spec("transformers") is None,
