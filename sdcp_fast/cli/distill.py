@@ -18,6 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--batch", type=int, default=d.batch)
     p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--gen-tokens", type=int, default=d.gen_tokens, help="target tokens generated per prompt")
     p.add_argument("--prompts", type=int, default=d.prompts, help="training prompts (of the built-in set)")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget; rerun the command to resume")
@@ -33,7 +34,8 @@ def run(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = DistillConfig(n_layers=args.layers, steps=args.steps, batch=args.batch, lr=args.lr,
-                        gen_tokens=args.gen_tokens, prompts=args.prompts, minutes=args.minutes)
+                        gen_tokens=args.gen_tokens, prompts=args.prompts, minutes=args.minutes,
+                        weight_decay=args.weight_decay)
     metrics = distill(args.target, args.out, cfg, args.device)
     print(f"draft written to {args.out / 'draft'}: {metrics}")
     return 0

@@ -46,6 +46,7 @@ class DistillConfig:
     steps: int = 600
     batch: int = 8
     lr: float = 5e-4
+    weight_decay: float = 0.0
     warmup: int = 20
     minutes: float = 60.0  # stop (and save) when the budget is spent; rerun to continue
     seed: int = 0
@@ -72,12 +73,18 @@ def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, device: to
     hid, idx, val = [], [], []
     model = target.model
     with torch.inference_mode():
-        for s in tqdm(seqs, desc="teacher labels", unit="seq"):
-            h = model.forward_dense(torch.tensor([s], device=device))[0]  # [T, dim]
-            top = model.logits(h).topk(cfg.top_k, dim=-1)  # [T, K]
-            hid.append(h.half().cpu())
-            idx.append(top.indices.int().cpu())
-            val.append(top.values.half().cpu())
+        for i in tqdm(range(0, len(seqs), 8), desc="teacher labels", unit="batch"):
+            group = seqs[i:i + 8]
+            padded = torch.zeros((len(group), max(map(len, group))), dtype=torch.int64)
+            for b, s in enumerate(group):  # right padding: causal attention never looks at it
+                padded[b, : len(s)] = torch.tensor(s)
+            hs = model.forward_dense(padded.to(device))  # [B, T, dim]
+            for b, s in enumerate(group):
+                h = hs[b, : len(s)]
+                top = model.logits(h).topk(cfg.top_k, dim=-1)  # [T, K]
+                hid.append(h.half().cpu())
+                idx.append(top.indices.int().cpu())
+                val.append(top.values.half().cpu())
     out = {"seqs": seqs, "hidden": hid, "top_idx": idx, "top_val": val}
     torch.save(out, path)
     return out
@@ -143,7 +150,7 @@ def distill(target_spec: str, out: Path, cfg: DistillConfig, device: str = "cpu"
     draft = init_draft(target.model, cfg.n_layers).to(dev)
     draft.embed.requires_grad_(False)
     params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
+    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
     ckpt = out / "checkpoint.pt"
     step = 0
     if ckpt.is_file():
