@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--weight-decay", type=float, default=d.weight_decay)
     p.add_argument("--gen-tokens", type=int, default=d.gen_tokens, help="target tokens generated per prompt")
     p.add_argument("--prompts", type=int, default=d.prompts, help="training prompts (of the built-in set)")
+    p.add_argument("--samples", type=int, default=d.samples,
+                   help="sampled continuations per prompt besides the greedy one")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget; rerun the command to resume")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -35,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = DistillConfig(n_layers=args.layers, steps=args.steps, batch=args.batch, lr=args.lr,
                         gen_tokens=args.gen_tokens, prompts=args.prompts, minutes=args.minutes,
-                        weight_decay=args.weight_decay)
+                        weight_decay=args.weight_decay, samples=args.samples)
     metrics = distill(args.target, args.out, cfg, args.device)
     print(f"draft written to {args.out / 'draft'}: {metrics}")
     return 0

@@ -31,7 +31,7 @@ from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
 from .loader import LoadedModel
 from .runner import ModelRunner
-from .speculative import generate
+from .speculative import Sampling, generate
 from .tokenizer import chat_prompt, encode
 
 
@@ -41,6 +41,8 @@ class DistillConfig:
     gen_tokens: int = 64  # target tokens generated per training prompt
     prompts: int = 192  # training prompts used (of the built-in set)
     gen_batch: int = 32  # sessions per batched target pass while generating
+    samples: int = 0  # sampled (temperature 0.8) continuations per prompt, besides the greedy one
+    prompt_weight: float = 0.1  # loss weight of prompt positions (drafting happens after them)
     top_k: int = 64
     hidden_weight: float = 1.0
     steps: int = 600
@@ -62,10 +64,13 @@ def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, device: to
     partial = path.with_suffix(".gen.json")  # generations so far, so a restart resumes here
     seqs: list[list[int]] = json.loads(partial.read_text()) if partial.is_file() else []
     stop = list(target.config.eos_token_ids)
-    bar = tqdm(total=len(prompts), initial=len(seqs), desc="teacher generations", unit="prompt")
-    for i in range(len(seqs), len(prompts), cfg.gen_batch):
-        chunk = prompts[i:i + cfg.gen_batch]
-        for p, r in zip(chunk, generate(runner, None, chunk, cfg.gen_tokens, stop=stop), strict=True):
+    jobs = [(p, k) for k in range(1 + cfg.samples) for p in prompts]  # k = 0: greedy
+    bar = tqdm(total=len(jobs), initial=len(seqs), desc="teacher generations", unit="seq")
+    for i in range(len(seqs), len(jobs), cfg.gen_batch):
+        chunk = [p for p, _ in jobs[i:i + cfg.gen_batch]]
+        k = jobs[i][1]
+        sp = Sampling() if k == 0 else Sampling(rule=2, temperature_milli=800, seed=cfg.seed * 1000 + i)
+        for p, r in zip(chunk, generate(runner, None, chunk, cfg.gen_tokens, sampling=sp, stop=stop), strict=True):
             seqs.append(p + r.tokens)
         partial.write_text(json.dumps(seqs))
         bar.update(len(chunk))
@@ -85,7 +90,8 @@ def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, device: to
                 hid.append(h.half().cpu())
                 idx.append(top.indices.int().cpu())
                 val.append(top.values.half().cpu())
-    out = {"seqs": seqs, "hidden": hid, "top_idx": idx, "top_val": val}
+    out = {"seqs": seqs, "hidden": hid, "top_idx": idx, "top_val": val,
+           "prompt_lens": [len(p) for p, _ in jobs]}
     torch.save(out, path)
     return out
 
@@ -105,21 +111,24 @@ def init_draft(target: Transformer, n_layers: int) -> Transformer:
     return draft
 
 
-def _batch(teacher: dict[str, list], ids: list[int], device: torch.device) -> tuple[torch.Tensor, ...]:
+def _batch(teacher: dict[str, list], ids: list[int], device: torch.device,
+           prompt_weight: float = 1.0) -> tuple[torch.Tensor, ...]:
     seqs = [teacher["seqs"][i] for i in ids]
     T = max(len(s) for s in seqs)
     B = len(ids)
     K = teacher["top_idx"][0].shape[1]
     dim = teacher["hidden"][0].shape[1]
     tokens = torch.zeros((B, T), dtype=torch.int64)
-    mask = torch.zeros((B, T), dtype=torch.bool)
+    mask = torch.zeros((B, T))  # loss weight per position, 0 on padding
     hid = torch.zeros((B, T, dim))
     tidx = torch.zeros((B, T, K), dtype=torch.int64)
     tval = torch.zeros((B, T, K))
     for b, i in enumerate(ids):
         n = len(teacher["seqs"][i])
         tokens[b, :n] = torch.tensor(teacher["seqs"][i])
-        mask[b, :n] = True
+        mask[b, :n] = 1.0
+        if "prompt_lens" in teacher:  # positions before the last prompt token predict prompt text
+            mask[b, : teacher["prompt_lens"][i] - 1] = prompt_weight
         hid[b, :n] = teacher["hidden"][i].float()
         tidx[b, :n] = teacher["top_idx"][i].long()
         tval[b, :n] = teacher["top_val"][i].float()
@@ -136,7 +145,7 @@ def loss_fn(draft: Transformer, batch: tuple[torch.Tensor, ...], hidden_weight: 
     mse = (h - hid_t).pow(2).mean(-1) / hid_t.pow(2).mean(-1).clamp_min(1e-6)
     per_tok = kl + hidden_weight * mse
     top1 = (logits_d.argmax(-1) == 0).float()  # topk is sorted: index 0 is the target's argmax
-    m = mask.float()
+    m = mask
     return (per_tok * m).sum() / m.sum(), float((top1 * m).sum() / m.sum())
 
 
@@ -173,7 +182,7 @@ def distill(target_spec: str, out: Path, cfg: DistillConfig, device: str = "cpu"
         for g in opt.param_groups:
             g["lr"] = lr
         ids = torch.randint(0, n, (cfg.batch,), generator=gen).tolist()
-        loss, top1 = loss_fn(draft, _batch(teacher, ids, dev), cfg.hidden_weight)
+        loss, top1 = loss_fn(draft, _batch(teacher, ids, dev, cfg.prompt_weight), cfg.hidden_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
