@@ -33,7 +33,7 @@ from sdcp_fast.protocol import (
     Verdict,
     extend_digest,
 )
-from sdcp_fast.protocol.drafter import DrafterSession
+from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY
 from sdcp_fast.protocol.router import RoutedSession, StatusTable, after_open, confirmed, on_event
 from sdcp_fast.protocol.session import (
@@ -161,6 +161,8 @@ class Engine:
         self.target_passes = 0
         self._t_draft = 1e-3  # EWMA seconds per drafted token, for the choice of M (§6.2)
         self._t_verify = 1e-2  # EWMA seconds per verification pass
+        self._live: list[_Live] = []
+        self._acceptance = {name: AcceptanceEstimator() for name in self.drafters}
         for name, digest in self.drafter_digests.items():
             self.table.register_model(name, digest)
 
@@ -179,15 +181,17 @@ class Engine:
 
     def _report_status(self, now: float) -> None:
         busy: dict[str, int] = {}
-        for live in getattr(self, "_live", []):
+        for live in self._live:
             if live.drafter_name is not None and not live.verifier.closed:
                 busy[live.drafter_name] = busy.get(live.drafter_name, 0) + 1
         for name in self.drafters:
             self.table.report(self._status(name, busy.get(name, 0)), now)
 
     def _status(self, name: str, queue: int = 0) -> Status:
+        # What a drafter instance would report (§5.2 status): the router prefers low load and
+        # queue, then high recent acceptance (§6.1).
         return Status(instance=name, role=ROLE_DRAFTER, load=min(100, queue * 10), queue=queue,
-                      ttl_ms=STATUS_TTL_MS)
+                      accept_milli=self._acceptance[name].accept_milli, ttl_ms=STATUS_TTL_MS)
 
     def _open(self, index: int, spec: SessionSpec, now: float) -> _Live:
         # Derived from the engine's seed so that seeded runs are reproducible end to end
@@ -223,7 +227,7 @@ class Engine:
 
     def run(self, specs: Sequence[SessionSpec]) -> list[SessionResult]:
         now = self.clock()
-        self._live: list[_Live] = []
+        self._live = []
         self._report_status(now)
         self._live = [self._open(i, spec, now) for i, spec in enumerate(specs)]
         while any(not live.verifier.closed for live in self._live):
@@ -409,6 +413,8 @@ class Engine:
         else:
             result.proposed += len(work.proposed)
             result.accepted += verdict.accepted
+            if live.drafter_name is not None:
+                self._acceptance[live.drafter_name].update(verdict.accepted, len(work.proposed))
         if verdict.action in (Action.FINISH, Action.FAIL):
             result.finish = verdict.action
         if self.on_round is not None:
