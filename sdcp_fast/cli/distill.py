@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompts", type=int, default=d.prompts, help="training prompts (of the built-in set)")
     p.add_argument("--samples", type=int, default=d.samples,
                    help="sampled continuations per prompt besides the greedy one")
+    p.add_argument("--prompt-weight", type=float, default=d.prompt_weight, help="loss weight of prompt positions")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget; rerun the command to resume")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -37,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     cfg = DistillConfig(n_layers=args.layers, steps=args.steps, batch=args.batch, lr=args.lr,
                         gen_tokens=args.gen_tokens, prompts=args.prompts, minutes=args.minutes,
-                        weight_decay=args.weight_decay, samples=args.samples)
+                        weight_decay=args.weight_decay, samples=args.samples,
+                        prompt_weight=args.prompt_weight)
     metrics = distill(args.target, args.out, cfg, args.device)
     print(f"draft written to {args.out / 'draft'}: {metrics}")
     return 0
