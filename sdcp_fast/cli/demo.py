@@ -119,6 +119,7 @@ def _target_only(scorer: Any, prompts: list[list[int]], lengths: list[int]) -> t
     import torch
 
     from sdcp_fast.engine.interfaces import ScoreRequest
+    from sdcp_fast.kernels import verify_greedy
 
     outs: list[list[int]] = [[] for _ in prompts]
     t0 = time.perf_counter()
@@ -126,9 +127,11 @@ def _target_only(scorer: Any, prompts: list[list[int]], lengths: list[int]) -> t
         live = [i for i, n in enumerate(lengths) if step < n]
         rows = scorer.score([ScoreRequest(b"baseline-%03d...." % i, [*prompts[i], *outs[i]], ())
                              for i in live])
-        for i, row in zip(live, rows, strict=True):
-            top = row[0].max()
-            outs[i].append(int(torch.nonzero(row[0] == top)[0, 0]))  # ties to the smallest id
+        # Rule 1 with nothing proposed: each session's one emitted token is its argmax.
+        _, emitted = verify_greedy(torch.cat(rows), torch.zeros(0, dtype=torch.int64),
+                                   torch.zeros(len(live) + 1, dtype=torch.int64))
+        for i, token in zip(live, emitted[:, 0].tolist(), strict=True):
+            outs[i].append(int(token))
     seconds = time.perf_counter() - t0
     for i in range(len(prompts)):
         scorer.release(b"baseline-%03d...." % i)

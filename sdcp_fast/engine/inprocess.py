@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 import torch
 
 from sdcp_fast import kernels
 from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
-from sdcp_fast.commitlog import Fenced, PreconditionFailed
+from sdcp_fast.commitlog import Fenced, PreconditionFailed, length_of
 from sdcp_fast.engine.interfaces import Drafter, ScoreRequest, TargetScorer
 from sdcp_fast.protocol import (
     Action,
@@ -41,7 +42,6 @@ from sdcp_fast.protocol.session import (
     RoundDone,
     ScoreNeeded,
     State,
-    Uniforms,
     VerifierSession,
 )
 
@@ -309,13 +309,14 @@ class Engine:
             if work.needs_q:
                 vocab = self.scorer.vocab_size
                 try:
-                    raw = bytes(self.mlc.get(proposal.q_rows)) if proposal.q_rows else None
+                    # One copy out of the cache: the core reads q(x) from it, the kernels the rows.
+                    raw = bytearray(self.mlc.get(proposal.q_rows)) if proposal.q_rows else None
                 except ObjectUnavailable:
                     raw = None  # the core answers sdcp-q-unavailable and commits nothing (§6.3)
                 uniforms = verifier.provide_q(q_rows=raw, vocab=vocab)
                 assert raw is not None
-                live.q_probs = torch.frombuffer(bytearray(raw), dtype=torch.float32).view(-1, vocab)
-                work = _with_uniforms(work, uniforms)
+                live.q_probs = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
+                work = replace(work, uniforms=uniforms)
         except SdcpProblem as problem:
             live.result.problems.append(problem.suffix)
             self._release_lease(live)
@@ -330,7 +331,7 @@ class Engine:
     def _verify(self, waiting: list[_Live], logits: list[torch.Tensor]) -> list[tuple[int, int]]:
         out: list[tuple[int, int]] = [(0, 0)] * len(waiting)
         greedy = [i for i, live in enumerate(waiting) if live.verifier.contract.rule == RULE_GREEDY]
-        sampled = [i for i in range(len(waiting)) if i not in set(greedy)]
+        sampled = [i for i, live in enumerate(waiting) if live.verifier.contract.rule != RULE_GREEDY]
         if greedy:
             rows, tokens, cu = self._ragged([waiting[i] for i in greedy], [logits[i] for i in greedy])
             accepted, emitted = kernels.verify_greedy(rows, tokens, cu, backend=self.backend)
@@ -368,7 +369,7 @@ class Engine:
     @staticmethod
     def _ragged(lives: list[_Live], logits: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         proposed = [live.work.proposed for live in lives]  # type: ignore[union-attr]
-        cu = torch.tensor([0, *torch.tensor([len(p) for p in proposed]).cumsum(0).tolist()], dtype=torch.int64)
+        cu = torch.tensor([0, *accumulate(len(p) for p in proposed)], dtype=torch.int64)
         tokens = torch.tensor([t for p in proposed for t in p], dtype=torch.int64)
         return torch.cat(logits).float(), tokens, cu
 
@@ -390,7 +391,7 @@ class Engine:
         except PreconditionFailed as problem:  # the round is dropped; re-read and retry it
             live.result.problems.append(problem.suffix)
             verifier.append_done(ok=False)
-            live.log_etag = log.read(log.read().length).etag
+            live.log_etag = log.read(length_of(live.log_etag)).etag
             return
         done = verifier.append_done(ok=True)
         assert isinstance(done, RoundDone)
@@ -430,8 +431,3 @@ class Engine:
             self.mlc.release(live.lease)
             live.lease = None
 
-
-def _with_uniforms(work: ScoreNeeded, uniforms: Uniforms) -> ScoreNeeded:
-    from dataclasses import replace
-
-    return replace(work, uniforms=uniforms)

@@ -504,7 +504,7 @@ class VerifierSession:
         self,
         q_of_x: Sequence[float] | None = None,
         *,
-        q_rows: bytes | None = None,
+        q_rows: bytes | bytearray | None = None,
         vocab: int | None = None,
     ) -> Uniforms:
         """Rule 2's precondition (§6.3): q[i](x[i]) for every proposed position, given directly
