@@ -23,6 +23,9 @@ class ModelConfig:
     max_seq_len: int = 8192
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # A draft whose output layer covers only this many token ids (``Transformer.head_ids``):
+    # the vocabulary-wide head would otherwise cost more than its layers.
+    head_vocab: int | None = None
 
     @property
     def head_dim(self) -> int:
@@ -59,10 +62,11 @@ class ModelConfig:
             max_seq_len=hf.get("max_position_embeddings", 8192),
             bos_token_id=hf.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            head_vocab=(hf.get("sdcp_fast") or {}).get("head_vocab"),
         )
 
-    def with_layers(self, n_layers: int) -> ModelConfig:
-        return replace(self, n_layers=n_layers)
+    def with_layers(self, n_layers: int, head_vocab: int | None = None) -> ModelConfig:
+        return replace(self, n_layers=n_layers, head_vocab=head_vocab)
 
 
 # Named shapes, for building models from scratch (tests, distillation) and for reading.

@@ -1,14 +1,27 @@
-"""Distil a small draft from its target: the target's own greedy generations on a prompt
-set are the data, the target's next-token distributions the labels.
+"""Distil a small draft from its target, with the target's own greedy answers as the data.
 
-The draft starts as the target's first ``n_layers`` layers and final norm, shares the
-target's embedding and tied head (frozen, not shipped), and learns to make its last hidden
-state predict what the target's final one does. Loss per position: KL(p_target || p_draft)
-over the target's top-K tokens (both renormalized there; the head is only applied to those
-K rows, so the 49152-wide output layer costs almost nothing) plus the mean squared error
-between the draft's and the target's final normalized hidden states, which keeps the rest
-of the vocabulary in line. Resumable: teacher data and checkpoints live in the output
-directory.
+Data (``OUT/data.json``, built once, resumable stage by stage):
+
+1. prompts: the built-in *train* set, plus ``self_prompts`` user turns the target writes
+   itself (sampled after ``<|im_start|>user`` and a starter word: a far wider spread of
+   questions than any fixed list), plus ``copy_prompts`` copy/edit/summarize requests made
+   by wrapping the target's own answers in the built-in set's instructions;
+2. answers: the target's greedy continuations (what a rule-1 drafter sees at run time),
+   plus ``samples`` sampled ones per built-in prompt.
+
+Drafts: the target's first ``n`` layers and final norm (copied, then trained), one per
+entry of ``layers``, all trained on the same batches against one teacher pass; the
+target's embedding is shared, frozen and not shipped (borrowed at load time). The output
+layer covers only the ``head_vocab`` token ids the target emits most in the data
+(``Transformer.head_ids``), so that it costs a fraction of the vocabulary-wide head.
+
+Loss per position: KL(p_target || p_draft) over the head's ids, the target's logits
+computed on the fly (no label files), plus optionally the relative squared error between
+the two final hidden states; prompt positions weighted by ``prompt_weight``. AdamW with
+warm-up and cosine decay over length-bucketed batches of ``batch_tokens`` tokens.
+The schedule runs to ``steps`` or to the time budget, whichever comes first, so a
+run cut short by ``minutes`` still ends at a low learning rate. Checkpoints every 25 steps;
+rerunning the same command continues. Each draft lands in ``OUT/draft-L{n}``.
 """
 
 from __future__ import annotations
@@ -16,9 +29,12 @@ from __future__ import annotations
 import copy
 import json
 import math
+import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,77 +43,167 @@ from tqdm import tqdm
 from sdcp_fast import data
 
 from . import loader
-from .config import ModelConfig
+from .bulk import generate_rows
 from .llama import Transformer, rope_inv_freq
 from .loader import LoadedModel
-from .runner import ModelRunner
-from .speculative import Sampling, generate
-from .tokenizer import chat_prompt, encode
+from .tokenizer import chat_prompt, decode, encode
+
+# Opening words for the user turns the target writes itself (spread the questions out).
+STARTERS = ("How", "What", "Why", "Can you", "Write", "Explain", "Give me", "Tell me", "List", "Describe",
+            "Please", "Compare", "Is it", "Help me", "I want", "Which", "When", "Where", "Who", "Should I",
+            "Create", "Summarize", "Suggest", "Do you", "My", "Plan", "Translate", "Name", "Define", "Outline")
 
 
 @dataclass
 class DistillConfig:
-    n_layers: int = 2
-    gen_tokens: int = 64  # target tokens generated per training prompt
-    prompts: int = 192  # training prompts used (of the built-in set)
-    gen_batch: int = 32  # sessions per batched target pass while generating
-    samples: int = 0  # sampled (temperature 0.8) continuations per prompt, besides the greedy one
+    layers: tuple[int, ...] = (2,)  # one draft per depth, trained side by side
+    head_vocab: int = 8192  # ids the draft's output layer covers (0: the whole vocabulary)
+    prompts: int = 344  # built-in train prompts used
+    self_prompts: int = 0  # user turns written by the target itself, then answered
+    copy_prompts: int = 0  # copy/edit/summarize prompts made from the target's answers
+    gen_tokens: int = 128  # answer tokens generated per prompt
+    gen_batch: int = 32  # rows decoded side by side
+    samples: int = 0  # sampled (temperature 0.8) answers per built-in prompt, besides the greedy one
     prompt_weight: float = 0.1  # loss weight of prompt positions (drafting happens after them)
-    top_k: int = 64
-    hidden_weight: float = 1.0
+    hidden_weight: float = 0.0
     steps: int = 600
-    batch: int = 8
+    batch_tokens: int = 2048  # tokens per training step (padding included)
     lr: float = 5e-4
     weight_decay: float = 0.0
     warmup: int = 20
-    minutes: float = 60.0  # stop (and save) when the budget is spent; rerun to continue
+    minutes: float = 60.0  # budget for the whole run; training stops (and saves) when it is spent
     seed: int = 0
+    holdout: float = 0.02  # share of the data kept out of training, for the held-out agreement
 
 
-def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, device: torch.device) -> dict[str, object]:
-    """Token sequences, the target's final hidden states and its top-K logits at every position."""
-    if path.is_file():
-        return torch.load(path, weights_only=True)  # type: ignore[no-any-return]
+class _Data:
+    """``OUT/data.json``: the self-written prompts, then ``prompt + answer`` sequences in the
+    order they were generated; ``done`` counts the jobs answered (see ``_jobs``)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        d = json.loads(path.read_text()) if path.is_file() else {}
+        self.self_prompts: list[str] | None = d.get("self_prompts")
+        self.seqs: list[list[int]] = d.get("seqs", [])
+        self.prompt_lens: list[int] = d.get("prompt_lens", [])
+        self.done: int = d.get("done", 0)
+        self._saved = time.monotonic()
+
+    def save(self, force: bool = False) -> None:
+        if force or time.monotonic() - self._saved > 60:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({"self_prompts": self.self_prompts, "seqs": self.seqs,
+                                       "prompt_lens": self.prompt_lens, "done": self.done}))
+            tmp.replace(self.path)
+            self._saved = time.monotonic()
+
+
+def _self_prompts(target: LoadedModel, cfg: DistillConfig, deadline: float) -> list[str]:
+    """User turns sampled from the target (temperature 1, top-p 0.95), each opened by a
+    starter word; the ones it closes with its end-of-turn token within 64 tokens."""
     assert target.tokenizer is not None
-    prompts = [encode(target.tokenizer, chat_prompt(p["text"])) for p in data.prompts("train")][: cfg.prompts]
-    runner = ModelRunner(target.model)
-    partial = path.with_suffix(".gen.json")  # generations so far, so a restart resumes here
-    seqs: list[list[int]] = json.loads(partial.read_text()) if partial.is_file() else []
+    rng = random.Random(cfg.seed)
     stop = list(target.config.eos_token_ids)
-    jobs = [(p, k) for k in range(1 + cfg.samples) for p in prompts]  # k = 0: greedy
-    bar = tqdm(total=len(jobs), initial=len(seqs), desc="teacher generations", unit="seq")
-    for i in range(len(seqs), len(jobs), cfg.gen_batch):
-        chunk = [p for p, _ in jobs[i:i + cfg.gen_batch]]
-        k = jobs[i][1]
-        sp = Sampling() if k == 0 else Sampling(rule=2, temperature_milli=800, seed=cfg.seed * 1000 + i)
-        for p, r in zip(chunk, generate(runner, None, chunk, cfg.gen_tokens, sampling=sp, stop=stop), strict=True):
-            seqs.append(p + r.tokens)
-        partial.write_text(json.dumps(seqs))
+    out: list[str] = []
+    bar = tqdm(total=cfg.self_prompts, desc="self-written prompts", unit="prompt")
+    for i in range(0, cfg.self_prompts * 2, cfg.gen_batch):  # about half survive the filters
+        starters = [rng.choice(STARTERS) for _ in range(cfg.gen_batch)]
+        heads = [encode(target.tokenizer, f"<|im_start|>user\n{w}") for w in starters]
+        g = torch.Generator().manual_seed(cfg.seed * 7919 + i)
+        for w, ans in zip(starters, generate_rows(target.model, heads, 64, temperature_milli=1000, top_p_milli=950,
+                                                  stop=stop, generator=g), strict=True):
+            if len(ans) >= 4 and ans[-1] in stop:
+                text = (w + decode(target.tokenizer, ans[:-1])).strip()
+                if text and "<|" not in text:
+                    out.append(text)
+        bar.update(min(len(out), cfg.self_prompts) - bar.n)
+        if len(out) >= cfg.self_prompts or time.monotonic() > deadline:
+            break
+    bar.close()
+    return list(dict.fromkeys(out))[: cfg.self_prompts]
+
+
+def _copy_prompts(target: LoadedModel, cfg: DistillConfig, d: _Data, n_chat: int) -> list[str]:
+    """The built-in set's copy/edit/summarize instructions around the target's own answers."""
+    assert target.tokenizer is not None
+    instructions = sorted({p["text"].split("\n\n", 1)[0] for p in data.prompts("train") if p["kind"] == "copy"})
+    texts = []
+    for seq, plen in zip(d.seqs[:n_chat], d.prompt_lens[:n_chat], strict=True):
+        text = decode(target.tokenizer, [t for t in seq[plen:] if t not in target.config.eos_token_ids])
+        text = text[: text.rfind(".") + 1].strip()
+        if len(text) >= 80 and "<|" not in text:
+            texts.append(text)
+    rng = random.Random(cfg.seed + 1)
+    rng.shuffle(texts)
+    return [f"{rng.choice(instructions)}\n\n{t}" for t in texts[: cfg.copy_prompts]]
+
+
+def _answer(target: LoadedModel, cfg: DistillConfig, d: _Data, jobs: list[tuple[list[int], int]], first: int,
+            desc: str, deadline: float) -> bool:
+    """Answer jobs ``(prompt, k)`` (k = 0: greedy, else sampled), those numbered from
+    ``first`` on in ``d.done``'s count; similar lengths share a batch. False if the time ran out."""
+    stop = list(target.config.eos_token_ids)
+    order = sorted(range(len(jobs)), key=lambda j: (jobs[j][1], len(jobs[j][0])))
+    bar = tqdm(total=len(jobs), initial=d.done - first, desc=desc, unit="seq")
+    for i in range(d.done - first, len(order), cfg.gen_batch):
+        if time.monotonic() > deadline:
+            bar.close()
+            return False
+        chunk = [jobs[j] for j in order[i:i + cfg.gen_batch]]
+        by_k: dict[int, list[list[int]]] = {}
+        for p, k in chunk:
+            by_k.setdefault(k, []).append(p)
+        for k, rows in sorted(by_k.items()):
+            g = torch.Generator().manual_seed(cfg.seed * 7919 + first + i + k)
+            answers = generate_rows(target.model, rows, cfg.gen_tokens, temperature_milli=0 if k == 0 else 800,
+                                    stop=stop, generator=g)
+            for p, ans in zip(rows, answers, strict=True):
+                d.seqs.append(p + ans)
+                d.prompt_lens.append(len(p))
+        d.done = first + i + len(chunk)
+        d.save()
         bar.update(len(chunk))
     bar.close()
-    hid, idx, val = [], [], []
-    model = target.model
-    with torch.inference_mode():
-        for i in tqdm(range(0, len(seqs), 8), desc="teacher labels", unit="batch"):
-            group = seqs[i:i + 8]
-            padded = torch.zeros((len(group), max(map(len, group))), dtype=torch.int64)
-            for b, s in enumerate(group):  # right padding: causal attention never looks at it
-                padded[b, : len(s)] = torch.tensor(s)
-            hs = model.forward_dense(padded.to(device))  # [B, T, dim]
-            for b, s in enumerate(group):
-                h = hs[b, : len(s)]
-                top = model.logits(h).topk(cfg.top_k, dim=-1)  # [T, K]
-                hid.append(h.half().cpu())
-                idx.append(top.indices.int().cpu())
-                val.append(top.values.half().cpu())
-    out = {"seqs": seqs, "hidden": hid, "top_idx": idx, "top_val": val,
-           "prompt_lens": [len(p) for p, _ in jobs]}
-    torch.save(out, path)
-    return out
+    return True
 
 
-def init_draft(target: Transformer, n_layers: int) -> Transformer:
-    cfg: ModelConfig = target.cfg.with_layers(n_layers)
+def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, deadline: float) -> _Data:
+    """Prompts and the target's answers; stops early (resumable) at ``deadline``."""
+    assert target.tokenizer is not None
+    d = _Data(path)
+    if d.self_prompts is None:
+        # A third of the data budget at most: the answers are what the draft learns from.
+        third = time.monotonic() + (deadline - time.monotonic()) / 3
+        d.self_prompts = _self_prompts(target, cfg, third) if cfg.self_prompts else []
+        d.save(force=True)
+    tok = target.tokenizer
+    builtin = [encode(tok, chat_prompt(p["text"])) for p in data.prompts("train")][: cfg.prompts]
+    chat = [(p, 0) for p in builtin + [encode(tok, chat_prompt(t)) for t in d.self_prompts]]
+    chat += [(p, k) for k in range(1, 1 + cfg.samples) for p in builtin]
+    if d.done < len(chat) and not _answer(target, cfg, d, chat, 0, "answers", deadline):
+        d.save(force=True)
+        return d
+    copies = [(encode(tok, chat_prompt(t)), 0) for t in _copy_prompts(target, cfg, d, len(chat))]
+    if copies and d.done < len(chat) + len(copies):
+        _answer(target, cfg, d, copies, len(chat), "copy answers", deadline)
+    d.save(force=True)
+    return d
+
+
+def choose_head_ids(seqs: list[list[int]], prompt_lens: list[int], n: int, always: tuple[int, ...]) -> torch.Tensor:
+    """The ``n`` ids the target emits most in its answers (ties to the smaller id), plus
+    ``always`` (end-of-turn), ascending."""
+    counts = Counter(t for s, p in zip(seqs, prompt_lens, strict=True) for t in s[p:])
+    ids = set(always)
+    for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+        if len(ids) >= n:
+            break
+        ids.add(t)
+    return torch.tensor(sorted(ids), dtype=torch.int64)
+
+
+def init_draft(target: Transformer, n_layers: int, head_ids: torch.Tensor | None = None) -> Transformer:
+    cfg = target.cfg.with_layers(n_layers, None if head_ids is None else len(head_ids))
     draft = Transformer.__new__(Transformer)
     torch.nn.Module.__init__(draft)
     draft.cfg = cfg
@@ -105,101 +211,183 @@ def init_draft(target: Transformer, n_layers: int) -> Transformer:
     draft.layers = torch.nn.ModuleList(copy.deepcopy(target.layers[i]) for i in range(n_layers))
     draft.norm = copy.deepcopy(target.norm)
     draft.lm_head = target.lm_head  # shared and frozen too (None when tied)
-    draft.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+    draft.register_buffer("inv_freq", rope_inv_freq(cfg).to(target.inv_freq.device), persistent=False)
+    draft.register_buffer("head_ids", None if head_ids is None else head_ids.to(target.inv_freq.device))
+    draft._head_rows = None
     for p in [*draft.layers.parameters(), *draft.norm.parameters()]:
         p.requires_grad_(True)
     return draft
 
 
-def _batch(teacher: dict[str, list], ids: list[int], device: torch.device,
-           prompt_weight: float = 1.0) -> tuple[torch.Tensor, ...]:
-    seqs = [teacher["seqs"][i] for i in ids]
-    T = max(len(s) for s in seqs)
-    B = len(ids)
-    K = teacher["top_idx"][0].shape[1]
-    dim = teacher["hidden"][0].shape[1]
-    tokens = torch.zeros((B, T), dtype=torch.int64)
-    mask = torch.zeros((B, T))  # loss weight per position, 0 on padding
-    hid = torch.zeros((B, T, dim))
-    tidx = torch.zeros((B, T, K), dtype=torch.int64)
-    tval = torch.zeros((B, T, K))
+def _batches(lens: list[int], ids: list[int], batch_tokens: int, rng: random.Random) -> list[list[int]]:
+    """One epoch: sequences of similar length together, ``B * max_len <= batch_tokens``."""
+    order = sorted(ids, key=lambda i: lens[i])
+    out: list[list[int]] = []
+    cur: list[int] = []
+    for i in order:
+        if cur and (len(cur) + 1) * lens[i] > batch_tokens:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def _tensors(d: _Data, ids: list[int], prompt_weight: float, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    T = max(len(d.seqs[i]) for i in ids)
+    tokens = torch.zeros((len(ids), T), dtype=torch.int64)
+    weight = torch.zeros((len(ids), T))  # per position; 0 on padding
     for b, i in enumerate(ids):
-        n = len(teacher["seqs"][i])
-        tokens[b, :n] = torch.tensor(teacher["seqs"][i])
-        mask[b, :n] = 1.0
-        if "prompt_lens" in teacher:  # positions before the last prompt token predict prompt text
-            mask[b, : teacher["prompt_lens"][i] - 1] = prompt_weight
-        hid[b, :n] = teacher["hidden"][i].float()
-        tidx[b, :n] = teacher["top_idx"][i].long()
-        tval[b, :n] = teacher["top_val"][i].float()
-    return tuple(t.to(device) for t in (tokens, mask, hid, tidx, tval))
+        n, p = len(d.seqs[i]), d.prompt_lens[i]
+        tokens[b, :n] = torch.tensor(d.seqs[i])
+        weight[b, :n] = 1.0
+        weight[b, : p - 1] = prompt_weight  # these positions predict prompt text
+    return tokens.to(dev), weight.to(dev)
 
 
-def loss_fn(draft: Transformer, batch: tuple[torch.Tensor, ...], hidden_weight: float) -> tuple[torch.Tensor, float]:
-    tokens, mask, hid_t, tidx, tval = batch
-    h = draft.forward_dense(tokens)  # [B, T, dim]
-    w = draft.head_weight()[tidx]  # [B, T, K, dim] head rows of the target's top-K tokens
-    logits_d = torch.einsum("btd,btkd->btk", h, w)  # [B, T, K]
-    logp_t = F.log_softmax(tval, -1)
-    kl = (logp_t.exp() * (logp_t - F.log_softmax(logits_d, -1))).sum(-1)  # [B, T]
-    mse = (h - hid_t).pow(2).mean(-1) / hid_t.pow(2).mean(-1).clamp_min(1e-6)
-    per_tok = kl + hidden_weight * mse
-    top1 = (logits_d.argmax(-1) == 0).float()  # topk is sorted: index 0 is the target's argmax
-    m = mask
-    return (per_tok * m).sum() / m.sum(), float((top1 * m).sum() / m.sum())
+@dataclass
+class _Teacher:
+    logp: torch.Tensor  # [B, T, S] the target's log-probabilities over the draft head's ids
+    hidden: torch.Tensor  # [B, T, dim] its final hidden states
 
 
-def distill(target_spec: str, out: Path, cfg: DistillConfig, device: str = "cpu") -> dict[str, float]:
+def _amp(dev: torch.device) -> torch.autocast:
+    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
+
+
+def _teacher(target: Transformer, draft: Transformer, tokens: torch.Tensor) -> _Teacher:
+    head = draft.head_weight() if draft.head_ids is None else draft.head_rows()  # [S, dim]
+    with torch.no_grad(), _amp(tokens.device):
+        h = target.forward_dense(tokens)  # [B, T, dim]
+        return _Teacher(F.log_softmax(F.linear(h, head).float(), -1), h)
+
+
+def loss_fn(draft: Transformer, teacher: _Teacher, tokens: torch.Tensor, weight: torch.Tensor,
+            hidden_weight: float) -> tuple[torch.Tensor, float]:
+    """Weighted mean of KL(p_target || p_draft) over the draft head's ids (+ hidden-state
+    error); and the share of weighted positions where both pick the same id."""
+    head = draft.head_weight() if draft.head_ids is None else draft.head_rows()  # [S, dim]
+    with _amp(tokens.device):
+        h = draft.forward_dense(tokens)
+        logp_d = F.log_softmax(F.linear(h, head).float(), -1)  # [B, T, S]
+    logp_t = teacher.logp
+    kl = (logp_t.exp() * (logp_t - logp_d)).sum(-1)  # [B, T]
+    if hidden_weight:
+        h, h_t = h.float(), teacher.hidden.float()
+        kl = kl + hidden_weight * (h - h_t).pow(2).mean(-1) / h_t.pow(2).mean(-1).clamp_min(1e-6)
+    agree = (logp_d.argmax(-1) == logp_t.argmax(-1)).float()
+    return (kl * weight).sum() / weight.sum(), float((agree * weight).sum() / weight.sum())
+
+
+def _heldout_agreement(draft: Transformer, target: Transformer, d: _Data, ids: list[int], dev: torch.device,
+                       batch_tokens: int) -> float:
+    """Teacher-forced top-1 agreement on held-out answer positions (prompts weigh 0)."""
+    if not ids:
+        return 0.0
+    num = den = 0.0
+    with torch.no_grad():
+        for chunk in _batches([len(s) for s in d.seqs], ids, batch_tokens, random.Random(0)):
+            tokens, weight = _tensors(d, chunk, 0.0, dev)
+            _, agree = loss_fn(draft, _teacher(target, draft, tokens), tokens, weight, 0.0)
+            num += agree * float(weight.sum())
+            den += float(weight.sum())
+    return num / den if den else 0.0
+
+
+def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, device: str = "cpu") -> dict[str, Any]:
+    t0 = time.monotonic()
+    deadline = t0 + cfg.minutes * 60
     dev = torch.device(device)
+    if dev.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.seed)
-    target = loader.load(target_spec)
+    target = loader.load(target_spec) if isinstance(target_spec, str) else target_spec
+    target_name = target_spec if isinstance(target_spec, str) else target.source
     target.model.to(dev)
-    teacher = teacher_data(target, cfg, out / "teacher.pt", dev)
-    draft = init_draft(target.model, cfg.n_layers).to(dev)
-    draft.embed.requires_grad_(False)
-    params = [p for p in draft.parameters() if p.requires_grad]
-    opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=cfg.weight_decay)
+    # Half the budget at most goes to making data; a rerun continues where it stopped.
+    d = teacher_data(target, cfg, out / "data.json", t0 + cfg.minutes * 30)
+    if not d.seqs:
+        raise RuntimeError("no teacher data yet: give the run more --minutes")
+    head_ids = (choose_head_ids(d.seqs, d.prompt_lens, cfg.head_vocab, target.config.eos_token_ids)
+                if cfg.head_vocab and cfg.head_vocab < target.config.vocab_size else None)
+    drafts = {n: init_draft(target.model, n, head_ids).to(dev) for n in cfg.layers}
+    params = {n: [p for p in dr.parameters() if p.requires_grad] for n, dr in drafts.items()}
+    opts = {n: torch.optim.AdamW(params[n], lr=cfg.lr, weight_decay=cfg.weight_decay) for n in drafts}
     ckpt = out / "checkpoint.pt"
     step = 0
     if ckpt.is_file():
-        state = torch.load(ckpt, weights_only=True)
-        draft.load_state_dict(state["draft"], strict=False)
-        opt.load_state_dict(state["opt"])
+        state = torch.load(ckpt, weights_only=True, map_location=dev)
+        for n, dr in drafts.items():
+            dr.load_state_dict(state["drafts"][str(n)], strict=False)
+            dr._head_rows = None
+            opts[n].load_state_dict(state["opts"][str(n)])
         step = state["step"]
-    n = len(teacher["seqs"])
-    gen = torch.Generator().manual_seed(cfg.seed + step)
-    deadline = time.monotonic() + cfg.minutes * 60
+    split = random.Random(cfg.seed)
+    ids = list(range(len(d.seqs)))
+    split.shuffle(ids)
+    n_hold = int(len(ids) * cfg.holdout)
+    held, train = ids[:n_hold], ids[n_hold:]
+    lens = [len(s) for s in d.seqs]
+    rng = random.Random(cfg.seed + step)
+    epoch: list[list[int]] = []
     bar = tqdm(total=cfg.steps, initial=step, desc="distill", unit="step")
-    loss_ema = top1_ema = None
+    ema: dict[int, tuple[float, float]] = {}
+    t_train = time.monotonic()
 
     def save() -> None:
-        trainable = {k: v for k, v in draft.state_dict().items() if not k.startswith(("embed.", "lm_head."))}
-        torch.save({"draft": trainable, "opt": opt.state_dict(), "step": step}, ckpt)
+        trainable = {str(n): {k: v for k, v in dr.state_dict().items() if not k.startswith(("embed.", "lm_head."))}
+                     for n, dr in drafts.items()}
+        torch.save({"drafts": trainable, "opts": {str(n): o.state_dict() for n, o in opts.items()}, "step": step},
+                   ckpt)
 
     while step < cfg.steps and time.monotonic() < deadline:
-        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * step / cfg.steps))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        ids = torch.randint(0, n, (cfg.batch,), generator=gen).tolist()
-        loss, top1 = loss_fn(draft, _batch(teacher, ids, dev, cfg.prompt_weight), cfg.hidden_weight)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
+        done = max(step / cfg.steps, (time.monotonic() - t_train) / max(deadline - t_train, 1e-9))
+        lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
+        if not epoch:
+            epoch = _batches(lens, train, cfg.batch_tokens, rng)
+        tokens, weight = _tensors(d, epoch.pop(), cfg.prompt_weight, dev)
+        teacher = _teacher(target.model, next(iter(drafts.values())), tokens)
+        for n, dr in drafts.items():
+            for g in opts[n].param_groups:
+                g["lr"] = lr
+            loss, top1 = loss_fn(dr, teacher, tokens, weight, cfg.hidden_weight)
+            opts[n].zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params[n], 1.0)
+            opts[n].step()
+            lo = float(loss.detach())
+            prev = ema.get(n, (lo, top1))
+            ema[n] = (0.95 * prev[0] + 0.05 * lo, 0.95 * prev[1] + 0.05 * top1)
         step += 1
-        loss_ema = float(loss) if loss_ema is None else 0.95 * loss_ema + 0.05 * float(loss)
-        top1_ema = top1 if top1_ema is None else 0.95 * top1_ema + 0.05 * top1
         bar.update(1)
-        bar.set_postfix(loss=f"{loss_ema:.3f}", top1=f"{top1_ema:.3f}", lr=f"{lr:.1e}")
+        bar.set_postfix_str(" ".join(f"L{n}: loss {lo:.3f} top1 {t1:.3f}" for n, (lo, t1) in ema.items())
+                            + f" lr {lr:.1e}")
         if step % 25 == 0:
             save()
     bar.close()
     save()
-    draft.eval().requires_grad_(False)
-    draft.cpu()
-    loader.save_hf_dir(draft, out / "draft", dtype=torch.bfloat16, borrow_embedding=True,
-                       extra={"target": target_spec, "distill": asdict(cfg), "steps_done": step})
-    metrics = {"steps": step, "loss": loss_ema or 0.0, "train_top1": top1_ema or 0.0}
+    answer_tokens = sum(len(s) - p for s, p in zip(d.seqs, d.prompt_lens, strict=True))
+    covered = answer_tokens
+    if head_ids is not None:
+        keep = set(head_ids.tolist())
+        covered = sum(t in keep for s, p in zip(d.seqs, d.prompt_lens, strict=True) for t in s[p:])
+    metrics: dict[str, Any] = {
+        "steps": step, "sequences": len(d.seqs), "answer_tokens": answer_tokens,
+        "self_prompts": len(d.self_prompts or []), "head_coverage": covered / answer_tokens if answer_tokens else 0.0,
+        "minutes": (time.monotonic() - t0) / 60, "drafts": {},
+    }
+    for n, dr in drafts.items():
+        dr.eval().requires_grad_(False)
+        metrics["drafts"][f"L{n}"] = {"loss": ema.get(n, (0.0, 0.0))[0], "train_top1": ema.get(n, (0.0, 0.0))[1],
+                                      "heldout_top1": _heldout_agreement(dr, target.model, d, held, dev,
+                                                                         cfg.batch_tokens)}
+    for n, dr in drafts.items():
+        dr.cpu()
+        dr._head_rows = None
+        loader.save_hf_dir(dr, out / f"draft-L{n}", dtype=torch.bfloat16, borrow_embedding=True,
+                           extra={"target": target_name, "distill": asdict(cfg), "metrics": metrics})
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")
     return metrics

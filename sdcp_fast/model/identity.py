@@ -5,13 +5,14 @@ Weights digest (canonical byte order, see docs/models.md)::
 
     SHA-256( "SDCP-WEIGHTS-1" 0x00
              for each tensor, by Hugging Face name in ascending byte order:
-               name (UTF-8) 0x00 dtype ("F32" | "BF16" | "F16") 0x00
+               name (UTF-8) 0x00 dtype ("F32" | "BF16" | "F16" | "I64") 0x00
                uint32(ndim) uint32(dim_0) .. uint32(dim_n-1) uint64(nbytes)
                the values, row-major, each little-endian )
 
 over the tensors *as loaded* (a GGUF's dequantized float32 values, not its quantized
 blocks), so two loaders of one checkpoint agree exactly when they compute the same weights.
-A tied output head is not a tensor of its own. Integers are big-endian (network order).
+A tied output head is not a tensor of its own; a reduced draft head's token ids
+(``sdcp_fast.head_ids``, I64) are one. Integers are big-endian (network order).
 
 Tokenizer digest: SHA-256 of "SDCP-TOKENIZER-1" 0x00 and the tokenizer's ``tokenizers``
 JSON definition re-serialized canonically (sorted keys, no whitespace, UTF-8).
@@ -31,7 +32,7 @@ from sdcp_fast.protocol.problems import BadContract
 from . import weights
 from .llama import Transformer
 
-_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16"}
+_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.int64: "I64"}
 
 
 def weights_digest(model: Transformer) -> bytes:

@@ -155,6 +155,22 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, T, D]
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
+    def forward_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                     start: int, mask: torch.Tensor) -> torch.Tensor:
+        """Bulk generation: ``x`` ``[B, T, dim]`` are columns ``start..start+T`` of every row,
+        written into the contiguous cache ``kv`` (``[B, Hkv, Tmax, D]`` each); ``mask``
+        ``[B, 1, T, start+T]`` says which columns each query sees."""
+        B, T, _ = x.shape
+        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.hd), cos, sin).transpose(1, 2)  # [B, H, T, D]
+        k = apply_rope(self.wk(x).view(B, T, self.n_kv, self.hd), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
+        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        kc, vc = kv
+        kc[:, :, start:start + T] = k.to(kc.dtype)
+        vc[:, :, start:start + T] = v.to(vc.dtype)
+        out = F.scaled_dot_product_attention(q, kc[:, :, :start + T].to(q.dtype), vc[:, :, :start + T].to(q.dtype),
+                                             attn_mask=mask, enable_gqa=True)  # [B, H, T, D]
+        return self.wo(out.transpose(1, 2).reshape(B, T, -1))
+
 
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -184,6 +200,11 @@ class Block(nn.Module):
         x = x + self.attn.forward_dense(self.attn_norm(x), cos, sin)
         return x + self.ffn(self.ffn_norm(x))
 
+    def forward_rows(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor],
+                     start: int, mask: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn.forward_rows(self.attn_norm(x), cos, sin, kv, start, mask)
+        return x + self.ffn(self.ffn_norm(x))
+
 
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -194,6 +215,9 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        # A draft's reduced output layer: logits for these token ids only, -inf elsewhere.
+        self.register_buffer("head_ids", torch.zeros(cfg.head_vocab, dtype=torch.int64) if cfg.head_vocab else None)
+        self._head_rows: tuple[tuple[int, int], torch.Tensor] | None = None
 
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, dim]
@@ -220,5 +244,30 @@ class Transformer(nn.Module):
             x = block.forward_dense(x, cos, sin)
         return self.norm(x)
 
+    def forward_rows(self, tokens: torch.Tensor, positions: torch.Tensor, kv: list[tuple[torch.Tensor, torch.Tensor]],
+                     start: int, mask: torch.Tensor) -> torch.Tensor:
+        """Bulk generation over a contiguous cache (see ``sdcp_fast.model.bulk``): hidden
+        states after the final norm, ``[B, T, dim]``, for columns ``start..start+T`` of
+        ``tokens`` ``[B, T]`` at ``positions`` ``[B, T]``."""
+        x = self.embed(tokens)  # [B, T, dim]
+        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
+        cos, sin = freqs.cos()[:, :, None].to(x.dtype), freqs.sin()[:, :, None].to(x.dtype)  # [B, T, 1, D/2]
+        for block, layer_kv in zip(self.layers, kv, strict=True):
+            x = block.forward_rows(x, cos, sin, layer_kv, start, mask)
+        return self.norm(x)
+
+    def head_rows(self) -> torch.Tensor:
+        """The output layer's rows of ``head_ids`` ``[S, dim]`` (gathered once per weight)."""
+        assert self.head_ids is not None
+        w = self.head_weight()
+        key = (w.data_ptr(), self.head_ids.data_ptr())
+        if self._head_rows is None or self._head_rows[0] != key or w.requires_grad:
+            self._head_rows = (key, w[self.head_ids])
+        return self._head_rows[1]
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.head_weight()).float()  # [N, V]
+        if self.head_ids is None:
+            return F.linear(hidden, self.head_weight()).float()  # [N, V]
+        sub = F.linear(hidden, self.head_rows()).float()  # [N, S]
+        out = sub.new_full((*sub.shape[:-1], self.cfg.vocab_size), float("-inf"))  # [N, V]
+        return out.index_copy_(-1, self.head_ids, sub)

@@ -89,7 +89,8 @@ def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype)
     missing = expected - set(state)
     if missing:
         raise ValueError(f"checkpoint lacks {sorted(missing)[:5]}")
-    model.load_state_dict({k: v.to(dtype) for k, v in state.items() if k in expected}, assign=True, strict=True)
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k in expected},
+                          assign=True, strict=True)
     model.inv_freq = rope_inv_freq(cfg)  # built on the meta device above
     return model.eval().requires_grad_(False)
 
@@ -196,10 +197,11 @@ def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = No
         "bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids) or None,
         "hidden_act": "silu", "torch_dtype": str(dtype).removeprefix("torch."),
     }
-    if extra or borrow_embedding:
-        hf["sdcp_fast"] = {**(extra or {}), "borrow_embedding": borrow_embedding}
+    if extra or borrow_embedding or cfg.head_vocab:
+        hf["sdcp_fast"] = {**(extra or {}), "borrow_embedding": borrow_embedding, "head_vocab": cfg.head_vocab}
     (path / "config.json").write_text(json.dumps(hf, indent=1) + "\n")
-    state = {weights.to_hf_name(k): v.detach().to(dtype).contiguous() for k, v in model.state_dict().items()
+    state = {weights.to_hf_name(k): (v.detach().to(dtype) if v.is_floating_point() else v).contiguous()
+             for k, v in model.state_dict().items()
              if not (borrow_embedding and k in ("embed.weight", "lm_head.weight"))}
     save_file(state, str(path / "model.safetensors"))
     if tokenizer is not None:

@@ -22,7 +22,7 @@ _HF_LAYER = {
     "ffn.w_down.weight": "mlp.down_proj.weight",
 }
 _HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
-           "lm_head.weight": "lm_head.weight"}
+           "lm_head.weight": "lm_head.weight", "head_ids": "sdcp_fast.head_ids"}
 
 _GGUF_LAYER = {
     "attn_norm.weight": "attn_norm.weight",
