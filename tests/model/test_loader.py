@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sdcp_fast.model import loader
-from sdcp_fast.model.distill import _batch, init_draft, loss_fn
+from sdcp_fast.model.distill import _teacher, init_draft, loss_fn
 from sdcp_fast.model.identity import weights_digest
 from sdcp_fast.model.weights import unpermute_rope
 
@@ -43,17 +43,12 @@ def test_distilled_draft_borrows_embedding_and_head(tmp_path) -> None:
 
 def test_distill_loss_is_zero_for_a_copy_of_the_target() -> None:
     target = random_model()
-    seqs = [[1, 2, 3, 4, 5], [6, 7, 8]]
-    teacher: dict[str, list] = {"seqs": seqs, "hidden": [], "top_idx": [], "top_val": []}
-    with torch.inference_mode():
-        for s in seqs:
-            h = target.forward_dense(torch.tensor([s]))[0]
-            top = target.logits(h).topk(8, -1)
-            teacher["hidden"].append(h)
-            teacher["top_idx"].append(top.indices)
-            teacher["top_val"].append(top.values)
-    batch = _batch(teacher, [0, 1], torch.device("cpu"))
-    loss, top1 = loss_fn(init_draft(target, SMALL.n_layers), batch, 1.0)
-    assert float(loss.detach()) < 1e-5 and top1 == 1.0
-    loss1, _ = loss_fn(init_draft(target, 1), batch, 1.0)
-    assert float(loss1.detach()) > 1e-2
+    tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
+    weight = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2])
+    for ids in (None, torch.tensor([0, 2, 5, 7, 8, 30])):
+        whole = init_draft(target, SMALL.n_layers, ids)
+        loss, top1 = loss_fn(whole, _teacher(target, whole, tokens), tokens, weight, 1.0)
+        assert float(loss.detach()) < 1e-5 and top1 == 1.0
+        part = init_draft(target, 1, ids)
+        loss1, _ = loss_fn(part, _teacher(target, part, tokens), tokens, weight, 1.0)
+        assert float(loss1.detach()) > 1e-2
