@@ -33,9 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="copy/edit/summarize prompts made from the target's own answers")
     p.add_argument("--samples", type=int, default=d.samples,
                    help="sampled answers per built-in prompt besides the greedy one")
-    p.add_argument("--prompt-weight", type=float, default=d.prompt_weight, help="loss weight of prompt positions")
-    p.add_argument("--hidden-weight", type=float, default=d.hidden_weight,
-                   help="weight of the final hidden-state error next to the KL")
+    p.add_argument("--top-k", type=int, default=d.top_k, help="target logits kept per answer token as its label")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget; rerun the command to resume")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -52,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_tokens=args.batch_tokens, lr=args.lr, weight_decay=args.weight_decay,
                         gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, prompts=args.prompts,
                         self_prompts=args.self_prompts, copy_prompts=args.copy_prompts, samples=args.samples,
-                        prompt_weight=args.prompt_weight, hidden_weight=args.hidden_weight, minutes=args.minutes)
+                        top_k=args.top_k, minutes=args.minutes)
     metrics = distill(args.target, args.out, cfg, args.device)
     print(f"drafts written to {args.out}/draft-L*: {metrics}")
     return 0

@@ -9,6 +9,7 @@ faster (a handful of large kernels per layer and step, no per-session bookkeepin
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -17,9 +18,18 @@ from sdcp_fast.kernels import apply_sampling_profile, sample_from_probs
 from .llama import Transformer
 
 
+@dataclass
+class Row:
+    tokens: list[int]  # the continuation, prompt excluded
+    # With ``top_k``: the model's top-k logits before each generated token (its labels for
+    # distillation, free since the pass that chose the token computed them).
+    top_ids: torch.Tensor | None = None  # [n, k] int32
+    top_logits: torch.Tensor | None = None  # [n, k] float16, descending
+
+
 def generate_rows(model: Transformer, prompts: Sequence[Sequence[int]], max_new: int, *,
                   temperature_milli: int = 0, top_p_milli: int | None = None, stop: Sequence[int] = (),
-                  generator: torch.Generator | None = None) -> list[list[int]]:
+                  generator: torch.Generator | None = None, top_k: int = 0) -> list[Row]:
     """Each prompt's continuation (up to ``max_new`` tokens, ending at the first ``stop``
     token, which is kept). Temperature 0 is greedy decoding (ties to the smallest id, as
     rule 1); otherwise each token is drawn from the §4.1 profile by inverse CDF with
@@ -49,10 +59,14 @@ def generate_rows(model: Transformer, prompts: Sequence[Sequence[int]], max_new:
     stop_ids = torch.tensor(list(stop), dtype=torch.int64, device=dev)
     done = torch.zeros(B, dtype=torch.bool, device=dev)
     lengths = torch.full((B,), max_new, dtype=torch.int64, device=dev)
+    tops: list[tuple[torch.Tensor, torch.Tensor]] = []
     with torch.inference_mode():
         h = model.forward_rows(tokens[:, :P], positions[:, :P], kv, 0, mask(0, P))[:, -1]  # [B, dim]
         for t in range(max_new):
             logits = model.logits(h)  # [B, V]
+            if top_k:
+                top = logits.topk(top_k, dim=-1)  # [B, k]
+                tops.append((top.indices.int().cpu(), top.values.half().cpu()))
             if temperature_milli == 0:
                 nxt = logits.argmax(-1)  # first maximum: the smallest id
             else:
@@ -69,4 +83,9 @@ def generate_rows(model: Transformer, prompts: Sequence[Sequence[int]], max_new:
             h = model.forward_rows(tokens[:, P + t:P + t + 1], positions[:, P + t:P + t + 1], kv, P + t,
                                    mask(P + t, 1))[:, -1]
     out = tokens[:, P:].tolist()
-    return [row[:n] for row, n in zip(out, lengths.tolist(), strict=True)]
+    rows = [Row(row[:n]) for row, n in zip(out, lengths.tolist(), strict=True)]
+    if top_k:
+        ids, vals = torch.stack([i for i, _ in tops], 1), torch.stack([v for _, v in tops], 1)  # [B, steps, k]
+        for b, r in enumerate(rows):
+            r.top_ids, r.top_logits = ids[b, : len(r.tokens)].clone(), vals[b, : len(r.tokens)].clone()
+    return rows

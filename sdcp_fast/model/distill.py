@@ -1,27 +1,28 @@
 """Distil a small draft from its target, with the target's own greedy answers as the data.
 
-Data (``OUT/data.json``, built once, resumable stage by stage):
+Data (``OUT/data.pt``, built once, resumable stage by stage):
 
 1. prompts: the built-in *train* set, plus ``self_prompts`` user turns the target writes
    itself (sampled after ``<|im_start|>user`` and a starter word: a far wider spread of
    questions than any fixed list), plus ``copy_prompts`` copy/edit/summarize requests made
    by wrapping the target's own answers in the built-in set's instructions;
 2. answers: the target's greedy continuations (what a rule-1 drafter sees at run time),
-   plus ``samples`` sampled ones per built-in prompt.
+   plus ``samples`` sampled ones per built-in prompt, each token with the target's top-K
+   logits before it (the labels: free, the pass that chose the token computed them).
 
 Drafts: the target's first ``n`` layers and final norm (copied, then trained), one per
-entry of ``layers``, all trained on the same batches against one teacher pass; the
-target's embedding is shared, frozen and not shipped (borrowed at load time). The output
-layer covers only the ``head_vocab`` token ids the target emits most in the data
-(``Transformer.head_ids``), so that it costs a fraction of the vocabulary-wide head.
+entry of ``layers``, all trained on the same batches; the target's embedding is shared,
+frozen and not shipped (borrowed at load time). The output layer covers only the
+``head_vocab`` token ids the target emits most in the data (``Transformer.head_ids``), so
+that it costs a fraction of the vocabulary-wide head.
 
-Loss per position: KL(p_target || p_draft) over the head's ids, the target's logits
-computed on the fly (no label files), plus optionally the relative squared error between
-the two final hidden states; prompt positions weighted by ``prompt_weight``. AdamW with
-warm-up and cosine decay over length-bucketed batches of ``batch_tokens`` tokens.
-The schedule runs to ``steps`` or to the time budget, whichever comes first, so a
-run cut short by ``minutes`` still ends at a low learning rate. Checkpoints every 25 steps;
-rerunning the same command continues. Each draft lands in ``OUT/draft-L{n}``.
+Loss per answer position: KL(p_target || p_draft), p_target the target's top-K
+distribution (restricted to the head's ids, renormalized), p_draft the draft's softmax
+over all its head's ids. AdamW with warm-up and cosine decay over length-bucketed batches
+of ``batch_tokens`` tokens. The schedule runs to ``steps`` or to the time budget, whichever
+comes first, so a run cut short by ``minutes`` still ends at a low learning rate.
+Checkpoints every 25 steps; rerunning the same command continues. Each draft lands in
+``OUT/draft-L{n}``.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ class DistillConfig:
     gen_tokens: int = 128  # answer tokens generated per prompt
     gen_batch: int = 32  # rows decoded side by side
     samples: int = 0  # sampled (temperature 0.8) answers per built-in prompt, besides the greedy one
-    prompt_weight: float = 0.1  # loss weight of prompt positions (drafting happens after them)
-    hidden_weight: float = 0.0
+    top_k: int = 32  # target logits kept per answer token as its label
     steps: int = 600
     batch_tokens: int = 2048  # tokens per training step (padding included)
     lr: float = 5e-4
@@ -77,23 +77,26 @@ class DistillConfig:
 
 
 class _Data:
-    """``OUT/data.json``: the self-written prompts, then ``prompt + answer`` sequences in the
-    order they were generated; ``done`` counts the jobs answered (see ``_jobs``)."""
+    """``OUT/data.pt``: the self-written prompts, then ``prompt + answer`` sequences in the
+    order they were generated with each answer token's label; ``done`` counts the jobs
+    answered."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        d = json.loads(path.read_text()) if path.is_file() else {}
+        d = torch.load(path, weights_only=True) if path.is_file() else {}
         self.self_prompts: list[str] | None = d.get("self_prompts")
         self.seqs: list[list[int]] = d.get("seqs", [])
         self.prompt_lens: list[int] = d.get("prompt_lens", [])
+        self.top_ids: list[torch.Tensor] = d.get("top_ids", [])  # [answer_len, K] int32 each
+        self.top_logits: list[torch.Tensor] = d.get("top_logits", [])  # [answer_len, K] float16 each
         self.done: int = d.get("done", 0)
         self._saved = time.monotonic()
 
     def save(self, force: bool = False) -> None:
         if force or time.monotonic() - self._saved > 60:
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"self_prompts": self.self_prompts, "seqs": self.seqs,
-                                       "prompt_lens": self.prompt_lens, "done": self.done}))
+            torch.save({"self_prompts": self.self_prompts, "seqs": self.seqs, "prompt_lens": self.prompt_lens,
+                        "top_ids": self.top_ids, "top_logits": self.top_logits, "done": self.done}, tmp)
             tmp.replace(self.path)
             self._saved = time.monotonic()
 
@@ -110,8 +113,9 @@ def _self_prompts(target: LoadedModel, cfg: DistillConfig, deadline: float) -> l
         starters = [rng.choice(STARTERS) for _ in range(cfg.gen_batch)]
         heads = [encode(target.tokenizer, f"<|im_start|>user\n{w}") for w in starters]
         g = torch.Generator().manual_seed(cfg.seed * 7919 + i)
-        for w, ans in zip(starters, generate_rows(target.model, heads, 64, temperature_milli=1000, top_p_milli=950,
+        for w, row in zip(starters, generate_rows(target.model, heads, 64, temperature_milli=1000, top_p_milli=950,
                                                   stop=stop, generator=g), strict=True):
+            ans = row.tokens
             if len(ans) >= 4 and ans[-1] in stop:
                 text = (w + decode(target.tokenizer, ans[:-1])).strip()
                 if text and "<|" not in text:
@@ -156,10 +160,13 @@ def _answer(target: LoadedModel, cfg: DistillConfig, d: _Data, jobs: list[tuple[
         for k, rows in sorted(by_k.items()):
             g = torch.Generator().manual_seed(cfg.seed * 7919 + first + i + k)
             answers = generate_rows(target.model, rows, cfg.gen_tokens, temperature_milli=0 if k == 0 else 800,
-                                    stop=stop, generator=g)
+                                    stop=stop, generator=g, top_k=cfg.top_k)
             for p, ans in zip(rows, answers, strict=True):
-                d.seqs.append(p + ans)
+                assert ans.top_ids is not None and ans.top_logits is not None
+                d.seqs.append(p + ans.tokens)
                 d.prompt_lens.append(len(p))
+                d.top_ids.append(ans.top_ids)
+                d.top_logits.append(ans.top_logits)
         d.done = first + i + len(chunk)
         d.save()
         bar.update(len(chunk))
@@ -190,16 +197,18 @@ def teacher_data(target: LoadedModel, cfg: DistillConfig, path: Path, deadline: 
     return d
 
 
-def choose_head_ids(seqs: list[list[int]], prompt_lens: list[int], n: int, always: tuple[int, ...]) -> torch.Tensor:
-    """The ``n`` ids the target emits most in its answers (ties to the smaller id), plus
-    ``always`` (end-of-turn), ascending."""
-    counts = Counter(t for s, p in zip(seqs, prompt_lens, strict=True) for t in s[p:])
-    ids = set(always)
-    for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
-        if len(ids) >= n:
-            break
-        ids.add(t)
-    return torch.tensor(sorted(ids), dtype=torch.int64)
+def choose_head_ids(seqs: list[list[int]], prompt_lens: list[int], n: int, always: tuple[int, ...],
+                    vocab_size: int) -> torch.Tensor:
+    """``n`` ids, ascending: ``always`` (end-of-turn), then those the target emits most in
+    its answers, then those most frequent in the prompts, then the smallest ids left."""
+    answers = Counter(t for s, p in zip(seqs, prompt_lens, strict=True) for t in s[p:])
+    prompts = Counter(t for s, p in zip(seqs, prompt_lens, strict=True) for t in s[:p])
+    ids = dict.fromkeys(always)
+    for counts in (answers, prompts):
+        for t, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
+            ids.setdefault(t)
+    ids.update(dict.fromkeys(range(vocab_size)))
+    return torch.tensor(sorted(list(ids)[:n]), dtype=torch.int64)
 
 
 def init_draft(target: Transformer, n_layers: int, head_ids: torch.Tensor | None = None) -> Transformer:
@@ -235,64 +244,67 @@ def _batches(lens: list[int], ids: list[int], batch_tokens: int, rng: random.Ran
     return out
 
 
-def _tensors(d: _Data, ids: list[int], prompt_weight: float, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+@dataclass
+class _Batch:
+    tokens: torch.Tensor  # [B, T] right-padded sequences
+    label_pos: torch.Tensor  # [B, T, K] each label's position in the draft head (0 where absent)
+    label_logp: torch.Tensor  # [B, T, K] the target's log-probabilities there (-inf where absent)
+    weight: torch.Tensor  # [B, T] 1 on labelled (answer) positions
+
+
+def _tensors(d: _Data, ids: list[int], head_pos: torch.Tensor, dev: torch.device) -> _Batch:
+    """``head_pos``: ``[V]`` each token id's row in the draft head, -1 if it has none."""
     T = max(len(d.seqs[i]) for i in ids)
+    K = d.top_ids[ids[0]].shape[1]
     tokens = torch.zeros((len(ids), T), dtype=torch.int64)
-    weight = torch.zeros((len(ids), T))  # per position; 0 on padding
+    pos = torch.full((len(ids), T, K), -1, dtype=torch.int64)
+    logits = torch.zeros((len(ids), T, K))
     for b, i in enumerate(ids):
         n, p = len(d.seqs[i]), d.prompt_lens[i]
         tokens[b, :n] = torch.tensor(d.seqs[i])
-        weight[b, :n] = 1.0
-        weight[b, : p - 1] = prompt_weight  # these positions predict prompt text
-    return tokens.to(dev), weight.to(dev)
+        a = n - p  # answer tokens; position p - 1 + t predicts answer token t
+        pos[b, p - 1:p - 1 + a] = head_pos[d.top_ids[i].long()]
+        logits[b, p - 1:p - 1 + a] = d.top_logits[i].float()
+    present = pos >= 0
+    logp = F.log_softmax(logits.masked_fill(~present, float("-inf")), -1).nan_to_num(nan=float("-inf"))
+    weight = present.any(-1).float()
+    return _Batch(tokens.to(dev), pos.clamp_min(0).to(dev), logp.to(dev), weight.to(dev))
 
 
-@dataclass
-class _Teacher:
-    logp: torch.Tensor  # [B, T, S] the target's log-probabilities over the draft head's ids
-    hidden: torch.Tensor  # [B, T, dim] its final hidden states
-
-
-def _amp(dev: torch.device) -> torch.autocast:
-    return torch.autocast(dev.type, dtype=torch.bfloat16, enabled=dev.type == "cuda")
-
-
-def _teacher(target: Transformer, draft: Transformer, tokens: torch.Tensor) -> _Teacher:
+def loss_fn(draft: Transformer, batch: _Batch) -> tuple[torch.Tensor, float]:
+    """Weighted mean of KL(p_target || p_draft) (target: its top-K over the head's ids,
+    renormalized; draft: softmax over all the head's ids); and the share of labelled
+    positions where the draft's top choice is the target's."""
     head = draft.head_weight() if draft.head_ids is None else draft.head_rows()  # [S, dim]
-    with torch.no_grad(), _amp(tokens.device):
-        h = target.forward_dense(tokens)  # [B, T, dim]
-        return _Teacher(F.log_softmax(F.linear(h, head).float(), -1), h)
-
-
-def loss_fn(draft: Transformer, teacher: _Teacher, tokens: torch.Tensor, weight: torch.Tensor,
-            hidden_weight: float) -> tuple[torch.Tensor, float]:
-    """Weighted mean of KL(p_target || p_draft) over the draft head's ids (+ hidden-state
-    error); and the share of weighted positions where both pick the same id."""
-    head = draft.head_weight() if draft.head_ids is None else draft.head_rows()  # [S, dim]
-    with _amp(tokens.device):
-        h = draft.forward_dense(tokens)
+    with torch.autocast(batch.tokens.device.type, dtype=torch.bfloat16, enabled=batch.tokens.device.type == "cuda"):
+        h = draft.forward_dense(batch.tokens)  # [B, T, dim]
         logp_d = F.log_softmax(F.linear(h, head).float(), -1)  # [B, T, S]
-    logp_t = teacher.logp
-    kl = (logp_t.exp() * (logp_t - logp_d)).sum(-1)  # [B, T]
-    if hidden_weight:
-        h, h_t = h.float(), teacher.hidden.float()
-        kl = kl + hidden_weight * (h - h_t).pow(2).mean(-1) / h_t.pow(2).mean(-1).clamp_min(1e-6)
-    agree = (logp_d.argmax(-1) == logp_t.argmax(-1)).float()
-    return (kl * weight).sum() / weight.sum(), float((agree * weight).sum() / weight.sum())
+    picked = logp_d.gather(-1, batch.label_pos)  # [B, T, K]
+    p_t = batch.label_logp.exp()
+    kl = (p_t * (batch.label_logp.clamp_min(-1e4) - picked)).sum(-1)  # [B, T]
+    agree = (logp_d.argmax(-1) == batch.label_pos[..., 0]).float() * (batch.label_logp[..., 0] > -1e30)
+    w = batch.weight
+    return (kl * w).sum() / w.sum().clamp_min(1.0), float((agree * w).sum() / w.sum().clamp_min(1.0))
 
 
-def _heldout_agreement(draft: Transformer, target: Transformer, d: _Data, ids: list[int], dev: torch.device,
+def _head_pos(vocab: int, head_ids: torch.Tensor | None) -> torch.Tensor:
+    if head_ids is None:
+        return torch.arange(vocab)
+    pos = torch.full((vocab,), -1, dtype=torch.int64)
+    pos[head_ids.cpu()] = torch.arange(len(head_ids))
+    return pos
+
+
+def _heldout_agreement(draft: Transformer, d: _Data, ids: list[int], head_pos: torch.Tensor, dev: torch.device,
                        batch_tokens: int) -> float:
-    """Teacher-forced top-1 agreement on held-out answer positions (prompts weigh 0)."""
-    if not ids:
-        return 0.0
+    """Teacher-forced top-1 agreement with the target on held-out answer positions."""
     num = den = 0.0
     with torch.no_grad():
         for chunk in _batches([len(s) for s in d.seqs], ids, batch_tokens, random.Random(0)):
-            tokens, weight = _tensors(d, chunk, 0.0, dev)
-            _, agree = loss_fn(draft, _teacher(target, draft, tokens), tokens, weight, 0.0)
-            num += agree * float(weight.sum())
-            den += float(weight.sum())
+            batch = _tensors(d, chunk, head_pos, dev)
+            _, agree = loss_fn(draft, batch)
+            num += agree * float(batch.weight.sum())
+            den += float(batch.weight.sum())
     return num / den if den else 0.0
 
 
@@ -308,11 +320,13 @@ def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, devic
     target_name = target_spec if isinstance(target_spec, str) else target.source
     target.model.to(dev)
     # Half the budget at most goes to making data; a rerun continues where it stopped.
-    d = teacher_data(target, cfg, out / "data.json", t0 + cfg.minutes * 30)
+    d = teacher_data(target, cfg, out / "data.pt", t0 + cfg.minutes * 30)
     if not d.seqs:
         raise RuntimeError("no teacher data yet: give the run more --minutes")
-    head_ids = (choose_head_ids(d.seqs, d.prompt_lens, cfg.head_vocab, target.config.eos_token_ids)
+    head_ids = (choose_head_ids(d.seqs, d.prompt_lens, cfg.head_vocab, target.config.eos_token_ids,
+                                target.config.vocab_size)
                 if cfg.head_vocab and cfg.head_vocab < target.config.vocab_size else None)
+    head_pos = _head_pos(target.config.vocab_size, head_ids)
     drafts = {n: init_draft(target.model, n, head_ids).to(dev) for n in cfg.layers}
     params = {n: [p for p in dr.parameters() if p.requires_grad] for n, dr in drafts.items()}
     opts = {n: torch.optim.AdamW(params[n], lr=cfg.lr, weight_decay=cfg.weight_decay) for n in drafts}
@@ -348,12 +362,11 @@ def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, devic
         lr = cfg.lr * min(1.0, (step + 1) / cfg.warmup) * 0.5 * (1 + math.cos(math.pi * min(done, 1.0)))
         if not epoch:
             epoch = _batches(lens, train, cfg.batch_tokens, rng)
-        tokens, weight = _tensors(d, epoch.pop(), cfg.prompt_weight, dev)
-        teacher = _teacher(target.model, next(iter(drafts.values())), tokens)
+        batch = _tensors(d, epoch.pop(), head_pos, dev)
         for n, dr in drafts.items():
             for g in opts[n].param_groups:
                 g["lr"] = lr
-            loss, top1 = loss_fn(dr, teacher, tokens, weight, cfg.hidden_weight)
+            loss, top1 = loss_fn(dr, batch)
             opts[n].zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params[n], 1.0)
@@ -382,7 +395,7 @@ def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, devic
     for n, dr in drafts.items():
         dr.eval().requires_grad_(False)
         metrics["drafts"][f"L{n}"] = {"loss": ema.get(n, (0.0, 0.0))[0], "train_top1": ema.get(n, (0.0, 0.0))[1],
-                                      "heldout_top1": _heldout_agreement(dr, target.model, d, held, dev,
+                                      "heldout_top1": _heldout_agreement(dr, d, held, head_pos, dev,
                                                                          cfg.batch_tokens)}
     for n, dr in drafts.items():
         dr.cpu()

@@ -38,14 +38,14 @@ def tiny_target() -> LoadedModel:
 
 
 SMALL = DistillConfig(layers=(1, 2), head_vocab=64, prompts=6, self_prompts=4, copy_prompts=2, gen_tokens=12,
-                      gen_batch=4, samples=1, steps=6, batch_tokens=256, warmup=2, minutes=5)
+                      gen_batch=4, samples=0, top_k=8, steps=6, batch_tokens=256, warmup=2, minutes=5)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_distill_end_to_end(tiny_target, tmp_path, device) -> None:
     m = distill(tiny_target, tmp_path, SMALL, device)
     assert m["steps"] == SMALL.steps and set(m["drafts"]) == {"L1", "L2"}
-    assert m["sequences"] >= SMALL.prompts * 2  # greedy + one sample per built-in prompt, then the rest
+    assert m["sequences"] >= SMALL.prompts  # the built-in prompts, then self-written and copy ones
     assert 0 < m["head_coverage"] <= 1 and m["answer_tokens"] > 0
     for n in (1, 2):
         d = loader.load(tmp_path / f"draft-L{n}", borrow=tiny_target.model.cpu())
@@ -55,16 +55,18 @@ def test_distill_end_to_end(tiny_target, tmp_path, device) -> None:
         outside[d.model.head_ids] = False
         assert torch.isinf(logits[:, outside]).all() and torch.isfinite(logits[:, ~outside]).all()
         assert json.loads((tmp_path / f"draft-L{n}" / "config.json").read_text())["sdcp_fast"]["borrow_embedding"]
-    saved = json.loads((tmp_path / "data.json").read_text())
+    saved = torch.load(tmp_path / "data.pt", weights_only=True)
     assert len(saved["self_prompts"]) <= SMALL.self_prompts and saved["done"] == len(saved["seqs"])
+    for s, p, ids in zip(saved["seqs"], saved["prompt_lens"], saved["top_ids"], strict=True):
+        assert ids.shape == (len(s) - p, SMALL.top_k) and ids[:, 0].tolist() == s[p:]  # greedy: top-1 is the token
 
 
 def test_distill_resumes_and_continues_training(tiny_target, tmp_path) -> None:
     distill(tiny_target, tmp_path, replace(SMALL, layers=(1,), steps=3), "cpu")
-    before = json.loads((tmp_path / "data.json").read_text())
+    before = torch.load(tmp_path / "data.pt", weights_only=True)["seqs"]
     m = distill(tiny_target, tmp_path, replace(SMALL, layers=(1,), steps=5), "cpu")
     assert m["steps"] == 5  # continued from the checkpoint's 3
-    assert json.loads((tmp_path / "data.json").read_text())["seqs"] == before["seqs"]  # data not remade
+    assert torch.load(tmp_path / "data.pt", weights_only=True)["seqs"] == before  # data not remade
 
 
 def test_reduced_head_drafter_proposes_inside_its_ids(tiny_target) -> None:
@@ -99,5 +101,5 @@ def test_head_ids_round_trip_and_count_in_the_identity(tiny_target, tmp_path) ->
 
 def test_choose_head_ids_counts_answers_only() -> None:
     seqs = [[9, 9, 9, 1, 1, 2], [9, 3, 3, 3]]
-    ids = choose_head_ids(seqs, [3, 1], 3, always=(7,))
-    assert ids.tolist() == [1, 3, 7]  # 3 (x3) then 1 (x2); 9 is prompt text; 7 always
+    assert choose_head_ids(seqs, [3, 1], 3, (7,), 20).tolist() == [1, 3, 7]  # 7, then 3 (x3), 1 (x2)
+    assert choose_head_ids(seqs, [3, 1], 6, (7,), 20).tolist() == [0, 1, 2, 3, 7, 9]  # 2, prompts' 9, then 0

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from sdcp_fast.model import loader
-from sdcp_fast.model.distill import _teacher, init_draft, loss_fn
+from sdcp_fast.model.bulk import generate_rows
+from sdcp_fast.model.distill import _Data, _head_pos, _tensors, init_draft, loss_fn
 from sdcp_fast.model.identity import weights_digest
 from sdcp_fast.model.weights import unpermute_rope
 
@@ -42,13 +44,19 @@ def test_distilled_draft_borrows_embedding_and_head(tmp_path) -> None:
 
 
 def test_distill_loss_is_zero_for_a_copy_of_the_target() -> None:
+    """Labels made by bulk generation from the target itself: a whole copy of the target
+    scores KL 0 and full agreement, a one-layer cut does not."""
     target = random_model()
-    tokens = torch.tensor([[1, 2, 3, 4, 5], [6, 7, 8, 0, 0]])
-    weight = torch.tensor([[1.0] * 5, [1.0] * 3 + [0.0] * 2])
-    for ids in (None, torch.tensor([0, 2, 5, 7, 8, 30])):
-        whole = init_draft(target, SMALL.n_layers, ids)
-        loss, top1 = loss_fn(whole, _teacher(target, whole, tokens), tokens, weight, 1.0)
-        assert float(loss.detach()) < 1e-5 and top1 == 1.0
-        part = init_draft(target, 1, ids)
-        loss1, _ = loss_fn(part, _teacher(target, part, tokens), tokens, weight, 1.0)
+    d = _Data(Path("unused"))
+    for p, r in zip([[1, 2, 3], [6]], generate_rows(target, [[1, 2, 3], [6]], 4, top_k=97), strict=True):
+        d.seqs.append(p + r.tokens)
+        d.prompt_lens.append(len(p))
+        d.top_ids.append(r.top_ids)
+        d.top_logits.append(r.top_logits)
+    emitted = sorted({t for s, p in zip(d.seqs, d.prompt_lens, strict=True) for t in s[p:]} | {0, 30})
+    for ids in (None, torch.tensor(emitted)):  # the whole head, and one that holds every emitted id
+        batch = _tensors(d, [0, 1], _head_pos(97, ids), torch.device("cpu"))
+        loss, top1 = loss_fn(init_draft(target, SMALL.n_layers, ids), batch)
+        assert float(loss.detach()) < 1e-3 and top1 == 1.0  # float16 labels
+        loss1, _ = loss_fn(init_draft(target, 1, ids), batch)
         assert float(loss1.detach()) > 1e-2
