@@ -34,6 +34,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--samples", type=int, default=d.samples,
                    help="sampled answers per built-in prompt besides the greedy one")
     p.add_argument("--top-k", type=int, default=d.top_k, help="target logits kept per answer token as its label")
+    p.add_argument("--extra-data", nargs="*", default=[], metavar="DATA_PT",
+                   help="OUT/data.pt files of earlier runs (other seeds) whose sequences join the training set")
+    p.add_argument("--seed", type=int, default=d.seed, help="seeds the self-written prompts, samples and batches")
     p.add_argument("--minutes", type=float, default=d.minutes, help="time budget; rerun the command to resume")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=None)
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
                         batch_tokens=args.batch_tokens, lr=args.lr, weight_decay=args.weight_decay,
                         gen_tokens=args.gen_tokens, gen_batch=args.gen_batch, prompts=args.prompts,
                         self_prompts=args.self_prompts, copy_prompts=args.copy_prompts, samples=args.samples,
-                        top_k=args.top_k, minutes=args.minutes)
+                        top_k=args.top_k, seed=args.seed, extra_data=tuple(args.extra_data), minutes=args.minutes)
     metrics = distill(args.target, args.out, cfg, args.device)
     print(f"drafts written to {args.out}/draft-L*: {metrics}")
     return 0

@@ -74,6 +74,7 @@ class DistillConfig:
     minutes: float = 60.0  # budget for the whole run; training stops (and saves) when it is spent
     seed: int = 0
     holdout: float = 0.02  # share of the data kept out of training, for the held-out agreement
+    extra_data: tuple[str, ...] = ()  # data.pt files of earlier runs (other seeds) to train on too
 
 
 class _Data:
@@ -91,6 +92,19 @@ class _Data:
         self.top_logits: list[torch.Tensor] = d.get("top_logits", [])  # [answer_len, K] float16 each
         self.done: int = d.get("done", 0)
         self._saved = time.monotonic()
+
+    def merge(self, other: _Data) -> None:
+        """Add ``other``'s sequences that are not here yet (in memory only)."""
+        if not other.path.is_file():
+            raise FileNotFoundError(f"{other.path}: no such data file")
+        seen = {tuple(s) for s in self.seqs}
+        for i, s in enumerate(other.seqs):
+            if tuple(s) not in seen:
+                seen.add(tuple(s))
+                self.seqs.append(s)
+                self.prompt_lens.append(other.prompt_lens[i])
+                self.top_ids.append(other.top_ids[i])
+                self.top_logits.append(other.top_logits[i])
 
     def save(self, force: bool = False) -> None:
         if force or time.monotonic() - self._saved > 60:
@@ -321,6 +335,8 @@ def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, devic
     target.model.to(dev)
     # Half the budget at most goes to making data; a rerun continues where it stopped.
     d = teacher_data(target, cfg, out / "data.pt", t0 + cfg.minutes * 30)
+    for extra in cfg.extra_data:
+        d.merge(_Data(Path(extra)))
     if not d.seqs:
         raise RuntimeError("no teacher data yet: give the run more --minutes")
     head_ids = (choose_head_ids(d.seqs, d.prompt_lens, cfg.head_vocab, target.config.eos_token_ids,

@@ -103,3 +103,16 @@ def test_choose_head_ids_counts_answers_only() -> None:
     seqs = [[9, 9, 9, 1, 1, 2], [9, 3, 3, 3]]
     assert choose_head_ids(seqs, [3, 1], 3, (7,), 20).tolist() == [1, 3, 7]  # 7, then 3 (x3), 1 (x2)
     assert choose_head_ids(seqs, [3, 1], 6, (7,), 20).tolist() == [0, 1, 2, 3, 7, 9]  # 2, prompts' 9, then 0
+
+
+def test_extra_data_joins_the_training_set_without_duplicates(tiny_target, tmp_path) -> None:
+    a = distill(tiny_target, tmp_path / "a", replace(SMALL, layers=(1,), steps=1), "cpu")
+    b = distill(tiny_target, tmp_path / "b", replace(SMALL, layers=(1,), steps=1, seed=1), "cpu")
+    both = distill(tiny_target, tmp_path / "c", replace(SMALL, layers=(1,), steps=1, prompts=0, self_prompts=0,
+                                                        copy_prompts=0, extra_data=(str(tmp_path / "a" / "data.pt"),
+                                                                                    str(tmp_path / "b" / "data.pt"))),
+                   "cpu")
+    # The built-in prompts' greedy answers are the same in both runs: counted once.
+    assert max(a["sequences"], b["sequences"]) < both["sequences"] < a["sequences"] + b["sequences"]
+    with pytest.raises(FileNotFoundError):
+        distill(tiny_target, tmp_path / "d", replace(SMALL, extra_data=(str(tmp_path / "none.pt"),)), "cpu")
