@@ -159,34 +159,45 @@ def draft_loss(logits: torch.Tensor, t_logits: torch.Tensor, y: torch.Tensor, kd
     return (1 - kd) * ce + kd * kl, agree
 
 
-def train_pair(target: Transformer, draft: Transformer, stream: torch.Tensor, args: argparse.Namespace,
-               seconds: float) -> int:
-    """Both models on the same batches: the target on the text, the draft on the text and on the
-    target's current logits (already computed for the target's own loss: no extra pass)."""
-    opts = optimizer(target, args), optimizer(draft, args)
-    data = batches(stream, args.batch, args.seq, args.seed + 1)
-    clock = Clock(args.target_steps, seconds)
-    bar = tqdm(range(args.target_steps), desc="target+draft", unit="step", dynamic_ncols=True)
+def run_phase(desc: str, steps: int, seconds: float, data, one_step, names: tuple[str, ...]) -> int:
+    """Call ``one_step(x, y, step, progress) -> metrics`` on batches of ``data`` until ``steps``
+    or ``seconds`` run out (see ``Clock``), with a tqdm bar of the metrics' moving averages.
+    Returns the steps done."""
+    clock = Clock(steps, seconds)
+    bar = tqdm(range(steps), desc=desc, unit="step", dynamic_ncols=True)
     ema: list[float] = []
     done = 0
     for step in bar:
         progress = clock.progress(step)
         if progress >= 1:
-            bar.write(f"--minutes reached at step {step}/{args.target_steps}")
+            bar.write(f"--minutes reached at {desc} step {step}/{steps}")
             break
         xy = next(data)
-        x, y = xy[:, :-1], xy[:, 1:]
+        now = one_step(xy[:, :-1], xy[:, 1:], step, progress)
+        ema = now if not ema else [0.98 * e + 0.02 * v for e, v in zip(ema, now, strict=True)]
+        bar.set_postfix({n: f"{v:.3f}" for n, v in zip(names, ema, strict=True)}, refresh=False)
+        done = step + 1
+    bar.close()
+    return done
+
+
+def train_pair(target: Transformer, draft: Transformer, stream: torch.Tensor, args: argparse.Namespace,
+               seconds: float) -> int:
+    """Both models on the same batches: the target on the text, the draft on the text and on the
+    target's current logits (already computed for the target's own loss: no extra pass)."""
+    opts = optimizer(target, args), optimizer(draft, args)
+
+    def one_step(x: torch.Tensor, y: torch.Tensor, step: int, progress: float) -> list[float]:
         t_logits = target.logits(target.forward_dense(x))  # [B, T, V] float32
         t_loss = F.cross_entropy(t_logits.reshape(-1, VOCAB), y.reshape(-1))
         d_loss, agree = draft_loss(draft.logits(draft.forward_dense(x)), t_logits, y, args.kd)
         lr = lr_at(step, progress, args.lr, args.warmup)
         step_(target, opts[0], t_loss, lr)
         step_(draft, opts[1], d_loss, lr)
-        now = [t_loss.item(), d_loss.item(), agree]
-        ema = now if not ema else [0.98 * e + 0.02 * v for e, v in zip(ema, now, strict=True)]
-        bar.set_postfix({"ce": f"{ema[0]:.3f}", "draft": f"{ema[1]:.3f}", "top1": f"{ema[2]:.2f}"}, refresh=False)
-        done = step + 1
-    bar.close()
+        return [t_loss.item(), d_loss.item(), agree]
+
+    done = run_phase("target+draft", args.target_steps, seconds, batches(stream, args.batch, args.seq, args.seed + 1),
+                     one_step, ("ce", "draft", "top1"))
     target.eval().requires_grad_(False)
     return done
 
@@ -195,27 +206,16 @@ def polish_draft(target: Transformer, draft: Transformer, stream: torch.Tensor, 
                  seconds: float) -> int:
     """A few more draft steps against the final target (one no-grad target pass each)."""
     opt = optimizer(draft, args)
-    data = batches(stream, args.batch, args.seq, args.seed + 2)
-    clock = Clock(args.draft_steps, seconds)
-    bar = tqdm(range(args.draft_steps), desc="draft", unit="step", dynamic_ncols=True)
-    ema: list[float] = []
-    done = 0
-    for step in bar:
-        progress = clock.progress(step)
-        if progress >= 1:
-            bar.write(f"--minutes reached at draft step {step}/{args.draft_steps}")
-            break
-        xy = next(data)
-        x, y = xy[:, :-1], xy[:, 1:]
+
+    def one_step(x: torch.Tensor, y: torch.Tensor, step: int, progress: float) -> list[float]:
         with torch.no_grad():
             t_logits = target.logits(target.forward_dense(x))
         loss, agree = draft_loss(draft.logits(draft.forward_dense(x)), t_logits, y, args.kd)
         step_(draft, opt, loss, lr_at(step, progress, args.lr * args.draft_lr_scale, 0))
-        now = [loss.item(), agree]
-        ema = now if not ema else [0.98 * e + 0.02 * v for e, v in zip(ema, now, strict=True)]
-        bar.set_postfix({"loss": f"{ema[0]:.3f}", "top1": f"{ema[1]:.2f}"}, refresh=False)
-        done = step + 1
-    bar.close()
+        return [loss.item(), agree]
+
+    done = run_phase("draft", args.draft_steps, seconds, batches(stream, args.batch, args.seq, args.seed + 2),
+                     one_step, ("loss", "top1"))
     draft.eval().requires_grad_(False)
     return done
 

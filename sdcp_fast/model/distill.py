@@ -352,7 +352,6 @@ def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, devic
         state = torch.load(ckpt, weights_only=True, map_location=dev)
         for n, dr in drafts.items():
             dr.load_state_dict(state["drafts"][str(n)], strict=False)
-            dr._head_rows = None
             opts[n].load_state_dict(state["opts"][str(n)])
         step = state["step"]
     split = random.Random(cfg.seed)
@@ -415,7 +414,6 @@ def distill(target_spec: str | LoadedModel, out: Path, cfg: DistillConfig, devic
                                                                          cfg.batch_tokens)}
     for n, dr in drafts.items():
         dr.cpu()
-        dr._head_rows = None
         loader.save_hf_dir(dr, out / f"draft-L{n}", dtype=torch.bfloat16, borrow_embedding=True,
                            extra={"target": target_name, "distill": asdict(cfg), "metrics": metrics})
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1) + "\n")

@@ -146,12 +146,18 @@ class Attention(nn.Module):
         return self.wo(flat.reshape(T, -1))
 
 
+    def _qkv_rows(self, x: torch.Tensor, cos: torch.Tensor,
+                  sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``x`` ``[B, T, dim]`` -> q ``[B, H, T, D]``, k and v ``[B, Hkv, T, D]``, RoPE applied."""
+        B, T, _ = x.shape
+        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.hd), cos, sin).transpose(1, 2)
+        k = apply_rope(self.wk(x).view(B, T, self.n_kv, self.hd), cos, sin).transpose(1, 2)
+        return q, k, self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+
     def forward_dense(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Training path: full causal attention over ``x`` ``[B, T, dim]``, no cache."""
         B, T, _ = x.shape
-        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.hd), cos, sin).transpose(1, 2)  # [B, H, T, D]
-        k = apply_rope(self.wk(x).view(B, T, self.n_kv, self.hd), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k, v = self._qkv_rows(x, cos, sin)
         out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)  # [B, H, T, D]
         return self.wo(out.transpose(1, 2).reshape(B, T, -1))
 
@@ -161,9 +167,7 @@ class Attention(nn.Module):
         written into the contiguous cache ``kv`` (``[B, Hkv, Tmax, D]`` each); ``mask``
         ``[B, 1, T, start+T]`` says which columns each query sees."""
         B, T, _ = x.shape
-        q = apply_rope(self.wq(x).view(B, T, self.n_heads, self.hd), cos, sin).transpose(1, 2)  # [B, H, T, D]
-        k = apply_rope(self.wk(x).view(B, T, self.n_kv, self.hd), cos, sin).transpose(1, 2)  # [B, Hkv, T, D]
-        v = self.wv(x).view(B, T, self.n_kv, self.hd).transpose(1, 2)
+        q, k, v = self._qkv_rows(x, cos, sin)
         kc, vc = kv
         kc[:, :, start:start + T] = k.to(kc.dtype)
         vc[:, :, start:start + T] = v.to(vc.dtype)
@@ -217,7 +221,12 @@ class Transformer(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
         # A draft's reduced output layer: logits for these token ids only, -inf elsewhere.
         self.register_buffer("head_ids", torch.zeros(cfg.head_vocab, dtype=torch.int64) if cfg.head_vocab else None)
-        self._head_rows: tuple[tuple[int, int], torch.Tensor] | None = None
+        self._head_rows: tuple[tuple[int, ...], torch.Tensor] | None = None
+
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``[..., 1, D/2]`` for ``positions`` ``[...]`` (the 1 broadcasts over heads)."""
+        freqs = positions.float()[..., None] * self.inv_freq  # [..., D/2]
+        return freqs.cos().unsqueeze(-2).to(dtype), freqs.sin().unsqueeze(-2).to(dtype)
 
     def head_weight(self) -> torch.Tensor:
         return self.embed.weight if self.lm_head is None else self.lm_head.weight  # [V, dim]
@@ -227,8 +236,7 @@ class Transformer(nn.Module):
         """Hidden states after the final norm, ``[T, dim]``, for the new ``tokens`` ``[T]``.
         ``n_layers`` runs only the first layers (self-speculative layer skipping)."""
         x = self.embed(tokens)  # [T, dim]
-        freqs = lay.positions.float()[:, None] * self.inv_freq[None]  # [T, D/2]
-        cos, sin = freqs.cos()[:, None].to(x.dtype), freqs.sin()[:, None].to(x.dtype)  # [T, 1, D/2]
+        cos, sin = self.rope(lay.positions, x.dtype)  # [T, 1, D/2]
         for i, block in enumerate(self.layers[: n_layers or len(self.layers)]):
             x = block(x, cos, sin, cache, i, lay)
         return self.norm(x)
@@ -238,8 +246,7 @@ class Transformer(nn.Module):
         ``[B, T, dim]``, for whole sequences ``tokens`` ``[B, T]`` starting at position 0."""
         x = self.embed(tokens)  # [B, T, dim]
         pos = torch.arange(tokens.shape[1], device=tokens.device)
-        freqs = pos.float()[:, None] * self.inv_freq[None]  # [T, D/2]
-        cos, sin = freqs.cos()[:, None].to(x.dtype), freqs.sin()[:, None].to(x.dtype)  # [T, 1, D/2]
+        cos, sin = self.rope(pos, x.dtype)  # [T, 1, D/2], the same for every row
         for block in self.layers:
             x = block.forward_dense(x, cos, sin)
         return self.norm(x)
@@ -250,17 +257,17 @@ class Transformer(nn.Module):
         states after the final norm, ``[B, T, dim]``, for columns ``start..start+T`` of
         ``tokens`` ``[B, T]`` at ``positions`` ``[B, T]``."""
         x = self.embed(tokens)  # [B, T, dim]
-        freqs = positions.float()[..., None] * self.inv_freq  # [B, T, D/2]
-        cos, sin = freqs.cos()[:, :, None].to(x.dtype), freqs.sin()[:, :, None].to(x.dtype)  # [B, T, 1, D/2]
+        cos, sin = self.rope(positions, x.dtype)  # [B, T, 1, D/2]
         for block, layer_kv in zip(self.layers, kv, strict=True):
             x = block.forward_rows(x, cos, sin, layer_kv, start, mask)
         return self.norm(x)
 
     def head_rows(self) -> torch.Tensor:
-        """The output layer's rows of ``head_ids`` ``[S, dim]`` (gathered once per weight)."""
+        """The output layer's rows of ``head_ids`` ``[S, dim]``, gathered again only when the
+        weight or the ids move or change (storage and in-place version)."""
         assert self.head_ids is not None
         w = self.head_weight()
-        key = (w.data_ptr(), self.head_ids.data_ptr())
+        key = (w.data_ptr(), w._version, self.head_ids.data_ptr(), self.head_ids._version)
         if self._head_rows is None or self._head_rows[0] != key or w.requires_grad:
             self._head_rows = (key, w[self.head_ids])
         return self._head_rows[1]
