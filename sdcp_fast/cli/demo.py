@@ -60,7 +60,7 @@ class Setup:
 
 def _toy(args: argparse.Namespace) -> Setup:
     from sdcp_fast.engine.inprocess import model_digest
-    from sdcp_fast.engine.toy import WORDS, ToyDrafter, ToyTarget, decode, encode
+    from sdcp_fast.model.toy import WORDS, ToyDrafter, ToyTarget, decode, encode
 
     target = ToyTarget()
     drafters = [ToyDrafter("toy-good", target, 0.8), ToyDrafter("toy-weak", target, 6.0, seed=3)]
@@ -118,7 +118,7 @@ def _target_only(scorer: Any, prompts: list[list[int]], lengths: list[int]) -> t
     """Plain greedy decoding by the target, batched over the sessions: the baseline."""
     import torch
 
-    from sdcp_fast.engine.interfaces import ScoreRequest
+    from sdcp_fast.model.interfaces import ScoreRequest
     from sdcp_fast.kernels import verify_greedy
 
     outs: list[list[int]] = [[] for _ in prompts]

@@ -21,7 +21,7 @@ import torch
 from sdcp_fast import kernels
 from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
 from sdcp_fast.commitlog import Fenced, PreconditionFailed, length_of
-from sdcp_fast.engine.interfaces import Drafter, ScoreRequest, TargetScorer
+from sdcp_fast.model.interfaces import Drafter, ScoreRequest, TargetScorer
 from sdcp_fast.protocol import (
     Action,
     Assignment,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sdcp_fast.engine.interfaces import Drafter
+from sdcp_fast.model.interfaces import Drafter
 
 from . import loader
 from .drafters import ModelDrafter, NgramDrafter

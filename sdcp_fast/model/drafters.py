@@ -1,4 +1,4 @@
-"""Drafters (``sdcp_fast.engine.interfaces.Drafter``): a separate draft model, the
+"""Drafters (``sdcp_fast.model.interfaces.Drafter``): a separate draft model, the
 target's own first layers (self-speculative layer skipping), and n-gram prompt lookup.
 
 Each one reconciles its state against the whole committed list it is handed. For rule 2
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sdcp_fast.engine.interfaces import Draft
+from sdcp_fast.model.interfaces import Draft
 from sdcp_fast.kernels import apply_sampling_profile, sample_from_probs
 
 from .llama import Transformer

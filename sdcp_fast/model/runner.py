@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sdcp_fast.engine.interfaces import ScoreRequest
+from sdcp_fast.model.interfaces import ScoreRequest
 
 from .llama import BatchLayout, Transformer
 from .paged_kv import PagedKVCache

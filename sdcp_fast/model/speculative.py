@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sdcp_fast.engine.interfaces import Drafter, ScoreRequest
+from sdcp_fast.model.interfaces import Drafter, ScoreRequest
 from sdcp_fast.kernels import apply_sampling_profile, sample_from_probs, verify_greedy, verify_speculative
 
 from .runner import ModelRunner, greedy_token

@@ -8,6 +8,7 @@ for the chosen media type and type URI base).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -112,8 +113,41 @@ class UnknownSession(SdcpProblem):
     title = "Unknown session"
 
 
+class Forbidden(SdcpProblem):
+    """The authenticated peer's role may not use this resource (not in Table 2; HTTP 403)."""
+
+    suffix = "sdcp-forbidden"
+    status = 403
+    title = "Peer's role may not use this resource"
+
+
 PROBLEMS: tuple[type[SdcpProblem], ...] = (
     StaleEpoch, StaleBase, QUnavailable, BadContract, Limit, SessionClosed, BadProposal, NotAssigned,
 )
-_ALL: tuple[type[SdcpProblem], ...] = (*PROBLEMS, BadRequest, UnknownSession)
+_ALL: tuple[type[SdcpProblem], ...] = (*PROBLEMS, BadRequest, UnknownSession, Forbidden)
 BY_SUFFIX: dict[str, type[SdcpProblem]] = {cls.suffix: cls for cls in _ALL}
+
+
+
+def problem_from_response(status: int, body: Mapping[str, Any] | None) -> SdcpProblem:
+    """The problem a client received: ``body`` is the decoded RFC 9457 object (None when the
+    body was not one). The type URI is matched on its last segment, so any base that ends in
+    a Table 2 suffix maps to that class; an unknown type or no body falls back by the status
+    class (RFC 9110: a client handles unlisted codes by class)."""
+    suffix = ""
+    detail = ""
+    extra: dict[str, Any] = {}
+    if isinstance(body, Mapping):
+        kind = body.get("type")
+        if isinstance(kind, str):
+            suffix = kind.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        text = body.get("detail")
+        detail = text if isinstance(text, str) else ""
+        extra = {k: v for k, v in body.items() if k not in ("type", "title", "status", "detail")}
+    cls = BY_SUFFIX.get(suffix)
+    if cls is None:
+        problem = SdcpProblem(detail or f"HTTP {status}", extra=extra)
+        problem.status = status  # type: ignore[misc]
+        problem.suffix = suffix or f"http-{status // 100}xx"  # type: ignore[misc]
+        return problem
+    return cls(detail, extra=extra)

@@ -8,8 +8,8 @@ import torch
 from sdcp_fast.cache import embedded
 from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.engine.inprocess import Engine, SessionSpec, model_digest
-from sdcp_fast.engine.interfaces import ScoreRequest
-from sdcp_fast.engine.toy import ToyDrafter, ToyTarget, encode
+from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord
 

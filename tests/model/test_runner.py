@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from sdcp_fast.engine.interfaces import ScoreRequest
+from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.runner import ModelRunner, greedy_token
 
 from .reference import dense_logits

@@ -57,7 +57,7 @@ def test_speculative_rule1_equals_greedy_for_every_drafter(smollm2, prompt_ids) 
 
 
 def test_batched_score_matches_single_session_scores(smollm2, prompt_ids) -> None:
-    from sdcp_fast.engine.interfaces import ScoreRequest
+    from sdcp_fast.model.interfaces import ScoreRequest
 
     target = ModelRunner(smollm2.model)
     reqs = [ScoreRequest(f"s{i}".encode(), p, p[-3:]) for i, p in enumerate(prompt_ids)]

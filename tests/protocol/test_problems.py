@@ -13,6 +13,7 @@ from sdcp_fast.protocol.problems import (
     BadContract,
     BadProposal,
     BadRequest,
+    Forbidden,
     Limit,
     NotAssigned,
     QUnavailable,
@@ -46,7 +47,8 @@ def test_problems_outside_table_2() -> None:
     assert (BadRequest.suffix, BadRequest.status) == ("sdcp-bad-request", 400)
     assert (UnknownSession.suffix, UnknownSession.status) == ("sdcp-unknown-session", 404)
     assert BadRequest not in PROBLEMS and UnknownSession not in PROBLEMS
-    assert len(BY_SUFFIX) == len(TABLE_2) + 2
+    assert (Forbidden.suffix, Forbidden.status) == ("sdcp-forbidden", 403)
+    assert len(BY_SUFFIX) == len(TABLE_2) + 3
 
 
 @pytest.mark.parametrize("cls", [c for c, _, _, _ in TABLE_2] + [BadRequest, UnknownSession])

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sdcp_fast.engine.interfaces import Draft, ScoreRequest
+from sdcp_fast.model.interfaces import Draft, ScoreRequest
 
 WORDS = (
     "<eos> the a cache verifier drafter router commits proposes verifies token tokens round rounds "

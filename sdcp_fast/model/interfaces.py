@@ -1,4 +1,4 @@
-"""What the engine needs from a target model and from a drafter.
+"""What a verifier needs from a target model and a drafter role from a draft model.
 
 Both are keyed by session and handed the *whole committed token list* (prompt followed by
 committed output) on every call. Implementations keep whatever cache they like (paged KV,

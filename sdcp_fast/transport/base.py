@@ -1,0 +1,59 @@
+"""What a transport carries: a request with its authenticated peer, and a response.
+
+Servers build a :class:`Request` per HTTP request (method, path without the base URI's
+path, decoded query, body bytes, the peer from the client certificate) and hand it to a
+:data:`Handler`; clients send one through :meth:`Transport.request` to a base URI.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from sdcp_fast.protocol.identity import Peer
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str  # "GET", "POST", "PUT", ...
+    path: str  # relative to the role's base URI, no leading slash: "sessions/{id}/output"
+    query: Mapping[str, str] = field(default_factory=dict)
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    peer: Peer | None = None  # None: the transport authenticated nobody (--insecure)
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes = b""
+    headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "")
+
+
+Handler = Callable[[Request], Awaitable[Response]]
+"""A role's request handler: every transport calls the same one."""
+
+
+class Transport(Protocol):
+    """The client side: send ``method path`` to the instance at ``base_uri``."""
+
+    async def request(
+        self,
+        base_uri: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        ...
+
+    async def close(self) -> None:
+        ...
