@@ -1,0 +1,305 @@
+"""The HTTP/2 client :class:`H2Transport`: one connection per authority, many streams on it.
+
+Requests to the same ``scheme://host:port`` share one connection (opened on first use,
+concurrent first requests wait for the same handshake); each is a stream, at most as many
+at once as the server's SETTINGS_MAX_CONCURRENT_STREAMS, the rest wait for a free one. A
+request the server provably did not process (stream refused, or above the last stream id
+of a GOAWAY, e.g. an idle close racing the request) is sent once more on a new connection.
+Anything else that leaves no response raises :class:`TransportError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_module
+from collections import deque
+from collections.abc import Mapping
+from urllib.parse import quote, urlencode, urlsplit
+
+import h2.events
+import h2.exceptions
+from h2.errors import ErrorCodes
+
+from sdcp_fast.transport.base import Response
+from sdcp_fast.transport.binding import check_insecure
+from sdcp_fast.transport.errors import TransportError, TransportTimeout
+from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack, header_dict, outbound_fields
+
+CLIENT_LIMITS = Limits(max_body=256 * (1 << 20), idle_timeout=60.0)
+
+
+class _Pending:
+    __slots__ = ("future", "status", "headers", "chunks", "size")
+
+    def __init__(self, future: asyncio.Future[Response]) -> None:
+        self.future = future
+        self.status = 0
+        self.headers: dict[str, str] = {}
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+
+class _ClientProtocol(H2Protocol):
+    client_side = True
+
+    def __init__(self, limits: Limits) -> None:
+        super().__init__(limits)
+        self.pending: dict[int, _Pending] = {}
+        self.goaway = False
+        self._slot_waiters: deque[asyncio.Future[None]] = deque()
+        self.lost: Exception | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.transport is not None and not self.transport.is_closing() and not self.goaway
+
+    def _fail(self, stream_id: int, error: TransportError) -> None:
+        pending = self.pending.pop(stream_id, None)
+        if pending is not None and not pending.future.done():
+            pending.future.set_exception(error)
+
+    def on_event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            ack(self.conn, event)
+            pending = self.pending.get(event.stream_id)
+            if pending is None:
+                return
+            pending.size += len(event.data)
+            if pending.size > self.limits.max_body:
+                self._fail(event.stream_id, TransportError(f"response body over {self.limits.max_body} bytes"))
+                self._reset(event.stream_id, ErrorCodes.CANCEL)
+            else:
+                pending.chunks.append(event.data)
+        elif isinstance(event, h2.events.ResponseReceived):
+            pending = self.pending.get(event.stream_id)
+            if pending is not None:
+                for name, value in event.headers:
+                    if name == b":status":
+                        pending.status = int(value)
+                pending.headers = header_dict(event.headers)
+        elif isinstance(event, h2.events.StreamEnded):
+            pending = self.pending.pop(event.stream_id, None)
+            if pending is not None and not pending.future.done():
+                chunks = pending.chunks
+                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+                pending.future.set_result(Response(pending.status, body, pending.headers))
+        elif isinstance(event, h2.events.StreamReset):
+            code = ErrorCodes(event.error_code) if event.error_code in ErrorCodes._value2member_map_ \
+                else event.error_code
+            self._fail(event.stream_id, TransportError(
+                f"stream reset by the server ({getattr(code, 'name', code)})",
+                retryable=event.error_code == ErrorCodes.REFUSED_STREAM))
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self.goaway = True
+            last = event.last_stream_id if event.last_stream_id is not None else 0
+            for stream_id in [s for s in self.pending if s > last]:
+                self._fail(stream_id, TransportError("the server closed the connection before this request "
+                                                     "(GOAWAY)", retryable=True))
+            self._wake_slots(all_=True)
+
+    def on_lost(self, exc: Exception | None) -> None:
+        self.lost = exc
+        reason = f": {exc}" if exc else ""
+        for stream_id in list(self.pending):
+            self._fail(stream_id, TransportError(f"connection closed before the response{reason}"))
+        self._wake_slots(all_=True)
+
+    def _reset(self, stream_id: int, code: ErrorCodes) -> None:
+        try:
+            self.conn.reset_stream(stream_id, code)
+            self.flush_soon()
+        except h2.exceptions.ProtocolError:
+            pass  # already closed
+
+    def _wake_slots(self, all_: bool = False) -> None:
+        while self._slot_waiters:
+            waiter = self._slot_waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                if not all_:
+                    return
+
+    async def exchange(self, fields: list[tuple[str, str]], body: bytes) -> Response:
+        while self.active_streams >= self.conn.remote_settings.max_concurrent_streams:
+            waiter = self.loop.create_future()
+            self._slot_waiters.append(waiter)
+            await waiter
+            if not self.usable:
+                raise TransportError("connection closed while waiting for a stream", retryable=True)
+        if not self.usable:
+            raise TransportError("connection closed", retryable=True)
+        stream_id = self.conn.get_next_available_stream_id()
+        pending = _Pending(self.loop.create_future())
+        self.pending[stream_id] = pending
+        self.stream_started()
+        try:
+            self.conn.send_headers(stream_id, fields, end_stream=not body)
+            if body:
+                try:
+                    await self.send_body(stream_id, body, abandon=pending.future)
+                except StreamGone:
+                    # Reset, or answered early (e.g. 413): the future says which.
+                    if not pending.future.done():
+                        self._fail(stream_id, TransportError("stream closed while sending the request"))
+            else:
+                self.flush_soon()
+            return await pending.future
+        except (h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError) as exc:
+            raise TransportError(f"cannot send on this connection: {exc}", retryable=True) from exc
+        except asyncio.CancelledError:
+            if not pending.future.done():
+                self._reset(stream_id, ErrorCodes.CANCEL)
+            raise
+        finally:
+            self.pending.pop(stream_id, None)
+            if not pending.future.done():
+                pending.future.cancel()
+            self.stream_finished()
+            self._wake_slots()
+
+
+class H2Transport:
+    """:class:`~sdcp_fast.transport.base.Transport` over HTTP/2.
+
+    ``ssl`` is a :func:`~sdcp_fast.transport.tls.client_context` (our certificate, the CA,
+    ALPN h2) for ``https://`` base URIs; ``http://`` ones (h2c prior knowledge) are refused
+    unless ``insecure`` is set, and then only to loopback hosts. ``timeout`` bounds a whole
+    request (connect, send, response) unless the request gives its own."""
+
+    def __init__(self, ssl: ssl_module.SSLContext | None = None, *, insecure: bool = False,
+                 timeout: float | None = 30.0, connect_timeout: float = 10.0,
+                 limits: Limits = CLIENT_LIMITS) -> None:
+        self.ssl = ssl
+        self.insecure = insecure
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.limits = limits
+        self._connections: dict[tuple[str, str, int], _ClientProtocol] = {}
+        self._connecting: dict[tuple[str, str, int], asyncio.Future[_ClientProtocol]] = {}
+        self._bases: dict[str, tuple[tuple[str, str, int], str, str]] = {}
+        self._closed = False
+
+    def _base(self, base_uri: str) -> tuple[tuple[str, str, int], str, str]:
+        known = self._bases.get(base_uri)
+        if known is None:
+            parts = urlsplit(base_uri)
+            if parts.scheme not in ("https", "http") or not parts.hostname:
+                raise TransportError(f"not an http(s) base URI: {base_uri!r}")
+            if parts.scheme == "http":
+                if not self.insecure:
+                    raise TransportError(f"{base_uri}: plain http needs an insecure transport (--insecure)")
+                check_insecure(parts.hostname, "HTTP/2 client connection to")
+            elif self.ssl is None:
+                raise TransportError(f"{base_uri}: https needs an SSL context")
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            base_path = "/" + parts.path.strip("/") + "/" if parts.path.strip("/") else "/"
+            known = ((parts.scheme, parts.hostname, port), parts.netloc, base_path)
+            self._bases[base_uri] = known
+        return known
+
+    async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
+                      query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                      timeout: float | None = None) -> Response:
+        if self._closed:
+            raise TransportError("transport is closed")
+        key, authority, base_path = self._base(base_uri)
+        target = base_path + quote(path.lstrip("/"), safe="/:@!$&'()*+,;=~")
+        if query:
+            target += "?" + urlencode(query)
+        fields = [(":method", method), (":scheme", key[0]), (":authority", authority), (":path", target)]
+        if body:
+            fields.append(("content-length", str(len(body))))
+        fields += [f for f in outbound_fields(dict(headers or {})) if f[0] not in ("content-length", "host")]
+        limit = timeout if timeout is not None else self.timeout
+        if limit is None:
+            return await self._send(key, fields, body)
+        task = asyncio.current_task()
+        assert task is not None
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = asyncio.get_running_loop().call_later(limit, expire)
+        try:
+            return await self._send(key, fields, body)
+        except asyncio.CancelledError:
+            if not expired:
+                raise
+            if hasattr(task, "uncancel"):
+                task.uncancel()
+            raise TransportTimeout(f"{method} {base_uri}{path}: no response within {limit} s") from None
+        finally:
+            timer.cancel()
+
+    async def _send(self, key: tuple[str, str, int], fields: list[tuple[str, str]], body: bytes) -> Response:
+        for attempt in (1, 2):
+            connection = await self._connection(key)
+            try:
+                return await connection.exchange(fields, body)
+            except TransportError as exc:
+                if not exc.retryable or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _connection(self, key: tuple[str, str, int]) -> _ClientProtocol:
+        connection = self._connections.get(key)
+        if connection is not None and connection.usable:
+            return connection
+        waiting = self._connecting.get(key)
+        if waiting is not None:
+            return await asyncio.shield(waiting)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[_ClientProtocol] = loop.create_future()
+        self._connecting[key] = future
+        scheme, host, port = key
+        try:
+            ctx = self.ssl if scheme == "https" else None
+            _, connection = await asyncio.wait_for(loop.create_connection(
+                lambda: _ClientProtocol(self.limits), host, port, ssl=ctx,
+                server_hostname=host if ctx is not None else None), self.connect_timeout)
+            if not connection.usable:
+                raise TransportError(f"{host}:{port} did not negotiate HTTP/2 (ALPN h2)")
+            self._connections[key] = connection
+            future.set_result(connection)
+            return connection
+        except BaseException as exc:
+            error = transport_error_for(host, port, exc)
+            future.set_exception(error)
+            future.exception()  # retrieved: other waiters may not exist
+            if isinstance(exc, Exception):
+                raise error from exc
+            raise
+        finally:
+            del self._connecting[key]
+
+    async def close(self) -> None:
+        self._closed = True
+        connections = list(self._connections.values())
+        self._connections.clear()
+        for connection in connections:
+            connection.close()
+        closing = [c.closed for c in connections if not c.closed.done()]
+        if closing:
+            await asyncio.wait(closing, timeout=5.0)
+        for connection in connections:
+            if connection.transport is not None:
+                connection.transport.abort()
+
+    async def __aenter__(self) -> H2Transport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+def transport_error_for(host: str, port: int, exc: BaseException) -> TransportError:
+    if isinstance(exc, TransportError):
+        return exc
+    if isinstance(exc, asyncio.TimeoutError):
+        return TransportTimeout(f"cannot connect to {host}:{port}: no TLS/TCP connection within the timeout")
+    if isinstance(exc, asyncio.CancelledError):
+        return TransportError(f"connecting to {host}:{port} was cancelled", retryable=True)
+    return TransportError(f"cannot connect to {host}:{port}: {exc}")

@@ -1,0 +1,289 @@
+"""One HTTP/2 connection over an asyncio transport: what the server and the client share.
+
+The sans-I/O ``h2`` library holds the protocol state; :class:`H2Protocol` is the asyncio
+adapter around it (bytes in -> events, ``data_to_send()`` -> socket), sending bodies within
+the peer's flow-control windows and the socket's write buffer, acknowledging received data
+as it is buffered (the body bound, not the window, caps memory), and closing the connection
+after an idle period. Subclasses handle the stream events of their side. It runs the same
+over TLS (ALPN ``h2`` required) and over plain TCP (h2c with prior knowledge, --insecure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import cast
+
+import h2.config
+import h2.connection
+import h2.events
+import h2.exceptions
+import h2.settings
+from h2.errors import ErrorCodes
+
+from sdcp_fast.transport.errors import TransportError
+
+log = logging.getLogger("sdcp_fast.transport")
+
+MiB = 1 << 20
+
+# Connection-specific fields are forbidden in HTTP/2 (RFC 9113 §8.2.2); h2 rejects them.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te"})
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds of one side of a connection (each advertised to the peer where HTTP/2 can)."""
+
+    max_body: int = 64 * MiB  # a larger request body gets 413 (server); a larger response fails (client)
+    max_header_list: int = 64 * 1024  # SETTINGS_MAX_HEADER_LIST_SIZE; h2 ends a connection exceeding it
+    max_streams: int = 256  # SETTINGS_MAX_CONCURRENT_STREAMS: streams the peer may open at once
+    idle_timeout: float = 120.0  # seconds without an open stream before the connection is closed
+    stream_window: int = 4 * MiB  # SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window
+    connection_window: int = 16 * MiB  # receive window of the whole connection
+    max_frame: int = 1 * MiB - 1  # SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames for big bodies
+
+
+def header_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Regular (non-pseudo) fields as a lower-case dict; repeated fields joined by ``, ``."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        if raw_name[:1] == b":":
+            continue
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+def outbound_fields(headers: dict[str, str] | None) -> list[tuple[str, str]]:
+    return [(k.lower(), v) for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP]
+
+
+class StreamGone(Exception):
+    """The stream was reset or the connection ended while we were sending on it."""
+
+
+class H2Protocol(asyncio.Protocol):
+    """The shared half of a connection; :meth:`on_event` is the side-specific rest."""
+
+    client_side = False
+
+    def __init__(self, limits: Limits) -> None:
+        self.limits = limits
+        self.conn = h2.connection.H2Connection(
+            h2.config.H2Configuration(client_side=self.client_side, header_encoding=None))
+        self.transport: asyncio.Transport | None = None
+        self.loop = asyncio.get_running_loop()
+        self.closed: asyncio.Future[None] = self.loop.create_future()
+        self._flush_pending = False
+        self._can_write = True
+        self._write_waiters: list[asyncio.Future[None]] = []
+        self._window_waiters: dict[int, asyncio.Future[None]] = {}
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._last_active = self.loop.time()
+        self.active_streams = 0
+
+    # -- connection lifecycle ------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not asyncio.Transport subclasses but have its methods.
+        self.transport = cast(asyncio.Transport, transport)
+        ssl_object = transport.get_extra_info("ssl_object")
+        if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
+            log.warning("closing connection from %s: ALPN %r, not h2", transport.get_extra_info("peername"),
+                        ssl_object.selected_alpn_protocol())
+            transport.abort()
+            return
+        self.conn.local_settings = h2.settings.Settings(client=self.client_side, initial_values={
+            h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.limits.max_streams,
+            h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: self.limits.max_header_list,
+            h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: self.limits.stream_window,
+            h2.settings.SettingCodes.MAX_FRAME_SIZE: self.limits.max_frame,
+            h2.settings.SettingCodes.ENABLE_PUSH: 0,
+        })
+        # These settings are ours from the start (sent in our first SETTINGS frame), so the
+        # inbound bounds h2 otherwise updates on the peer's ACK are set here directly.
+        self.conn.max_inbound_frame_size = self.limits.max_frame
+        self.conn.decoder.max_header_list_size = self.limits.max_header_list
+        self.conn.initiate_connection()
+        extra = self.limits.connection_window - 65535  # 65,535: every connection's initial window
+        if extra > 0:
+            self.conn.increment_flow_control_window(extra)
+        self.flush()
+        self._arm_idle(self.limits.idle_timeout)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.transport = None
+        if self._idle_timer:
+            self._idle_timer.cancel()
+        for waiter in [*self._write_waiters, *self._window_waiters.values()]:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._write_waiters.clear()
+        self._window_waiters.clear()
+        if not self.closed.done():
+            self.closed.set_result(None)
+        self.on_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            events = self.conn.receive_data(data)
+        except h2.exceptions.ProtocolError as exc:
+            # h2 queued a GOAWAY with the right code; send it and drop the connection.
+            log.warning("HTTP/2 protocol error from %s: %s", self.peername, exc)
+            self.flush()
+            if self.transport:
+                self.transport.close()
+            return
+        for event in events:
+            if isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
+                self._wake_windows(getattr(event, "stream_id", 0))
+            elif isinstance(event, (h2.events.StreamReset, h2.events.StreamEnded)) and \
+                    event.stream_id in self._window_waiters:
+                self._wake_windows(event.stream_id)
+            self.on_event(event)
+        self.flush()
+
+    @property
+    def peername(self) -> object:
+        return self.transport.get_extra_info("peername") if self.transport else None
+
+    def close(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
+        """GOAWAY now; the socket closes once the open streams are done (or at once if none)."""
+        if self.transport is None:
+            return
+        try:
+            self.conn.close_connection(error_code=error_code)
+        except h2.exceptions.ProtocolError:
+            pass  # already closed on the h2 side
+        self.flush()
+        if self.active_streams == 0:
+            self.transport.close()
+
+    # -- side-specific hooks -------------------------------------------------------------
+    def on_event(self, event: h2.events.Event) -> None:
+        raise NotImplementedError
+
+    def on_lost(self, exc: Exception | None) -> None:
+        pass
+
+    def stream_started(self) -> None:
+        self.active_streams += 1
+
+    def stream_finished(self) -> None:
+        self.active_streams -= 1
+        self._last_active = self.loop.time()
+        if self.active_streams == 0 and self.transport is not None and \
+                self.conn.state_machine.state == h2.connection.ConnectionState.CLOSED:
+            self.transport.close()  # we sent or got GOAWAY and the last stream just ended
+
+    # -- writing -------------------------------------------------------------------------
+    def flush(self) -> None:
+        self._flush_pending = False
+        data = self.conn.data_to_send()
+        if data and self.transport is not None:
+            self.transport.write(data)
+
+    def flush_soon(self) -> None:
+        """Coalesce the frames of everything done in this loop iteration into one write."""
+        if not self._flush_pending:
+            self._flush_pending = True
+            self.loop.call_soon(self.flush)
+
+    def pause_writing(self) -> None:
+        self._can_write = False
+
+    def resume_writing(self) -> None:
+        self._can_write = True
+        waiters, self._write_waiters = self._write_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _drain(self) -> None:
+        if not self._can_write and self.transport is not None:
+            waiter = self.loop.create_future()
+            self._write_waiters.append(waiter)
+            await waiter
+
+    def _wake_windows(self, stream_id: int) -> None:
+        if stream_id == 0:
+            waiters = list(self._window_waiters.values())
+            self._window_waiters.clear()
+        else:
+            waiter = self._window_waiters.pop(stream_id, None)
+            waiters = [waiter] if waiter else []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def send_body(self, stream_id: int, body: bytes, abandon: asyncio.Future[object] | None = None) -> None:
+        """Send ``body`` and end the stream, in frames that fit the peer's windows.
+
+        Raises :class:`StreamGone` if the stream is reset or the connection ends first, or
+        (after resetting the stream) once ``abandon`` is done: a client stops sending a
+        request whose response is already complete."""
+        view = memoryview(body)
+        offset, size = 0, len(body)
+        while True:
+            if self.transport is None:
+                raise StreamGone(stream_id)
+            if abandon is not None and abandon.done():
+                try:
+                    self.conn.reset_stream(stream_id, ErrorCodes.CANCEL)
+                    self.flush_soon()
+                except h2.exceptions.ProtocolError:
+                    pass
+                raise StreamGone(stream_id)
+            try:
+                if offset == size:
+                    self.conn.end_stream(stream_id)
+                    break
+                window = self.conn.local_flow_control_window(stream_id)
+                if window > 0:
+                    n = min(window, self.conn.max_outbound_frame_size, size - offset)
+                    self.conn.send_data(stream_id, view[offset:offset + n], end_stream=offset + n == size)
+                    offset += n
+                    if offset == size:
+                        break
+                    if n < size - offset and not self._can_write:
+                        self.flush()
+                        await self._drain()
+                    continue
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                raise StreamGone(stream_id) from exc
+            # The peer's window is empty: send what we have and wait for a WINDOW_UPDATE.
+            self.flush()
+            waiter = self.loop.create_future()
+            self._window_waiters[stream_id] = waiter
+            await waiter
+        self.flush_soon()
+
+    # -- idle ----------------------------------------------------------------------------
+    def _arm_idle(self, delay: float) -> None:
+        if self.limits.idle_timeout > 0:
+            self._idle_timer = self.loop.call_later(delay, self._idle_check)
+
+    def _idle_check(self) -> None:
+        if self.transport is None:
+            return
+        idle_for = self.loop.time() - self._last_active
+        if self.active_streams == 0 and idle_for >= self.limits.idle_timeout:
+            log.debug("closing idle connection to %s after %.0f s", self.peername, idle_for)
+            self.close()
+            return
+        self._arm_idle(max(self.limits.idle_timeout - idle_for, 1.0) if self.active_streams == 0
+                       else self.limits.idle_timeout)
+
+
+def ack(conn: h2.connection.H2Connection, event: h2.events.DataReceived) -> None:
+    """Return received bytes to the peer's window (they are buffered under the body bound)."""
+    if event.flow_controlled_length:
+        try:
+            conn.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+        except h2.exceptions.StreamClosedError:
+            pass  # the stream was reset meanwhile: the connection window was credited by h2
+
+
+def transport_error(exc: BaseException) -> TransportError:
+    return exc if isinstance(exc, TransportError) else TransportError(f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,227 @@
+"""Serve a :data:`~sdcp_fast.transport.base.Handler` over HTTP/2 with mutual TLS (§5.1).
+
+Each connection is an :class:`~sdcp_fast.transport.h2conn.H2Protocol`; its peer is read
+once from the verified client certificate and given to every request of the connection.
+A request whose stream ends runs the handler in its own task (streams are concurrent);
+the handler's exceptions become a 500 problem without a traceback, a body over the bound a
+413 problem. A handler is not cancelled when its client goes away: SDCP handlers commit
+state (a verdict is appended to the commit log before it is released), so they finish and
+the response is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as ssl_module
+from urllib.parse import parse_qsl, unquote
+
+import h2.events
+import h2.exceptions
+from h2.errors import ErrorCodes
+
+from sdcp_fast.protocol.identity import Peer
+from sdcp_fast.transport.base import Handler, Request, Response
+from sdcp_fast.transport.binding import check_insecure
+from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack, header_dict, outbound_fields
+from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
+from sdcp_fast.transport.tls import peer_of
+
+log = logging.getLogger("sdcp_fast.transport")
+
+_NO_BODY_STATUS = frozenset({204, 304})
+
+
+class _Incoming:
+    __slots__ = ("headers", "chunks", "size", "answered", "done")
+
+    def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
+        self.headers = headers
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.answered = False  # a response was started (the handler runs, or we refused the body)
+        self.done = False
+
+
+class _ServerProtocol(H2Protocol):
+    def __init__(self, server: H2Server) -> None:
+        super().__init__(server.limits)
+        self.server = server
+        self.peer: Peer | None = None
+        self.streams: dict[int, _Incoming] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self.transport is None or self.transport.is_closing():
+            return
+        self.peer = peer_of(self.transport.get_extra_info("ssl_object"))
+        self.server.connections.add(self)
+        if self.server.closing:
+            self.close()
+
+    def on_lost(self, exc: Exception | None) -> None:
+        self.server.connections.discard(self)
+
+    def on_event(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.DataReceived):
+            ack(self.conn, event)
+            incoming = self.streams.get(event.stream_id)
+            if incoming is None or incoming.answered:
+                return
+            incoming.size += len(event.data)
+            if incoming.size > self.limits.max_body:
+                self._refuse_body(event.stream_id, incoming)
+            else:
+                incoming.chunks.append(event.data)
+        elif isinstance(event, h2.events.RequestReceived):
+            incoming = _Incoming(event.headers)
+            self.streams[event.stream_id] = incoming
+            self.stream_started()
+            length = next((v for k, v in event.headers if k == b"content-length"), None)
+            if length is not None and length.isdigit() and int(length) > self.limits.max_body:
+                self._refuse_body(event.stream_id, incoming)
+        elif isinstance(event, h2.events.StreamEnded):
+            incoming = self.streams.get(event.stream_id)
+            if incoming is not None and not incoming.answered:
+                incoming.answered = True
+                self.loop.create_task(self._respond(event.stream_id, incoming))
+        elif isinstance(event, h2.events.StreamReset):
+            incoming = self.streams.get(event.stream_id)
+            if incoming is not None and not incoming.answered:
+                self._finish(event.stream_id, incoming)
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            if self.active_streams == 0 and self.transport is not None:
+                self.transport.close()
+
+    def _finish(self, stream_id: int, incoming: _Incoming) -> None:
+        if not incoming.done:
+            incoming.done = True
+            self.streams.pop(stream_id, None)
+            self.stream_finished()
+
+    def _refuse_body(self, stream_id: int, incoming: _Incoming) -> None:
+        incoming.answered = True
+        incoming.chunks.clear()
+        self.loop.create_task(self._send(stream_id, incoming, http_problem(
+            413, f"request body over {self.limits.max_body} bytes"), stop_reading=True))
+
+    def _request(self, incoming: _Incoming) -> Request | Response:
+        method = path = b""
+        for name, value in incoming.headers:
+            if name == b":method":
+                method = value
+            elif name == b":path":
+                path = value
+        raw_path, _, raw_query = path.decode("latin-1").partition("?")
+        base = self.server.base_path
+        if not raw_path.startswith(base):
+            return http_problem(404, f"outside this instance's base path {base}")
+        body = incoming.chunks[0] if len(incoming.chunks) == 1 else b"".join(incoming.chunks)
+        incoming.chunks = []
+        return Request(method=method.decode("latin-1"), path=unquote(raw_path[len(base):]),
+                       query=dict(parse_qsl(raw_query, keep_blank_values=True)) if raw_query else {},
+                       body=body, headers=header_dict(incoming.headers), peer=self.peer)
+
+    async def _respond(self, stream_id: int, incoming: _Incoming) -> None:
+        request = self._request(incoming)
+        if isinstance(request, Response):
+            response = request
+        else:
+            try:
+                response = await self.server.handler(request)
+            except Exception:
+                log.exception("handler failed: %s /%s from %s", request.method, request.path, self.peer)
+                response = http_problem(500, INTERNAL_ERROR_DETAIL)
+        await self._send(stream_id, incoming, response)
+
+    async def _send(self, stream_id: int, incoming: _Incoming, response: Response,
+                    stop_reading: bool = False) -> None:
+        try:
+            if self.transport is None:
+                return
+            body = response.body if response.status not in _NO_BODY_STATUS else b""
+            fields = [(":status", str(response.status))]
+            fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
+            fields.append(("content-length", str(len(body))))
+            try:
+                self.conn.send_headers(stream_id, fields, end_stream=not body)
+                if body:
+                    await self.send_body(stream_id, body)
+                else:
+                    self.flush_soon()
+                if stop_reading and self.conn.streams.get(stream_id) is not None \
+                        and not self.conn.streams[stream_id].closed:
+                    # Answered before the request ended: ask the client to stop sending
+                    # without error (RFC 9113 §8.1).
+                    self.conn.reset_stream(stream_id, ErrorCodes.NO_ERROR)
+                    self.flush_soon()
+            except (StreamGone, h2.exceptions.StreamClosedError):
+                pass  # the client reset the stream or left: nobody to answer
+            except h2.exceptions.ProtocolError as exc:
+                log.warning("cannot answer stream %d from %s: %s", stream_id, self.peername, exc)
+        finally:
+            self._finish(stream_id, incoming)
+
+
+class H2Server:
+    """A listening HTTP/2 server; :func:`serve` makes one."""
+
+    def __init__(self, handler: Handler, limits: Limits, base_path: str) -> None:
+        self.handler = handler
+        self.limits = limits
+        self.base_path = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
+        self.connections: set[_ServerProtocol] = set()
+        self.closing = False
+        self._server: asyncio.Server | None = None
+
+    @property
+    def port(self) -> int:
+        assert self._server is not None and self._server.sockets
+        return int(self._server.sockets[0].getsockname()[1])
+
+    def close(self) -> None:
+        """Stop accepting; GOAWAY every connection (each closes when its streams are done)."""
+        self.closing = True
+        if self._server is not None:
+            self._server.close()
+        for connection in list(self.connections):
+            connection.close()
+
+    async def wait_closed(self, grace: float = 5.0) -> None:
+        """Wait for the connections to finish their streams, at most ``grace`` seconds."""
+        pending = [c.closed for c in self.connections]
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+        for connection in list(self.connections):
+            if connection.transport is not None:
+                connection.transport.abort()
+        if self._server is not None:
+            await self._server.wait_closed()
+
+    async def __aenter__(self) -> H2Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.close()
+        await self.wait_closed()
+
+
+async def serve(handler: Handler, host: str, port: int, *, ssl: ssl_module.SSLContext | None,
+                insecure: bool = False, limits: Limits | None = None, base_path: str = "/",
+                handshake_timeout: float = 10.0) -> H2Server:
+    """Listen on ``host:port`` (0: any free port, see ``.port``) and serve ``handler``.
+
+    ``ssl`` is a :func:`~sdcp_fast.transport.tls.server_context`; without it ``insecure``
+    must be set, and then only a loopback ``host`` is accepted (h2c with prior knowledge).
+    ``base_path`` is the path of the instance's base URI; request paths are given relative
+    to it."""
+    if ssl is None:
+        if not insecure:
+            raise ValueError("serve() needs an SSL context (mutual TLS) unless insecure=True")
+        check_insecure(host, "HTTP/2 server binding")
+    server = H2Server(handler, limits or Limits(), base_path)
+    loop = asyncio.get_running_loop()
+    server._server = await loop.create_server(
+        lambda: _ServerProtocol(server), host, port, ssl=ssl,
+        ssl_handshake_timeout=handshake_timeout if ssl is not None else None)
+    return server
