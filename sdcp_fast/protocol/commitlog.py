@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.problems import BadRequest
@@ -59,6 +59,33 @@ def append_survived(records: Sequence[LogRecord], index: int) -> bool:
     return all(
         not (isinstance(r, FenceRecord) and r.epoch > own.epoch) for r in records[:index]
     )
+
+
+AppendOutcome = Literal["committed", "fenced", "lost"]
+
+
+def classify_failed_append(records: Sequence[LogRecord], own: CommitRecord) -> AppendOutcome:
+    """What a conditional append that failed (412) or went unanswered did, from the log as
+    re-read afterwards (§6.3 Commit, §6.8; docs/interpretations.md):
+
+    - ``"committed"``: ``own`` is in the log with no higher fence before it: the append
+      happened and only its answer was lost. The round is committed: release it.
+    - ``"fenced"``: a fence with an epoch above ``own.epoch`` is in the log (before ``own``,
+      when ``own`` is there at all): a newer epoch owns the session. Discard the round,
+      release nothing, stop serving the session.
+    - ``"lost"``: neither: another writer of this epoch appended. The log no longer follows
+      this verifier's state, so the round is discarded and the session stopped as if fenced;
+      the router's fail-over (§6.9) resumes it from the log.
+
+    Only ``"committed"`` releases anything: ``append_done(ok=True)``; the other two are
+    ``append_done(ok=False, fenced=True)``.
+    """
+    for record in records:
+        if isinstance(record, FenceRecord) and record.epoch > own.epoch:
+            return "fenced"
+        if record == own:
+            return "committed"
+    return "lost"
 
 
 _COMMIT_KEYS = ("epoch", "round", "emitted", "committed", "digest")

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from sdcp_fast.protocol.digests import extend_digest
 from sdcp_fast.protocol.messages import Action, Assignment, Proposal, SessionState, Status, Verdict
 from sdcp_fast.protocol.problems import (
     BadProposal,
@@ -111,6 +112,31 @@ def state_from_problem(problem: SdcpProblem) -> SessionState | None:
         return None
 
 
+def _check_verdict(verdict: Verdict, sent: Proposal, m_max: int) -> None:
+    """:class:`BadRequest` unless ``verdict`` can answer ``sent`` (§5.2, §6.3): checked before
+    the drafter adopts anything of it, so a malformed verdict changes nothing."""
+    m = len(sent.tokens)
+    emitted = verdict.emitted
+    if verdict.epoch != sent.epoch:
+        raise BadRequest(f"verdict epoch {verdict.epoch}, proposal epoch {sent.epoch}")
+    if verdict.accepted > m:
+        raise BadRequest(f"verdict accepts {verdict.accepted} of {m} proposed tokens")
+    if not 1 <= len(emitted) <= verdict.accepted + 1:
+        raise BadRequest(f"verdict emits {len(emitted)} tokens after accepting {verdict.accepted}")
+    kept = min(len(emitted), verdict.accepted)
+    if emitted[:kept] != sent.tokens[:kept]:
+        raise BadRequest("verdict's emitted tokens are not the accepted proposed tokens")
+    if len(emitted) <= verdict.accepted and Action.parse(int(verdict.action)) is not Action.FINISH:
+        # Only a stop token or max_new truncates the emitted tokens (§6.3), and both finish.
+        raise BadRequest("verdict's emitted tokens are truncated but the session goes on")
+    if verdict.committed != sent.base + len(emitted):
+        raise BadRequest(f"verdict committed {verdict.committed}, expected {sent.base + len(emitted)}")
+    if verdict.m_cap > m_max:
+        raise BadRequest(f"verdict m_cap {verdict.m_cap} exceeds m_max {m_max}")
+    if extend_digest(sent.base_digest, emitted) != verdict.digest:
+        raise BadRequest("verdict digest is not d[committed] of its emitted tokens")
+
+
 class DrafterError(Exception):
     """Misuse of the drafter record by its adapter (a local bug, never sent on the wire)."""
 
@@ -169,7 +195,9 @@ class DrafterSession:
         return self.outstanding
 
     def on_verdict(self, verdict: Verdict, *, assumed: Sequence[int] | None = None) -> VerdictOutcome:
-        """Follow a verdict for the outstanding proposal.
+        """Follow a verdict for the outstanding proposal. A verdict that cannot answer it
+        (accepted > M, emitted tokens or length inconsistent, digest not the chain's, m_cap
+        above m_max) is :class:`BadRequest` and changes nothing.
 
         ``assumed`` is what a speculatively prepared next proposal took as this round's
         emitted tokens (all M proposed plus the drafter's guess of the extra token); it
@@ -178,6 +206,7 @@ class DrafterSession:
         sent = self.outstanding
         if sent is None or verdict.round != sent.round or verdict.session != self.session:
             raise DrafterError(f"verdict for round {verdict.round} matches no outstanding proposal")
+        _check_verdict(verdict, sent, self.assignment.contract.m_max)
         self.outstanding = None
         self.round = verdict.round
         self.committed = verdict.committed

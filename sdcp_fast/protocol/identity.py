@@ -10,7 +10,9 @@ identity"): an instance certificate holds
 - its **role**, as the URN ``urn:sdcp:role:<name>`` with ``<name>`` one of :class:`PeerRole`.
 
 A certificate with no role URN, or with more than one, has no role: it may read what any
-authenticated client may read, and act as no role.
+authenticated client may read, and act as no role. A role's resources check the peer with
+:func:`require_role` (a drafter certificate acts only as a drafter, a router's only as a
+router); the verifier session then compares the base URI with the assigned drafter (§6.3).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from sdcp_fast.protocol.problems import Forbidden
 
 ROLE_URN = "urn:sdcp:role:"
 
@@ -64,3 +68,16 @@ def peer_from_uris(uris: Iterable[str]) -> Peer:
 def same_instance(a: str, b: str) -> bool:
     """Whether two base URIs name the same instance (a trailing slash is not significant)."""
     return a.rstrip("/") == b.rstrip("/")
+
+
+def require_role(peer: Peer | None, *roles: PeerRole) -> Peer:
+    """``peer`` if its certificate gives it one of ``roles``, else :class:`Forbidden` (403).
+
+    None (a transport that authenticated nobody) holds no role, so it is refused too; a
+    deployment that runs without authentication must not call this.
+    """
+    if peer is None or peer.role is None or peer.role not in roles:
+        held = "no identity" if peer is None else f"role {peer.role.value if peer.role else 'none'}"
+        wanted = " or ".join(role.value for role in roles) or "no role"
+        raise Forbidden(f"peer with {held} may not act as {wanted}")
+    return peer

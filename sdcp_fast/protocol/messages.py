@@ -72,6 +72,38 @@ def parse_session_path_id(text: str) -> bytes:
     return session
 
 
+_INSTANCE_ID = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def instance_path_id(instance: str) -> str:
+    """The ``{id}`` of ``instances/{id}/status`` (Table 1): base64url without padding of the
+    UTF-8 instance name, the status message's ``instance`` (docs/interpretations.md). The
+    draft defines ``{id}`` only for session paths; this spelling keeps any name, a base URI
+    with its slashes included, one path segment."""
+    if not isinstance(instance, str) or not instance:
+        raise BadRequest("instance name must be non-empty text")
+    try:
+        raw = instance.encode("utf-8")
+    except UnicodeEncodeError as exc:  # a lone surrogate
+        raise BadRequest("instance name is not encodable as UTF-8") from exc
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode("ascii")
+
+
+def parse_instance_path_id(text: str) -> str:
+    """The instance name in ``instances/{id}``; :class:`BadRequest` unless ``text`` is the
+    canonical unpadded base64url of a non-empty UTF-8 name."""
+    if not isinstance(text, str) or not _INSTANCE_ID.fullmatch(text) or len(text) % 4 == 1:
+        raise BadRequest("instance path id must be unpadded base64url")
+    raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+    try:
+        instance = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequest("instance path id does not hold UTF-8 text") from exc
+    if instance_path_id(instance) != text:
+        raise BadRequest("instance path id is not in canonical base64url form")
+    return instance
+
+
 _M = TypeVar("_M", bound="_Message")
 
 

@@ -128,26 +128,70 @@ _ALL: tuple[type[SdcpProblem], ...] = (*PROBLEMS, BadRequest, UnknownSession, Fo
 BY_SUFFIX: dict[str, type[SdcpProblem]] = {cls.suffix: cls for cls in _ALL}
 
 
+class UnlistedProblem(SdcpProblem):
+    """A problem whose type this client does not know: handled by its status class (RFC 9110
+    §15: 4xx the request, 5xx the server). ``status`` is the HTTP status received, ``type_uri``
+    the type received (``about:blank`` when none was given)."""
+
+    title = "Problem of a type this client does not know"
+
+    def __init__(self, status: int, type_uri: str, detail: str = "", *,
+                 extra: dict[str, Any] | None = None) -> None:
+        super().__init__(detail or f"HTTP {status}", extra=extra)
+        self.http_status = status
+        self.received_type = type_uri
+
+    # Instance values in place of the class constants of the listed problems.
+    @property
+    def status(self) -> int:  # type: ignore[override]
+        return self.http_status
+
+    @property
+    def suffix(self) -> str:  # type: ignore[override]
+        return f"http-{self.http_status // 100}xx"
+
+    @property
+    def type_uri(self) -> str:
+        return self.received_type
+
+    @property
+    def server_error(self) -> bool:
+        """A 5xx (or a status outside 4xx): the request may succeed when retried."""
+        return not 400 <= self.http_status <= 499
+
+
+def type_suffix(type_uri: str) -> str:
+    """The last segment of a problem type URI: after the last ``/``, ``:`` or ``#``, so that
+    ``urn:ietf:params:sdcp:problem:sdcp-stale-epoch`` and
+    ``https://example.net/problems/sdcp-stale-epoch`` both give ``sdcp-stale-epoch``."""
+    text = type_uri.strip().rstrip("/")
+    for sep in ("/", ":", "#"):
+        text = text.rsplit(sep, 1)[-1]
+    return text
+
 
 def problem_from_response(status: int, body: Mapping[str, Any] | None) -> SdcpProblem:
     """The problem a client received: ``body`` is the decoded RFC 9457 object (None when the
     body was not one). The type URI is matched on its last segment, so any base that ends in
-    a Table 2 suffix maps to that class; an unknown type or no body falls back by the status
-    class (RFC 9110: a client handles unlisted codes by class)."""
-    suffix = ""
+    a suffix this project knows (Table 2 and the others above) maps to that class; an unknown
+    type or no body gives an :class:`UnlistedProblem` handled by the status class (RFC 9110:
+    a client handles unlisted codes by class). Members other than type, title, status and
+    detail are kept in ``extra`` (the 409s' ``session_state``).
+    """
+    if isinstance(status, bool) or not isinstance(status, int) or not 100 <= status <= 599:
+        status = 500  # not an HTTP status: the exchange itself failed
+    kind = "about:blank"
     detail = ""
     extra: dict[str, Any] = {}
     if isinstance(body, Mapping):
-        kind = body.get("type")
-        if isinstance(kind, str):
-            suffix = kind.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1]
+        raw_kind = body.get("type")
+        if isinstance(raw_kind, str) and raw_kind.strip():
+            kind = raw_kind.strip()
         text = body.get("detail")
         detail = text if isinstance(text, str) else ""
-        extra = {k: v for k, v in body.items() if k not in ("type", "title", "status", "detail")}
-    cls = BY_SUFFIX.get(suffix)
+        extra = {k: v for k, v in body.items()
+                 if isinstance(k, str) and k not in ("type", "title", "status", "detail")}
+    cls = BY_SUFFIX.get(type_suffix(kind))
     if cls is None:
-        problem = SdcpProblem(detail or f"HTTP {status}", extra=extra)
-        problem.status = status  # type: ignore[misc]
-        problem.suffix = suffix or f"http-{status // 100}xx"  # type: ignore[misc]
-        return problem
+        return UnlistedProblem(status, kind, detail, extra=extra)
     return cls(detail, extra=extra)

@@ -6,7 +6,11 @@ for the adapter to carry out.
 
 Drafter choice (a local policy, §6.1; docs/interpretations.md): among live drafters whose
 model the contract permits, the lowest (load, queue, -accept_milli, instance), so the
-least loaded wins and recent acceptance breaks ties.
+least loaded wins and recent acceptance breaks ties. Verifier choice: among live verifiers,
+the lowest (load, queue, instance).
+
+Session ids come from the caller's randomness (:func:`new_session_id`): the core reads no
+clock and no entropy.
 
 Every function returning an :class:`Assignment` (``assign``, ``after_open``, ``on_event``,
 ``reassign_expired``) names the drafter; the adapter PUTs it to the verifier first and sends
@@ -16,18 +20,23 @@ the drafter ``confirmed(routed, state)``, built from the verifier's session-stat
     a = after_open(routed, state, table, now)          # or on_event / reassign_expired
     state = PUT sessions/{id}/drafter (a); POST assignments (confirmed(routed, state))
     plan = plan_failover(routed, new_verifier, last_commit, committed_tokens=ref)
-    append plan.fence; state = POST sessions (plan.open); then after_open as above
+    append plan.fence; state = POST sessions (plan.open)
+    if plan.policy: POST sessions/{id}/policy (plan.policy); then plan.later, in order
+    then after_open as above
+
+    for routed in expired_verifiers(sessions, table, now): plan_failover(routed, choose_verifier(...), ...)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.contract import permits_drafter
 from sdcp_fast.protocol.messages import (
     ROLE_DRAFTER,
+    ROLE_VERIFIER,
     Action,
     Assignment,
     Contract,
@@ -39,6 +48,19 @@ from sdcp_fast.protocol.messages import (
     SessionState,
     Status,
 )
+from sdcp_fast.protocol.problems import BadRequest
+
+
+def new_session_id(entropy: bytes) -> bytes:
+    """A session id (§5.2, 16 bytes) from 16 random bytes the caller drew (``os.urandom(16)``).
+
+    Ids must not repeat across sessions: §6.4's seeded HMAC covers the session id, so two
+    sessions with one id and one seed would draw the same random values. A seeded run is
+    reproduced by the contract's seed together with the id of the run being reproduced.
+    """
+    if not isinstance(entropy, (bytes, bytearray)) or len(entropy) != 16:
+        raise BadRequest("a session id needs exactly 16 random bytes")
+    return bytes(entropy)
 
 
 @dataclass(frozen=True)
@@ -53,6 +75,7 @@ class StatusTable:
     def __init__(self) -> None:
         self._entries: dict[str, _Entry] = {}
         self._models: dict[str, bytes] = {}
+        self._gone: set[str] = set()  # dropped by expire() and not heard from since
 
     def register_model(self, instance: str, model: bytes) -> None:
         """The draft model (SHA-256 of its weights) an instance serves: operator configuration."""
@@ -64,6 +87,7 @@ class StatusTable:
     def report(self, status: Status, now: float) -> None:
         """PUT instances/{id}/status."""
         self._entries[status.instance] = _Entry(status, now + status.ttl_ms / 1000.0)
+        self._gone.discard(status.instance)
 
     def live(self, instance: str, now: float) -> bool:
         entry = self._entries.get(instance)
@@ -74,13 +98,29 @@ class StatusTable:
         return entry.status if entry is not None and now < entry.expires else None
 
     def live_drafters(self, now: float) -> list[Status]:
-        return [e.status for e in self._entries.values() if e.status.role == ROLE_DRAFTER and now < e.expires]
+        return self.live_instances(ROLE_DRAFTER, now)
+
+    def live_verifiers(self, now: float) -> list[Status]:
+        return self.live_instances(ROLE_VERIFIER, now)
+
+    def live_instances(self, role: int, now: float) -> list[Status]:
+        return [e.status for e in self._entries.values() if e.status.role == role and now < e.expires]
+
+    def expired(self, instance: str, now: float) -> bool:
+        """Whether ``instance`` reported a status that has since expired (§6.9 failure
+        detection). An instance never heard from has not expired: it is not live either."""
+        entry = self._entries.get(instance)
+        if entry is None:
+            return instance in self._gone
+        return now >= entry.expires
 
     def expire(self, now: float) -> list[str]:
-        """Drop and return the instances whose status has expired."""
+        """Drop and return the instances whose status has expired; :meth:`expired` still
+        answers True for them until they report again."""
         gone = [name for name, e in self._entries.items() if now >= e.expires]
         for name in gone:
             del self._entries[name]
+        self._gone.update(gone)
         return gone
 
     def next_expiry(self) -> float | None:
@@ -107,6 +147,15 @@ def choose_drafter(
     return best.instance
 
 
+def choose_verifier(table: StatusTable, now: float, *, exclude: Iterable[str] = ()) -> str | None:
+    """A live verifier for a new session or a fail-over: the lowest (load, queue, instance)."""
+    excluded = set(exclude)
+    candidates = [s for s in table.live_verifiers(now) if s.instance not in excluded]
+    if not candidates:
+        return None
+    return min(candidates, key=lambda s: (s.load, s.queue, s.instance)).instance
+
+
 @dataclass
 class RoutedSession:
     """What the router keeps about one session."""
@@ -126,6 +175,8 @@ class RoutedSession:
     committed_tokens: str | None = None
     done: bool = False
     tried: set[str] = field(default_factory=set)  # drafters switched away from
+    policies: list[Policy] = field(default_factory=list)  # every update sent, by from_round
+    handled: set[tuple[int, int, int, bytes]] = field(default_factory=set)  # events acted on
 
     def follow(self, state: SessionState | Event) -> None:
         """Adopt the verifier's latest round, committed length and digest."""
@@ -169,14 +220,32 @@ def policy_update(routed: RoutedSession, from_round: int, sampling: Sampling) ->
     """A sampling update (§6.6); later assignments carry it. from_round must exceed the
     current round: the verifier refuses it otherwise."""
     routed.sampling = sampling
-    return Policy(session=routed.session, from_round=from_round, sampling=sampling)
+    policy = Policy(session=routed.session, from_round=from_round, sampling=sampling)
+    routed.policies.append(policy)
+    routed.policies.sort(key=lambda p: p.from_round)
+    return policy
 
 
 def on_event(routed: RoutedSession, event: Event, table: StatusTable, now: float) -> Assignment | None:
     """POST events: switch picks another drafter, the end of self-decoding any drafter;
-    finish and fail close the session. Events of another epoch are ignored."""
+    finish and fail close the session. Events of another epoch are ignored.
+
+    Idempotent: an event the router already acted on (same epoch, kind, committed and
+    digest; every round commits a token, so these name one event) is answered None, so a
+    redelivered switch reassigns once. An event that found no drafter counts as not acted on.
+    """
     if event.epoch != routed.epoch or event.session != routed.session:
         return None
+    key = (event.epoch, int(event.kind), event.committed, event.digest)
+    if key in routed.handled:
+        return None
+    assignment = _apply_event(routed, event, table, now)
+    if assignment is not None or routed.done:
+        routed.handled.add(key)
+    return assignment
+
+
+def _apply_event(routed: RoutedSession, event: Event, table: StatusTable, now: float) -> Assignment | None:
     routed.follow(event)
     kind = Action.parse(int(event.kind))
     if kind in (Action.FINISH, Action.FAIL):
@@ -214,13 +283,26 @@ def reassign_expired(
     return plans
 
 
+def expired_verifiers(
+    sessions: Iterable[RoutedSession], table: StatusTable, now: float
+) -> list[RoutedSession]:
+    """Verifier failure (§6.9): the open sessions whose verifier's status has expired, each
+    to move with :func:`plan_failover` to a verifier from :func:`choose_verifier`."""
+    return [r for r in sessions if not r.done and table.expired(r.verifier, now)]
+
+
 @dataclass(frozen=True)
 class FailoverPlan:
-    """Verifier fail-over (§6.9), in order: append ``fence`` to the commit log, then POST
-    ``open`` to the new verifier; its session-state goes to :func:`after_open`."""
+    """Verifier fail-over (§6.9), in order: append ``fence`` to the commit log; POST ``open``
+    to the new verifier; then, when the session's sampling was updated, POST ``policy`` (the
+    profile in effect from the resumed round + 1 on) and each of ``later`` (updates scheduled
+    after that round); only then assign a drafter (:func:`after_open`). The new verifier
+    knows only the contract's profile, so the policies must reach it before any proposal."""
 
     fence: FenceRecord
     open: SessionOpen
+    policy: Policy | None = None
+    later: tuple[Policy, ...] = ()
 
 
 def fence_for(routed: RoutedSession) -> FenceRecord:
@@ -253,7 +335,20 @@ def plan_failover(
         resume = Resume(round=last_commit.round, committed=last_commit.committed,
                         digest=last_commit.digest, committed_tokens=committed_tokens,
                         target_kv=target_kv)
-    return FailoverPlan(fence=fence, open=open_message(routed, resume=resume))
+    first = 1 + (0 if last_commit is None else last_commit.round)
+    policy, later = _policies_from(routed.policies, first)
+    return FailoverPlan(fence=fence, open=open_message(routed, resume=resume), policy=policy, later=later)
+
+
+def _policies_from(policies: list[Policy], first: int) -> tuple[Policy | None, tuple[Policy, ...]]:
+    """The profile in effect at round ``first``, restated from ``first`` on, and the updates
+    that start after it (§6.6: each must name a round after the verifier's current one)."""
+    current = None
+    for policy in policies:
+        if policy.from_round <= first:
+            current = policy
+    later = tuple(p for p in policies if p.from_round > first)
+    return (None if current is None else replace(current, from_round=first)), later
 
 
 def after_open(routed: RoutedSession, state: SessionState, table: StatusTable, now: float) -> Assignment | None:

@@ -54,6 +54,7 @@ from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.contract import contract_digest, parse_contract
 from sdcp_fast.protocol.control import SpeculationControl, self_decode_permitted
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
+from sdcp_fast.protocol.identity import Peer, same_instance
 from sdcp_fast.protocol.messages import (
     RULE_SPECULATIVE,
     Action,
@@ -112,6 +113,7 @@ class Input(enum.Enum):
     APPEND_OK = "append-ok"
     APPEND_FAILED = "append-failed"
     APPEND_FENCED = "append-fenced"
+    SUPERSEDE = "supersede"
 
 
 _S, _I = State, Input
@@ -133,11 +135,16 @@ TRANSITIONS: dict[tuple[State, Input], frozenset[State]] = {
     (_S.COMMITTING, _I.APPEND_OK): frozenset({_S.READY, _S.SELF_DECODING, _S.FINISHED, _S.FAILED}),
     (_S.COMMITTING, _I.APPEND_FAILED): frozenset({_S.READY, _S.SELF_DECODING}),
     (_S.COMMITTING, _I.APPEND_FENCED): frozenset({_S.FENCED}),
+    # A session-open with a higher epoch replaced this session at this verifier (§6.9).
+    **{(s, _I.SUPERSEDE): frozenset({_S.FENCED}) for s in (*_OPEN, _S.FINISHED, _S.FAILED)},
 }
 """``(state, input) -> possible next states``; a missing pair is refused (see ``_refuse``)."""
 
 _ENGINE_INPUTS = frozenset({_I.SELF_DECODE, _I.Q, _I.SCORED, _I.ABANDON, _I.APPEND_OK,
-                            _I.APPEND_FAILED, _I.APPEND_FENCED})
+                            _I.APPEND_FAILED, _I.APPEND_FENCED, _I.SUPERSEDE})
+
+ROUND_LIMIT = 0xFFFFFFFF
+"""The last round whose uniforms can be drawn: §6.4 packs the round as uint32."""
 
 
 @dataclass(frozen=True)
@@ -222,6 +229,12 @@ class _Round:
     reassigned: bool = False  # an assignment arrived while this round was in progress
 
 
+def _check_vocab(tokens: Sequence[int], vocab: int | None, problem: type[SdcpProblem],
+                 what: str) -> None:
+    if vocab is not None and tokens and max(tokens) >= vocab:
+        raise problem(f"{what} token {max(tokens)} is outside the target's vocabulary of {vocab}")
+
+
 def _same_request(a: Proposal, b: Proposal) -> bool:
     # The status member is a piggybacked load report and may differ between retries.
     return (a.round, a.drafter, a.base, a.base_digest, a.tokens, a.q_rows, a.draft_kv) == (
@@ -238,6 +251,7 @@ class VerifierSession:
     digest0: bytes
     prompt: tuple[int, ...]
     state: State = State.READY
+    vocab: int | None = None  # the target's vocabulary size V, when the adapter told us
     round: int = 0  # last round with a verdict
     digest: bytes = b""  # d[n]
     drafter: str | None = None  # named in the latest assignment
@@ -266,30 +280,41 @@ class VerifierSession:
         message: SessionOpen,
         *,
         target_digest: bytes,
+        vocab: int | None = None,
         prompt_tokens: Sequence[int] | None = None,
         committed_tokens: Sequence[int] = (),
     ) -> tuple[VerifierSession, SessionState]:
         """Validate a session-open (§6.1) and answer its session-state.
 
-        ``prompt_tokens`` are the prompt when the message carries a cache-ref; on fail-over
-        (``message.resume``), ``committed_tokens`` are the output read from the resume's
-        ``committed_tokens`` object, checked against its length and digest.
+        ``vocab`` is the target's vocabulary size V: with it, a prompt, resumed output or
+        proposal holding a token id >= V is refused. ``prompt_tokens`` are the prompt when the
+        message carries a cache-ref; on fail-over (``message.resume``), ``committed_tokens``
+        are the output read from the resume's ``committed_tokens`` object, checked against its
+        length and digest. Under rule 2 a resume at round 2^32 - 1 or later is refused: the
+        next round's uniforms cannot be derived (§6.4 packs the round as uint32).
         """
         contract = parse_contract(message.contract)
         if contract.target != target_digest:
             raise BadContract("contract target does not match the verifier's model")
         if message.epoch < 1:
             raise BadRequest("epoch starts at 1")
+        if vocab is not None and vocab < 1:
+            raise BadRequest(f"vocabulary size {vocab} is not positive")
         if prompt_tokens is None:
             if isinstance(message.prompt, str):
                 raise BadRequest("prompt is a cache-ref; its tokens are needed to open the session")
             prompt_tokens = message.prompt
         prompt = tuple(prompt_tokens)
+        _check_vocab(prompt, vocab, BadRequest, "prompt")
         d0 = prefix_digest(contract_digest(contract), prompt)
         session = cls(session=message.session, epoch=message.epoch, contract=contract,
-                      digest0=d0, prompt=prompt)
+                      digest0=d0, prompt=prompt, vocab=vocab)
         resume = message.resume
         if resume is not None:
+            if contract.rule == RULE_SPECULATIVE and resume.round >= ROUND_LIMIT:
+                raise BadRequest(f"resume round {resume.round}: round {resume.round + 1} has no "
+                                 "uint32 round number for its random values (§6.4)")
+            _check_vocab(committed_tokens, vocab, BadRequest, "committed output")
             session._resume(resume.round, resume.committed, resume.digest, committed_tokens)
         elif committed_tokens:
             raise BadRequest("committed tokens given without a resume member")
@@ -424,15 +449,24 @@ class VerifierSession:
         return self.session_state()
 
     def receive_proposal(
-        self, proposal: Proposal, *, client: str, now: float
+        self, proposal: Proposal, *, client: str | Peer, now: float
     ) -> ScoreNeeded | Pending | Verdict:
-        """The checks of §6.3 in the draft's order, then the work for the engine."""
+        """The checks of §6.3 in the draft's order, then the work for the engine.
+
+        ``client`` is the authenticated peer the transport hands over (:class:`Peer`, whose
+        base URI is compared), or that base URI itself; the proposal's own ``drafter`` member
+        authorizes nothing, it must merely agree.
+        """
         self.last_activity = now
         self._same_session(proposal.session)
         if self.state is State.FENCED:
             raise StaleEpoch("this verifier's epoch was fenced; the session moved")
-        if self.drafter is None or client != self.drafter or proposal.drafter != self.drafter:
-            raise NotAssigned(f"{client} is not the drafter of the latest assignment")
+        identity = client.uri if isinstance(client, Peer) else client
+        drafter = self.drafter
+        if drafter is None or identity is None or not same_instance(identity, drafter):
+            raise NotAssigned(f"{identity} is not the drafter of the latest assignment")
+        if not same_instance(proposal.drafter, drafter):
+            raise NotAssigned(f"the proposal names drafter {proposal.drafter}, not {drafter}")
         if proposal.epoch != self.epoch:
             raise StaleEpoch(f"proposal epoch {proposal.epoch}, session epoch {self.epoch}",
                              extra=self._state_extra())
@@ -458,29 +492,33 @@ class VerifierSession:
         m = len(proposal.tokens)
         if m == 0 or m > self.control.limit():
             raise Limit(f"M = {m}, limit min(m_max, m_cap) = {self.control.limit()}")
+        # A token the target cannot score is refused before any work, under either rule.
+        _check_vocab(proposal.tokens, self.vocab, BadProposal, "proposed")
         rule2 = self.contract.rule == RULE_SPECULATIVE
         if rule2 and proposal.q_rows is None:
             raise BadProposal("rule 2 needs q_rows")
-        self._current = _Round(proposal.round, proposal, self.sampling_for(proposal.round))
-        self._move(allowed, State.SCORING)
-        return self._work(self._current)
+        return self._start(allowed, _Round(proposal.round, proposal, self.sampling_for(proposal.round)))
 
     def self_decode(self) -> ScoreNeeded:
         """Start the next self-decoded round (M = 0, no proposal)."""
         allowed = self._check(Input.SELF_DECODE)
         round = self.round + 1
-        self._current = _Round(round, None, self.sampling_for(round), q_checked=True)
-        self._move(allowed, State.SCORING)
-        return self._work(self._current)
+        return self._start(allowed, _Round(round, None, self.sampling_for(round), q_checked=True))
 
-    def _work(self, current: _Round) -> ScoreNeeded:
+    def _start(self, allowed: frozenset[State], current: _Round) -> ScoreNeeded:
+        """Begin ``current``: every value that can fail is computed before the state changes,
+        so a refusal leaves the session as it was."""
         proposal = current.proposal
         rule2 = self.contract.rule == RULE_SPECULATIVE
         needs_q = proposal is not None and rule2
+        if rule2 and current.round > ROUND_LIMIT:
+            raise BadRequest(f"round {current.round} does not fit the uint32 of §6.4's derivation")
         if not needs_q:
             current.q_checked = True
             # Rule 1 draws nothing; a self-decoded rule-2 round draws from p[1] only.
             current.uniforms = self._uniforms(current) if rule2 else None
+        self._current = current
+        self._move(allowed, State.SCORING)
         return ScoreNeeded(
             session=self.session, round=current.round, prompt=self.prompt,
             output=tuple(self._output), proposed=() if proposal is None else proposal.tokens,
@@ -508,9 +546,10 @@ class VerifierSession:
         vocab: int | None = None,
     ) -> Uniforms:
         """Rule 2's precondition (§6.3): q[i](x[i]) for every proposed position, given directly
-        or read from the raw q_rows object (``vocab`` = V). With neither, the rows could not be
-        obtained: the round is dropped with QUnavailable. A zero is BadProposal. Only after the
-        check are the round's uniforms drawn and returned."""
+        or read from the raw q_rows object (``vocab`` = V, the session's when not given). With
+        neither, the rows could not be obtained: the round is dropped with QUnavailable. A zero
+        is BadProposal. Only after the check are the round's uniforms drawn and returned.
+        Whatever is refused, the round is dropped: the session is never left waiting for it."""
         allowed = self._check(Input.Q)
         current = self._current
         assert current is not None
@@ -518,19 +557,21 @@ class VerifierSession:
             raise InvalidTransition("q already provided for this round")
         proposal = current.proposal
         assert proposal is not None
+        vocab = self.vocab if vocab is None else vocab
         try:
             if q_of_x is None:
                 if q_rows is None or vocab is None:
                     raise QUnavailable(f"draft rows {proposal.q_rows} could not be obtained")
                 q_of_x = q_of_tokens(q_rows, proposal.tokens, vocab)
             check_q(q_of_x, len(proposal.tokens))
+            uniforms = self._uniforms(current)
         except SdcpProblem:
             self._current = None
             self._move(allowed, State.READY)
             raise
         current.q_checked = True
-        current.uniforms = self._uniforms(current)
-        return current.uniforms
+        current.uniforms = uniforms
+        return uniforms
 
     def abandon(self) -> Discarded:
         """Drop the round being scored (the engine could not score it); nothing is committed."""
@@ -662,6 +703,15 @@ class VerifierSession:
             events.append(self._event(end))
         self._move(allowed, next_state)
         return RoundDone(verdict, start, current.emitted, tuple(events))
+
+    def supersede(self) -> None:
+        """A session-open with a higher epoch replaced this session here (§6.9): drop any round
+        in progress, release nothing, and answer everything with sdcp-stale-epoch from now on."""
+        if self.state is State.FENCED:
+            return
+        allowed = self._check(Input.SUPERSEDE)
+        self._current = None
+        self._move(allowed, State.FENCED)
 
     def _event(self, kind: Action) -> Event:
         return Event(session=self.session, epoch=self.epoch, kind=kind,

@@ -101,8 +101,11 @@ def test_events():
     ev = Event(session=SID, epoch=1, kind=Action.SWITCH, committed=5, digest=b"\x05" * 32)
     a = on_event(r, ev, table, 0.0)
     assert a.drafter == "b" and r.committed == 5 and a.committed == 5
+    # The same event delivered again: acted on once (§6.9 lost messages, idempotent events).
+    assert on_event(r, ev, table, 0.0) is None and r.drafter == "b"
     # Every drafter tried: rotate rather than stall, still never the current one.
-    a = on_event(r, ev, table, 0.0)
+    ev2 = Event(session=SID, epoch=1, kind=Action.SWITCH, committed=6, digest=b"\x06" * 32)
+    a = on_event(r, ev2, table, 0.0)
     assert a.drafter == "a"
     back = on_event(r, Event(session=SID, epoch=1, kind=Action.SELF_DECODE, committed=6, digest=bytes(32)),
                     table, 0.0)

@@ -1,0 +1,91 @@
+"""The verifier's sessions by id (draft §6.1 POST sessions, §6.9 re-open at a new epoch), sans I/O.
+
+``POST sessions`` is idempotent: a session-open the verifier already holds (same id, epoch
+and message) answers the session's current state and changes nothing, so a router that
+lost the answer may send it again. A higher epoch is a fail-over back onto this verifier
+(§6.9): a new session at that epoch replaces the old one, which is superseded (every later
+input to it answers ``sdcp-stale-epoch``). A lower epoch is ``sdcp-stale-epoch``; the same
+epoch with a different message is ``sdcp-bad-request`` (docs/interpretations.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+from sdcp_fast.protocol.messages import SessionOpen, SessionState
+from sdcp_fast.protocol.problems import BadRequest, StaleEpoch, UnknownSession
+from sdcp_fast.protocol.session import State, VerifierSession
+
+
+@dataclass
+class _Held:
+    message: SessionOpen
+    session: VerifierSession
+
+
+class SessionRegistry:
+    """Every session open at one verifier, keyed by the 16-byte session id."""
+
+    def __init__(self) -> None:
+        self._held: dict[bytes, _Held] = {}
+
+    def open(
+        self,
+        message: SessionOpen,
+        *,
+        target_digest: bytes,
+        vocab: int | None = None,
+        prompt_tokens: Sequence[int] | None = None,
+        committed_tokens: Sequence[int] = (),
+    ) -> tuple[VerifierSession, SessionState]:
+        """``POST sessions``: the session and the session-state to answer.
+
+        The keyword arguments are :meth:`VerifierSession.open`'s. A session-open that would
+        replace a held session is validated in full before the old one is superseded.
+        """
+        held = self._held.get(message.session)
+        if held is not None:
+            current = held.session
+            if message.epoch < current.epoch:
+                raise StaleEpoch(f"session-open epoch {message.epoch}, session epoch {current.epoch}",
+                                 extra={"session_state": current.session_state().to_map()})
+            if message.epoch == current.epoch:
+                if message != held.message:
+                    raise BadRequest("a different session-open for a session open at this epoch",
+                                     extra={"session_state": current.session_state().to_map()})
+                if current.state is State.FENCED:
+                    raise StaleEpoch("this verifier's epoch was fenced; the session moved")
+                return current, current.session_state()
+        session, state = VerifierSession.open(
+            message, target_digest=target_digest, vocab=vocab, prompt_tokens=prompt_tokens,
+            committed_tokens=committed_tokens)
+        if held is not None:
+            held.session.supersede()
+        self._held[message.session] = _Held(message, session)
+        return session, state
+
+    def get(self, session: bytes) -> VerifierSession:
+        """The session with id ``session``; :class:`UnknownSession` (404) if none is open here."""
+        held = self._held.get(session)
+        if held is None:
+            raise UnknownSession(f"no session {bytes(session).hex()} at this verifier")
+        return held.session
+
+    def remove(self, session: bytes) -> VerifierSession:
+        """Forget a session (finished and delivered, or moved away); :class:`UnknownSession`
+        if none is held. A removed session may be opened again from epoch 1 on."""
+        held = self._held.pop(session, None)
+        if held is None:
+            raise UnknownSession(f"no session {bytes(session).hex()} at this verifier")
+        return held.session
+
+    def __contains__(self, session: object) -> bool:
+        return session in self._held
+
+    def __iter__(self) -> Iterator[VerifierSession]:
+        """The sessions held, in the order they were (last) opened."""
+        return iter([held.session for held in self._held.values()])
+
+    def __len__(self) -> int:
+        return len(self._held)
