@@ -12,6 +12,7 @@ from sdcp_fast.protocol.commitlog import (
     FenceRecord,
     append_allowed,
     append_survived,
+    classify_failed_append,
     decode_log,
     decode_record,
     encode_record,
@@ -100,3 +101,18 @@ def test_append_survived_checks_fences_before_the_own_record() -> None:
     assert append_survived([own, FenceRecord(2)], 0)  # fenced after: the append itself stood
     assert append_survived([FenceRecord(1), own], 1)
     assert not append_survived([own], 1)
+
+
+def test_classify_failed_append():
+    """A failed or unanswered conditional append (412), judged from the log read again."""
+    own = CommitRecord(epoch=2, round=5, emitted=(7,), committed=9, digest=b"\x09" * 32)
+    rival = CommitRecord(epoch=2, round=5, emitted=(8,), committed=9, digest=b"\x08" * 32)
+    before = [CommitRecord(epoch=1, round=4, emitted=(3,), committed=8, digest=b"\x08" * 32),
+              FenceRecord(2)]
+    assert classify_failed_append([*before, own], own) == "committed"  # only the answer was lost
+    assert classify_failed_append([*before, FenceRecord(3)], own) == "fenced"
+    assert classify_failed_append([*before, FenceRecord(3), own], own) == "fenced"  # §6.8 order
+    assert classify_failed_append([*before, own, FenceRecord(3)], own) == "committed"
+    assert classify_failed_append([*before, rival], own) == "lost"
+    assert classify_failed_append(before, own) == "lost"
+    assert classify_failed_append([FenceRecord(2), own], own) == "committed"  # an equal fence is ours

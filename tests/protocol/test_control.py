@@ -113,3 +113,14 @@ def test_cap_stays_in_bounds(rounds, m_max, low_rounds):
         decision = ctl.after_round(min(accepted, proposed), proposed, load)
         assert 1 <= decision.m_cap <= m_max
         assert 0 <= ctl.c < low_rounds and 0 <= ctl.j <= 5
+
+
+def test_low_rounds_never_grow_m_cap():
+    """§6.5.1: m_cap is restored only "when rounds are no longer low": a low round that does
+    not escalate leaves it where it is, whatever the load allows."""
+    for low_ratio, accepted in ((None, 0), (50, 1)):
+        ctl = SpeculationControl(contract(m_max=8, low_rounds=3, low_ratio=low_ratio), m_cap=3)
+        for _ in range(2):
+            decision = ctl.after_round(accepted, 3, 0)
+            assert decision.action is Action.CONTINUE and decision.m_cap == ctl.m_cap == 3
+        assert ctl.after_round(3, 3, 0).m_cap == 4  # a good round restores one

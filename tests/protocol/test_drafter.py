@@ -236,3 +236,44 @@ def test_drafter_and_verifier_agree_through_lost_verdicts_and_failed_appends(ste
     for token in out:
         assert token == _toy_argmax(context)
         context.append(token)
+
+
+def test_malformed_verdict_is_bad_request_and_changes_nothing():
+    """Defect (c): on_verdict validates the whole verdict against the outstanding proposal
+    before adopting any of it, and refuses with the project's problem, not a bare ValueError."""
+    from sdcp_fast.protocol.digests import extend_digest
+    from sdcp_fast.protocol.problems import BadRequest
+
+    verifier, drafter = _pair(stop=(9,), max_new=50)
+    prop = drafter.propose([4, 5], STATUS)
+    good = _verify(verifier, prop, 1, 7)  # emits (4, 7)
+    base = prop.base_digest
+
+    def chained(emitted, **fields):
+        return replace(good, emitted=emitted, committed=len(emitted), digest=extend_digest(base, emitted),
+                       **fields)
+
+    bad = [
+        replace(good, accepted=3),  # accepted > M
+        chained((4, 5, 7, 8), accepted=2),  # more than accepted + 1
+        chained(()),  # nothing emitted
+        chained((5, 7)),  # not the accepted proposed token
+        chained((4,)),  # truncated, yet the session goes on
+        replace(good, committed=good.committed + 1),
+        replace(good, digest=bytes(32)),
+        replace(good, epoch=2),
+        replace(good, m_cap=drafter.assignment.contract.m_max + 1),
+    ]
+    before = (drafter.round, drafter.committed, drafter.digest, drafter.m_cap, drafter.estimator.alpha,
+              drafter.outstanding, drafter.stopped)
+    for verdict in bad:
+        with pytest.raises(BadRequest):
+            drafter.on_verdict(verdict)
+        assert (drafter.round, drafter.committed, drafter.digest, drafter.m_cap, drafter.estimator.alpha,
+                drafter.outstanding, drafter.stopped) == before
+    assert drafter.on_verdict(good).proceed and drafter.committed == 2
+    # Emitted tokens truncated at a stop token come with finish, and are taken.
+    verifier, drafter = _pair(stop=(5,))
+    verdict = _verify(verifier, drafter.propose([5, 6], STATUS), 2, 7)
+    assert verdict.emitted == (5,) and verdict.action is Action.FINISH
+    assert not drafter.on_verdict(verdict).proceed and drafter.committed == 1

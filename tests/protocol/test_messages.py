@@ -307,3 +307,31 @@ def test_session_path_id_needs_16_bytes() -> None:
     with pytest.raises(BadRequest):
         session_path_id(bytes(15))
     assert MEDIA_TYPE == "application/sdcp+cbor"
+
+
+# -- instances/{id} ------------------------------------------------------------------------------
+
+from sdcp_fast.protocol.messages import instance_path_id, parse_instance_path_id  # noqa: E402
+
+
+@given(st.text(min_size=1).filter(lambda s: not any(0xD800 <= ord(c) <= 0xDFFF for c in s)))
+def test_instance_path_id_round_trips_any_name(name):
+    text = instance_path_id(name)
+    assert "/" not in text and "=" not in text and parse_instance_path_id(text) == name
+
+
+def test_instance_path_id_is_unpadded_base64url_of_utf8():
+    assert instance_path_id("https://d.example:8443/") == "aHR0cHM6Ly9kLmV4YW1wbGU6ODQ0My8"
+    assert instance_path_id("é") == "w6k"
+
+
+@pytest.mark.parametrize("text", ["", "A", "YQ==", "YR", "a/b", "a+b", "_w", 7])
+def test_instance_path_id_refuses_anything_but_the_canonical_form(text):
+    with pytest.raises(BadRequest):
+        parse_instance_path_id(text)
+
+
+@pytest.mark.parametrize("name", ["", "\ud800", None])
+def test_instance_path_id_needs_a_utf8_name(name):
+    with pytest.raises(BadRequest):
+        instance_path_id(name)

@@ -76,3 +76,56 @@ def test_every_problem_is_an_exception_caught_as_sdcp_problem() -> None:
     for cls in BY_SUFFIX.values():
         with pytest.raises(SdcpProblem):
             raise cls()
+
+
+# -- the client side: problem_from_response ---------------------------------------------------
+
+from sdcp_fast.protocol.problems import UnlistedProblem, problem_from_response, type_suffix  # noqa: E402
+
+
+@pytest.mark.parametrize("cls", [*PROBLEMS, BadRequest, UnknownSession, Forbidden])
+@pytest.mark.parametrize("base", [PROBLEM_TYPE_BASE, "https://verifier.example/problems/", "tag:x.org,2025:",
+                                  "https://example.net/types#"])
+def test_any_type_uri_ending_in_a_known_suffix_is_that_problem(cls, base):
+    body = {"type": base + cls.suffix, "title": "t", "status": 599, "detail": "why",
+            "session_state": {"round": 3}}
+    problem = problem_from_response(cls.status, body)
+    assert type(problem) is cls and problem.detail == "why" and problem.extra == {"session_state": {"round": 3}}
+    assert problem.status == cls.status  # the type decides, not the status member
+
+
+def test_problem_round_trips_through_render():
+    sent = StaleEpoch("old", extra={"session_state": {"epoch": 2}})
+    got = problem_from_response(409, json.loads(sent.render()))
+    assert isinstance(got, StaleEpoch) and got.to_dict() == sent.to_dict()
+
+
+@pytest.mark.parametrize(("status", "body", "server"), [
+    (418, {"type": "https://x/teapot", "detail": "short and stout"}, False),
+    (409, {"type": "sdcp-stale-epoch-v2"}, False),  # a suffix must match whole
+    (404, {"type": "about:blank"}, False),
+    (503, None, True),
+    (502, {"type": 7, "detail": ["not text"]}, True),
+    (200, {}, True),  # no error status: treat like a failed exchange
+    (True, {}, True),
+    (42, {}, True),
+])
+def test_unknown_types_and_statuses_are_handled_by_class(status, body, server):
+    problem = problem_from_response(status, body)
+    assert type(problem) is UnlistedProblem and problem.server_error is server
+    expected = status if type(status) is int and 100 <= status <= 599 else 500
+    assert problem.status == expected and problem.suffix == f"http-{expected // 100}xx"
+    rendered = json.loads(problem.render())
+    assert rendered["status"] == expected and rendered["type"] == problem.type_uri
+    if isinstance(body, dict) and isinstance(body.get("type"), str):
+        assert problem.type_uri == body["type"]
+    else:
+        assert problem.type_uri == "about:blank"
+    assert isinstance(problem, SdcpProblem)
+
+
+def test_type_suffix_takes_the_last_segment():
+    assert type_suffix(" urn:ietf:params:sdcp:problem:sdcp-limit ") == "sdcp-limit"
+    assert type_suffix("https://a/b/sdcp-limit/") == "sdcp-limit"
+    assert type_suffix("https://a/b#sdcp-limit") == "sdcp-limit"
+    assert type_suffix("sdcp-limit") == "sdcp-limit"

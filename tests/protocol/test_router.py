@@ -6,14 +6,18 @@ import pytest
 from sessionkit import PROMPT, SID, TARGET, VERIFIER, contract
 
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.protocol.messages import Action, Event, Sampling, SessionState, Status
+from sdcp_fast.protocol.messages import Action, Event, Policy, Sampling, SessionState, Status
+from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.protocol.router import (
     RoutedSession,
     StatusTable,
     after_open,
     assign,
     choose_drafter,
+    choose_verifier,
     confirmed,
+    expired_verifiers,
+    new_session_id,
     on_event,
     open_message,
     plan_failover,
@@ -171,3 +175,61 @@ def test_open_message_and_follow_ignores_old_epochs():
     assert r.round == 0
     r.follow(Event(session=SID, epoch=1, kind=Action.SWITCH, committed=0, digest=b"\x01" * 32))
     assert r.digest == b"\x01" * 32
+
+
+def test_choose_verifier_least_load_then_queue_then_name():
+    table = table_with(status("v3", role=2, load=10, queue=0), status("v2", role=2, load=5, queue=4),
+                       status("v1", role=2, load=5, queue=4), status("v0", role=2, load=5, queue=9),
+                       status("d", role=1, load=0))
+    assert [s.instance for s in table.live_verifiers(0.0)] == ["v3", "v2", "v1", "v0"]
+    assert choose_verifier(table, 0.0) == "v1"
+    assert choose_verifier(table, 0.0, exclude=("v1", "v2")) == "v0"
+    assert choose_verifier(table, 0.0, exclude=("v0", "v1", "v2", "v3")) is None
+    assert choose_verifier(table, 5.0) is None  # every status expired
+
+
+def test_expiry_of_verifiers_and_drafters_from_ttl():
+    table = table_with(status(VERIFIER, role=2, ttl_ms=1000), status("https://v2/", role=2, ttl_ms=9000),
+                       status("a", ttl_ms=500))
+    on_v1, on_v2 = routed(), routed(session=b"2" * 16, verifier="https://v2/")
+    ended, unseen = routed(session=b"3" * 16, done=True), routed(session=b"4" * 16, verifier="https://new/")
+    sessions = [on_v1, on_v2, ended, unseen]
+    assert expired_verifiers(sessions, table, 0.99) == []
+    assert expired_verifiers(sessions, table, 1.0) == [on_v1]
+    assert table.expired("a", 0.5) and not table.expired("https://new/", 99.0)  # never heard of: not expired
+    table.expire(2.0)  # dropping the entries does not forget that they expired
+    assert table.expired(VERIFIER, 2.0) and expired_verifiers(sessions, table, 2.0) == [on_v1]
+    table.report(status(VERIFIER, role=2, ttl_ms=1000), 3.0)  # back again
+    assert expired_verifiers(sessions, table, 3.5) == []
+
+
+def test_failover_carries_the_sampling_policy_from_the_next_round():
+    r = routed(round=4, committed=9, digest=b"\x09" * 32)
+    early = policy_update(r, 2, Sampling(temperature_milli=500))
+    pending = policy_update(r, 8, Sampling(temperature_milli=0, seed=1))
+    last = CommitRecord(epoch=1, round=4, emitted=(1,), committed=9, digest=b"\x09" * 32)
+    plan = plan_failover(r, "https://v2/", last, committed_tokens="mlc://out")
+    assert plan.policy == Policy(session=SID, from_round=5, sampling=early.sampling)
+    assert plan.later == (pending,)
+    assert plan_failover(routed(), "https://v2/", None).policy is None  # never updated
+    later_only = routed()
+    policy_update(later_only, 3, Sampling(top_k=2))
+    plan = plan_failover(later_only, "https://v2/", None)
+    assert plan.policy is None and [p.from_round for p in plan.later] == [3]
+    # The new verifier takes every policy of a plan, in its order, before any proposal.
+    in_effect = routed()
+    policy_update(in_effect, 1, Sampling(top_k=2))
+    policy_update(in_effect, 6, Sampling(top_k=3))
+    plan = plan_failover(in_effect, "https://v2/", None)
+    session, _ = VerifierSession.open(plan.open, target_digest=TARGET)
+    for policy in (plan.policy, *plan.later):
+        session.policy(policy)
+    assert session.sampling_for(1) == Sampling(top_k=2) and session.sampling_for(6) == Sampling(top_k=3)
+
+
+def test_new_session_id_takes_sixteen_caller_bytes():
+    assert new_session_id(b"\x01" * 16) == b"\x01" * 16
+    assert new_session_id(bytearray(16)) == bytes(16)
+    for bad in (b"", b"x" * 15, b"x" * 17, "x" * 16):
+        with pytest.raises(BadRequest):
+            new_session_id(bad)

@@ -21,6 +21,7 @@ from sessionkit import (
 
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
+from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import Action, Policy, Resume, Sampling, SessionOpen, Verdict
 from sdcp_fast.protocol.problems import (
     BadContract,
@@ -462,3 +463,92 @@ def test_assignment_during_commit_survives_undo_and_switch():
     assert done.verdict.action is Action.SWITCH and not session.revoked
     assert isinstance(session.receive_proposal(proposal(session, (4,), drafter="https://c/"),
                                                client="https://c/", now=0), ScoreNeeded)
+
+
+# -- defects found by an outside probe (issue 9) -------------------------------------------
+
+@pytest.mark.parametrize("rule", [1, 2])
+def test_proposed_token_outside_the_vocabulary_is_bad_proposal_before_any_work(rule):
+    """Defect (a): a token >= V never reaches the scorer, under either rule."""
+    c = contract(rule=rule)
+    session, _ = VerifierSession.open(
+        SessionOpen(session=SID, epoch=1, contract=c, prompt=PROMPT, commit_log="l"),
+        target_digest=TARGET, vocab=20)
+    session.assign(assignment(session))
+    with pytest.raises(BadProposal):
+        session.receive_proposal(proposal(session, (4, 20)), client=DRAFTER, now=0)
+    assert session.state is State.READY and session._current is None
+    work = session.receive_proposal(proposal(session, (4, 19)), client=DRAFTER, now=0)
+    assert isinstance(work, ScoreNeeded)
+    if rule == 2:  # the session's V reads the raw rows when provide_q is given none
+        assert session.provide_q(q_rows=q_bytes([[0.05] * 20, [0.05] * 20])) is not None
+
+
+def test_open_checks_prompt_and_resumed_output_against_the_vocabulary():
+    so = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="l")
+    with pytest.raises(BadRequest):
+        VerifierSession.open(so, target_digest=TARGET, vocab=13)  # the prompt holds 13
+    with pytest.raises(BadRequest):
+        VerifierSession.open(so, target_digest=TARGET, vocab=0)
+    tokens = (5, 30)
+    resumed = replace(so, epoch=2, resume=Resume(round=2, committed=2, digest=extend_digest(d0(), tokens),
+                                                 committed_tokens="mlc://out"))
+    with pytest.raises(BadRequest):
+        VerifierSession.open(resumed, target_digest=TARGET, vocab=30, committed_tokens=tokens)
+    session, _ = VerifierSession.open(resumed, target_digest=TARGET, vocab=31, committed_tokens=tokens)
+    assert session.vocab == 31
+
+
+def test_rule2_resume_at_the_last_uint32_round_is_refused_at_open():
+    """Defect (b): round 2^32 has no uint32 for §6.4's derivation; rule 1 draws nothing."""
+    tokens = (5,)
+    for rule, last, refused in ((2, 2**32 - 1, True), (2, 2**32 + 5, True), (2, 2**32 - 2, False),
+                                (1, 2**32 - 1, False)):
+        c = contract(rule=rule, sampling=Sampling(seed=3))
+        digest = extend_digest(prefix_digest(contract_digest(c), PROMPT), tokens)
+        so = SessionOpen(session=SID, epoch=2, contract=c, prompt=PROMPT, commit_log="l",
+                         resume=Resume(round=last, committed=1, digest=digest, committed_tokens="x"))
+        if refused:
+            with pytest.raises(BadRequest):
+                VerifierSession.open(so, target_digest=TARGET, committed_tokens=tokens)
+            continue
+        session, _ = VerifierSession.open(so, target_digest=TARGET, committed_tokens=tokens)
+        session.assign(assignment(session))
+        done = run_round(session, (4,), 1, 6)
+        assert done.verdict.round == last + 1 and session.state is State.READY
+
+
+@pytest.mark.parametrize("seed", [None, 3])
+def test_round_without_uint32_number_is_refused_without_leaving_the_state(seed):
+    """Defect (b): the uniforms are drawn before the session changes state, so a round
+    that cannot have them is refused and the session is not stuck in SCORING."""
+    session = open_session(contract(rule=2, sampling=Sampling(seed=seed)))
+    session.round = 2**32 - 1  # as if 2^32 - 1 rounds had been verified
+    with pytest.raises(BadRequest):
+        session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0)
+    assert session.state is State.READY and session._current is None
+    sd = self_decoding_session(rule=2, sampling=Sampling(seed=seed))
+    sd.round = 2**32 - 1
+    with pytest.raises(BadRequest):
+        sd.self_decode()
+    assert sd.state is State.SELF_DECODING and sd._current is None
+
+
+def test_authorization_uses_the_authenticated_peer_not_the_proposal_field():
+    """§6.3 Authorization: the peer's base URI is compared with the assigned drafter; the
+    proposal's own ``drafter`` member cannot stand in for it."""
+    session = open_session(m_init=3)
+    me = Peer(uri=DRAFTER, role=PeerRole.DRAFTER)
+    impostor = Peer(uri="https://other/", role=PeerRole.DRAFTER)
+    with pytest.raises(NotAssigned):
+        session.receive_proposal(proposal(session, (4,)), client=impostor, now=0)
+    with pytest.raises(NotAssigned):
+        session.receive_proposal(proposal(session, (4,)), client=Peer(uri=None, role=PeerRole.DRAFTER), now=0)
+    # Authorization comes before fencing (§6.3's order): a stranger learns nothing of the epoch.
+    with pytest.raises(NotAssigned):
+        session.receive_proposal(proposal(session, (4,), epoch=9), client=impostor, now=0)
+    with pytest.raises(StaleEpoch):
+        session.receive_proposal(proposal(session, (4,), epoch=9), client=me, now=0)
+    # A trailing slash does not make another instance.
+    slashless = Peer(uri=DRAFTER.rstrip("/"), role=PeerRole.DRAFTER)
+    assert isinstance(session.receive_proposal(proposal(session, (4,)), client=slashless, now=0), ScoreNeeded)
