@@ -45,13 +45,13 @@ class _ClientProtocol(H2Protocol):
     def __init__(self, limits: Limits) -> None:
         super().__init__(limits)
         self.pending: dict[int, _Pending] = {}
-        self.goaway = False
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self.lost: Exception | None = None
 
     @property
     def usable(self) -> bool:
-        return self.transport is not None and not self.transport.is_closing() and not self.goaway
+        return self.transport is not None and not self.transport.is_closing() and not self.peer_goaway \
+            and not self.draining
 
     def _fail(self, stream_id: int, error: TransportError) -> None:
         pending = self.pending.pop(stream_id, None)
@@ -90,12 +90,13 @@ class _ClientProtocol(H2Protocol):
                 f"stream reset by the server ({getattr(code, 'name', code)})",
                 retryable=event.error_code == ErrorCodes.REFUSED_STREAM))
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self.goaway = True
             last = event.last_stream_id if event.last_stream_id is not None else 0
             for stream_id in [s for s in self.pending if s > last]:
                 self._fail(stream_id, TransportError("the server closed the connection before this request "
                                                      "(GOAWAY)", retryable=True))
             self._wake_slots(all_=True)
+            if not self.pending:
+                self._final_close()
 
     def on_lost(self, exc: Exception | None) -> None:
         self.lost = exc
@@ -188,7 +189,10 @@ class H2Transport:
             if parts.scheme == "http":
                 if not self.insecure:
                     raise TransportError(f"{base_uri}: plain http needs an insecure transport (--insecure)")
-                check_insecure(parts.hostname, "HTTP/2 client connection to")
+                try:
+                    check_insecure(parts.hostname, "HTTP/2 client connection to")
+                except ValueError as exc:
+                    raise TransportError(str(exc)) from None
             elif self.ssl is None:
                 raise TransportError(f"{base_uri}: https needs an SSL context")
             port = parts.port or (443 if parts.scheme == "https" else 80)

@@ -21,6 +21,7 @@ import h2.events
 import h2.exceptions
 import h2.settings
 from h2.errors import ErrorCodes
+from hyperframe.frame import Frame, GoAwayFrame
 
 from sdcp_fast.transport.errors import TransportError
 
@@ -64,6 +65,21 @@ class StreamGone(Exception):
     """The stream was reset or the connection ended while we were sending on it."""
 
 
+class _Connection(h2.connection.H2Connection):
+    """h2's connection, except that a graceful GOAWAY received (NO_ERROR) leaves the state
+    open so the streams up to its last stream id can finish (RFC 9113 §6.8; h2 would close
+    everything at once, python-hyper/h2#1181). The protocol opens no new streams after it."""
+
+    def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Frame], list[h2.events.Event]]:
+        if frame.error_code != ErrorCodes.NO_ERROR:
+            return super()._receive_goaway_frame(frame)
+        event = h2.events.ConnectionTerminated()
+        event.error_code = ErrorCodes.NO_ERROR
+        event.last_stream_id = frame.last_stream_id
+        event.additional_data = frame.additional_data or None
+        return [], [event]
+
+
 class H2Protocol(asyncio.Protocol):
     """The shared half of a connection; :meth:`on_event` is the side-specific rest."""
 
@@ -71,8 +87,7 @@ class H2Protocol(asyncio.Protocol):
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.conn = h2.connection.H2Connection(
-            h2.config.H2Configuration(client_side=self.client_side, header_encoding=None))
+        self.conn = _Connection(h2.config.H2Configuration(client_side=self.client_side, header_encoding=None))
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -83,6 +98,8 @@ class H2Protocol(asyncio.Protocol):
         self._idle_timer: asyncio.TimerHandle | None = None
         self._last_active = self.loop.time()
         self.active_streams = 0
+        self.draining = False  # we sent GOAWAY: no new streams from the peer
+        self.peer_goaway = False  # the peer sent GOAWAY: we open no new streams
 
     # -- connection lifecycle ------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -136,6 +153,8 @@ class H2Protocol(asyncio.Protocol):
                 self.transport.close()
             return
         for event in events:
+            if isinstance(event, h2.events.ConnectionTerminated):
+                self.peer_goaway = True
             if isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
                 self._wake_windows(getattr(event, "stream_id", 0))
             elif isinstance(event, (h2.events.StreamReset, h2.events.StreamEnded)) and \
@@ -148,17 +167,33 @@ class H2Protocol(asyncio.Protocol):
     def peername(self) -> object:
         return self.transport.get_extra_info("peername") if self.transport else None
 
-    def close(self, error_code: ErrorCodes = ErrorCodes.NO_ERROR) -> None:
-        """GOAWAY now; the socket closes once the open streams are done (or at once if none)."""
+    def close(self) -> None:
+        """Graceful close: GOAWAY now, the socket once the open streams are done.
+
+        h2 puts the whole connection in its CLOSED state when a GOAWAY is sent through it, so
+        the streams in flight could not be answered (python-hyper/h2#1181); RFC 9113 §6.8
+        lets them finish. We therefore write this first GOAWAY ourselves and send h2's own
+        (final) one when the last stream ends."""
+        if self.transport is None or self.draining:
+            return
+        self.draining = True
+        self.flush()  # keep frame order: h2's queued frames first
+        frame = GoAwayFrame(0)
+        frame.last_stream_id = self.conn.highest_inbound_stream_id
+        frame.error_code = ErrorCodes.NO_ERROR
+        self.transport.write(frame.serialize())
+        if self.active_streams == 0:
+            self._final_close()
+
+    def _final_close(self) -> None:
         if self.transport is None:
             return
         try:
-            self.conn.close_connection(error_code=error_code)
+            self.conn.close_connection()
         except h2.exceptions.ProtocolError:
-            pass  # already closed on the h2 side
+            pass  # h2 already closed it (the peer's error GOAWAY)
         self.flush()
-        if self.active_streams == 0:
-            self.transport.close()
+        self.transport.close()
 
     # -- side-specific hooks -------------------------------------------------------------
     def on_event(self, event: h2.events.Event) -> None:
@@ -173,9 +208,8 @@ class H2Protocol(asyncio.Protocol):
     def stream_finished(self) -> None:
         self.active_streams -= 1
         self._last_active = self.loop.time()
-        if self.active_streams == 0 and self.transport is not None and \
-                self.conn.state_machine.state == h2.connection.ConnectionState.CLOSED:
-            self.transport.close()  # we sent or got GOAWAY and the last stream just ended
+        if self.active_streams == 0 and (self.draining or self.peer_goaway):
+            self._final_close()  # a GOAWAY went one way or the other and the last stream ended
 
     # -- writing -------------------------------------------------------------------------
     def flush(self) -> None:

@@ -56,6 +56,7 @@ class _ServerProtocol(H2Protocol):
             return
         self.peer = peer_of(self.transport.get_extra_info("ssl_object"))
         self.server.connections.add(self)
+        self.server.accepted += 1
         if self.server.closing:
             self.close()
 
@@ -74,6 +75,10 @@ class _ServerProtocol(H2Protocol):
             else:
                 incoming.chunks.append(event.data)
         elif isinstance(event, h2.events.RequestReceived):
+            if self.draining:
+                # After our GOAWAY (RFC 9113 §6.8): not processed, safe for the client to retry.
+                self.conn.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
+                return
             incoming = _Incoming(event.headers)
             self.streams[event.stream_id] = incoming
             self.stream_started()
@@ -90,8 +95,8 @@ class _ServerProtocol(H2Protocol):
             if incoming is not None and not incoming.answered:
                 self._finish(event.stream_id, incoming)
         elif isinstance(event, h2.events.ConnectionTerminated):
-            if self.active_streams == 0 and self.transport is not None:
-                self.transport.close()
+            if self.active_streams == 0:
+                self._final_close()
 
     def _finish(self, stream_id: int, incoming: _Incoming) -> None:
         if not incoming.done:
@@ -172,6 +177,7 @@ class H2Server:
         self.base_path = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
         self.connections: set[_ServerProtocol] = set()
         self.closing = False
+        self.accepted = 0  # connections that completed TLS (with a verified client) and chose h2
         self._server: asyncio.Server | None = None
 
     @property
