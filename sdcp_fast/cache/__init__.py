@@ -2,7 +2,8 @@
 
 ``MLC`` is the in-process cache over tiers (device, page-locked host, disk, networked);
 ``embedded()`` builds the default one; ``RemoteMLC`` speaks the same API over HTTP to an
-``sdcp-fast mlc`` server. See docs/mlc.md.
+``sdcp-fast mlc`` server. The cache knows nothing of commit logs: ``sdcp_fast.embedded``
+composes an MLC with the logs kept under its root. See docs/mlc.md.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ MiB = 1 << 20
 
 def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_bytes: int = 16384 * MiB,
              device_bytes: int = 0, redis_url: str | None = None, redis_bytes: int = 4096 * MiB,
-             clock: Clock = time.monotonic) -> MLC:
+             clock: Clock = time.monotonic, **limits: int) -> MLC:
     """The default MLC: [device,] host, disk under ``root`` (a temporary folder when None)
-    [, Redis]. Commit logs named ``mlc://...`` live under ``root/logs``."""
+    [, Redis]. ``limits``: ``max_objects``, ``index_bytes``, ``max_leases`` (see MLC)."""
     from sdcp_fast.cache.tiers.disk import DiskTier
     from sdcp_fast.cache.tiers.host import HostTier
 
@@ -42,4 +43,4 @@ def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_byte
         from sdcp_fast.cache.tiers.network import RedisTier
 
         tiers.append(RedisTier(redis_bytes, redis_url))
-    return MLC(tiers, clock=clock, log_root=disk.root)
+    return MLC(tiers, clock=clock, **limits)

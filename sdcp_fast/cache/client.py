@@ -1,5 +1,6 @@
 """Synchronous client of an ``sdcp-fast mlc`` server: the MLC API over HTTP(S) with mTLS,
-for drafters and verifiers on other machines. One keep-alive connection per thread."""
+for drafters and verifiers on other machines. One keep-alive connection per thread.
+The server's commit logs are reached with ``sdcp_fast.commitlog.http.HttpCommitLog``."""
 
 from __future__ import annotations
 
@@ -16,15 +17,11 @@ import cbor2
 from sdcp_fast.cache import errors
 from sdcp_fast.cache.store import Head, Stored
 from sdcp_fast.cache.uri import SCHEME, check_key
-from sdcp_fast.commitlog.base import Fenced, LogView, PreconditionFailed
-from sdcp_fast.protocol.commitlog import LogRecord, decode_log, encode_record
-from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_TYPE_BASE, SdcpProblem, StaleEpoch
+from sdcp_fast.protocol.problems import SdcpProblem, problem_from_response, type_suffix
 
-_PROBLEMS: dict[str, type[SdcpProblem]] = {
-    **BY_SUFFIX,
-    **{cls.suffix: cls for cls in (errors.ObjectUnavailable, errors.ObjectLeased, errors.UnknownLease,
-                                   errors.CacheFull, errors.BadRange, PreconditionFailed)},
-    StaleEpoch.suffix: Fenced,
+_OURS: dict[str, type[SdcpProblem]] = {
+    cls.suffix: cls for cls in (errors.ObjectUnavailable, errors.ObjectLeased, errors.UnknownLease,
+                                errors.CacheFull, errors.BadRange)
 }
 
 
@@ -87,20 +84,17 @@ class _Http:
 
 
 def _problem(status: int, headers: dict[str, str], body: bytes) -> SdcpProblem:
-    try:
-        doc = json.loads(body) if headers.get("content-type", "").startswith("application/problem+json") else {}
-    except ValueError:
-        doc = {}
-    suffix = str(doc.get("type", "")).removeprefix(PROBLEM_TYPE_BASE)
-    cls = _PROBLEMS.get(suffix)
+    doc = None
+    if headers.get("content-type", "").startswith("application/problem+json"):
+        try:
+            doc = json.loads(body)
+        except ValueError:
+            doc = None
+    generic = problem_from_response(status, doc if isinstance(doc, dict) else None)
+    cls = _OURS.get(type_suffix(generic.type_uri)) or (errors.ObjectUnavailable if status == 404 and doc is None else None)
     if cls is None:
-        if status == 404:
-            cls = errors.ObjectUnavailable
-        else:
-            exc = SdcpProblem(doc.get("detail") or f"HTTP {status}")
-            return exc
-    extra = {k: v for k, v in doc.items() if k not in ("type", "title", "status", "detail")}
-    return cls(str(doc.get("detail", "")), extra=extra)
+        return generic
+    return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
 
 
 def _path(prefix: str, uri: str) -> str:
@@ -234,9 +228,6 @@ class RemoteMLC:
         out: dict[str, Any] = json.loads(self._http.request("GET", "/stats")[2])
         return out
 
-    def commit_log(self, uri: str) -> HttpCommitLog:
-        return HttpCommitLog(self.base_url.rstrip("/") + _path("/logs/", uri), ssl=self._http.ssl)
-
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True)
@@ -247,32 +238,6 @@ class RemoteMLC:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class HttpCommitLog:
-    """A commit log on an ``sdcp-fast mlc`` server: GET ?from=n, POST with If-Match."""
-
-    def __init__(self, ref: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0) -> None:
-        parts = urlsplit(ref)
-        if "/logs/" not in parts.path:
-            raise ValueError(f"expected http(s)://host:port/logs/<scope>/<session>/commit_log, got {ref!r}")
-        self.ref = ref
-        self._http = _Http(f"{parts.scheme}://{parts.netloc}", ssl, timeout)
-        self._path = parts.path
-
-    def read(self, start: int = 0) -> LogView:
-        _, h, body = self._http.request("GET", f"{self._path}?from={start}")
-        return LogView(decode_log(body), start, h["etag"])
-
-    def append(self, record: LogRecord, if_match: str | None) -> str:
-        headers = {"Content-Type": "application/cbor"}
-        if if_match is not None:
-            headers["If-Match"] = if_match
-        _, h, _ = self._http.request("POST", self._path, encode_record(record), headers)
-        return h["etag"]
-
-    def close(self) -> None:
-        self._http.close()
 
 
 def _ms(seconds: float | None) -> int:

@@ -8,6 +8,12 @@ least recently used unleased objects one tier down (dropped off the last tier: a
 eviction). A read promotes the object to the fastest tier Python can read. A leased object
 is never evicted, demoted or deleted; a lease that expires unreleased reclaims the object
 if the object was put under that lease (its holder is gone), otherwise it only unpins it.
+
+Memory is bounded: object bytes by the tier capacities, the index by ``max_objects`` and
+``index_bytes`` (each object's metadata plus a fixed per-object charge), leases by
+``max_leases`` and ``MAX_LEASE_TTL``. Lease ids are 128 random bits. Callers that act for a
+remote peer pass ``owner``/``holder`` and a ``check`` that the store runs under its lock,
+so an authorization decision and the change it allows are one atomic step.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import os
+import secrets
 import threading
 import time
 from collections import OrderedDict
@@ -30,6 +37,15 @@ from sdcp_fast.cache.uri import check_key, scope_of
 
 Clock = Callable[[], float]
 MISS = "-"
+# A lease pins an object for a round or a session's hand-over, never for longer.
+MAX_LEASE_TTL = 3600.0
+MAX_META_BYTES = 64 << 10
+# What an object costs beside its bytes: the index entry, its LRU slot and the tier's
+# handle (a host buffer is at least one page). Measured at ~5 KiB for empty host objects.
+OBJECT_OVERHEAD = 4096
+MAX_OBJECTS = 1 << 18
+INDEX_BYTES = 1 << 30
+MAX_LEASES = 1 << 18
 
 
 @dataclass
@@ -41,6 +57,8 @@ class _Entry:
     handle: Any
     etag: str
     meta: dict[str, Any]
+    owner: str | None = None  # who wrote it (a peer's identity), None for in-process callers
+    charge: int = OBJECT_OVERHEAD  # index memory: overhead plus encoded metadata
     leases: set[str] = field(default_factory=set)
     birth_lease: str | None = None  # put under this lease: reclaimed if it expires unreleased
     reclaim: bool = False
@@ -53,6 +71,37 @@ class Head(NamedTuple):
     tier: str
     leased: bool
     meta: dict[str, Any]
+    owner: str | None = None
+
+
+class _Lease(NamedTuple):
+    uri: str
+    expires: float
+    holder: str | None
+
+
+# Authorization hooks run under the store's lock: an object check sees the object's head
+# (None when a put creates it), a lease check sees the lease's holder; both raise to refuse.
+ObjectCheck = Callable[["Head | None"], None]
+LeaseCheck = Callable[["str | None"], None]
+Span = Callable[[int], "tuple[int, int]"]
+
+
+def check_ttl(ttl: float) -> float:
+    """A lease TTL in seconds: positive, finite, at most ``MAX_LEASE_TTL``."""
+    if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not 0 < ttl <= MAX_LEASE_TTL:
+        raise ValueError(f"lease ttl must be in (0, {MAX_LEASE_TTL:g}] seconds, not {ttl!r}")
+    return float(ttl)
+
+
+def meta_cost(meta: dict[str, Any]) -> int:
+    """Bytes the metadata holds, as its CBOR encoding (what the HTTP API sends back)."""
+    import cbor2
+
+    try:
+        return len(cbor2.dumps(meta))
+    except (cbor2.CBOREncodeError, TypeError, ValueError):
+        return len(repr(meta))
 
 
 class Stored(NamedTuple):
@@ -62,8 +111,9 @@ class Stored(NamedTuple):
 
 
 class MLC:
-    def __init__(self, tiers: Sequence[Tier], *, clock: Clock = time.monotonic,
-                 log_root: str | None = None, prefetch_workers: int = 2) -> None:
+    def __init__(self, tiers: Sequence[Tier], *, clock: Clock = time.monotonic, prefetch_workers: int = 2,
+                 max_objects: int = MAX_OBJECTS, index_bytes: int = INDEX_BYTES,
+                 max_leases: int = MAX_LEASES) -> None:
         if not tiers:
             raise ValueError("an MLC needs at least one tier")
         self.tiers = list(tiers)
@@ -72,13 +122,13 @@ class MLC:
         self._index: dict[str, _Entry] = {}
         self._lru: list[OrderedDict[str, None]] = [OrderedDict() for _ in self.tiers]
         self._used = [0] * len(self.tiers)
-        self._leases: dict[str, tuple[str, float]] = {}
+        self._leases: dict[str, _Lease] = {}
         self._expiry: list[tuple[float, str]] = []
         self._ids = itertools.count(1)
         self._instance = os.urandom(4).hex()
         self.accounting = Accounting()
-        self.log_root = log_root
-        self._logs: dict[str, Any] = {}
+        self.max_objects, self.index_bytes, self.max_leases = max_objects, index_bytes, max_leases
+        self._index_used = 0
         self._prefetch = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="mlc-prefetch")
         # Reads promote into the fastest tier whose bytes Python can see without a copy.
         self._deferring = [t for t in self.tiers if hasattr(t, "flush")]
@@ -87,25 +137,36 @@ class MLC:
     # -- objects ---------------------------------------------------------------------------
 
     def put(self, uri: str, data: Any, lease_ttl: float | None = None, *,
-            meta: dict[str, Any] | None = None) -> Stored:
+            meta: dict[str, Any] | None = None, owner: str | None = None,
+            check: ObjectCheck | None = None) -> Stored:
         """Store a copy of ``data`` (buffer or tensor). With ``lease_ttl`` the object is born
-        leased and is reclaimed if that lease expires unreleased."""
+        leased (held by ``owner``) and is reclaimed if that lease expires unreleased."""
         check_key(uri)
-        if lease_ttl is not None and lease_ttl <= 0:
-            raise ValueError("lease ttl must be positive")
+        if lease_ttl is not None:
+            check_ttl(lease_ttl)
         is_tensor = hasattr(data, "untyped_storage")
         size = int(data.numel() * data.element_size()) if is_tensor else memoryview(data).nbytes
+        if meta is not None and not isinstance(meta, dict):
+            raise ValueError(f"meta must be a map, not {type(meta).__name__}")
         meta = dict(meta) if meta else {}
         if is_tensor:
             meta.setdefault("dtype", str(data.dtype).removeprefix("torch."))
             meta.setdefault("shape", list(data.shape))
+        charge = OBJECT_OVERHEAD + (meta_cost(meta) if meta else 0)
+        if charge - OBJECT_OVERHEAD > MAX_META_BYTES:
+            raise ValueError(f"meta of {charge - OBJECT_OVERHEAD} bytes; at most {MAX_META_BYTES}")
         with self._lock:
             now = self._reap()
             old = self._index.get(uri)
+            if check is not None:
+                check(None if old is None else self._head(old))
             if old is not None and old.leases:
                 raise ObjectLeased(f"{uri} is leased and cannot be replaced")
             if old is not None:
                 self._remove(old)
+            if lease_ttl is not None and len(self._leases) >= self.max_leases:
+                raise CacheFull(f"{len(self._leases)} leases are held; at most {self.max_leases}")
+            self._make_index_room(charge, keep={uri})
             start = 0 if is_tensor and data.device.type == "cuda" else self._read_tier
             for i in range(start, len(self.tiers)):
                 if size <= self.tiers[i].capacity and self._make_room(i, size, keep={uri}):
@@ -113,32 +174,38 @@ class MLC:
                     break
             else:
                 raise CacheFull(f"{size} bytes fit in no tier")
-            entry = _Entry(uri, scope_of(uri), size, i, handle, f'"{self._instance}-{next(self._ids)}"', meta)
+            entry = _Entry(uri, scope_of(uri), size, i, handle, f'"{self._instance}-{next(self._ids)}"', meta,
+                           owner=owner, charge=charge)
             self._insert(entry)
-            lease = self._grant(entry, lease_ttl, now) if lease_ttl is not None else None
+            lease = self._grant(entry, lease_ttl, now, owner) if lease_ttl is not None else None
             entry.birth_lease = lease
             return Stored(entry.etag, self.tiers[i].name, lease)
 
     def get(self, uri: str) -> memoryview:
         """The whole object; a read-only view of the stored bytes (no copy) on host tiers."""
         with self._lock:
+            return self._read_whole(self._lookup(uri))
+
+    def read(self, uri: str, span: Span | None = None, *, check: ObjectCheck | None = None) -> tuple[Head, memoryview]:
+        """The object's head and its bytes, taken together under the lock so the entity tag
+        describes exactly those bytes (a concurrent put cannot slip between them). ``span``
+        maps the size to the [start, stop) wanted (raising BadRange); without it the whole
+        object is read and promoted."""
+        with self._lock:
             entry = self._lookup(uri)
-            try:
-                self._promote(entry, self._read_tier)
-                return self.tiers[entry.tier].read(entry.handle)
-            except KeyError:  # a shared tier lost it (another instance deleted it)
-                self._remove(entry)
-                raise ObjectUnavailable(f"{uri} vanished from tier {self.tiers[entry.tier].name}") from None
+            if check is not None:
+                check(self._head(entry))
+            if span is None:
+                view = self._read_whole(entry)
+            else:
+                start, stop = span(entry.size)
+                view = self._read_range(entry, start, stop)
+            return self._head(entry), view
 
     def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
         """Bytes [start, stop) without moving the object."""
         with self._lock:
-            entry = self._lookup(uri)
-            stop = entry.size if stop is None else stop
-            if not 0 <= start <= stop <= entry.size:
-                raise BadRange(f"[{start}, {stop}) outside {entry.size} bytes")
-            self._lru[entry.tier].move_to_end(uri)
-            return self.tiers[entry.tier].read_range(entry.handle, start, stop)
+            return self._read_range(self._lookup(uri), start, stop)
 
     def get_into(self, uri: str, out: Any) -> int:
         """Copy the whole object into the caller's writable buffer ``out`` (e.g. a pinned
@@ -181,19 +248,23 @@ class MLC:
             out = flat.view(dtype)
             return out.reshape(entry.meta["shape"]) if "shape" in entry.meta else out
 
-    def head(self, uri: str) -> Head:
+    def head(self, uri: str, *, check: ObjectCheck | None = None) -> Head:
         with self._lock:
-            entry = self._lookup(uri, count=False)
-            return Head(entry.size, entry.etag, self.tiers[entry.tier].name, bool(entry.leases), dict(entry.meta))
+            head = self._head(self._lookup(uri, count=False))
+            if check is not None:
+                check(head)
+            return head
 
     def contains(self, uri: str) -> bool:
         with self._lock:
             self._reap()
             return uri in self._index
 
-    def delete(self, uri: str) -> None:
+    def delete(self, uri: str, *, check: ObjectCheck | None = None) -> None:
         with self._lock:
             entry = self._lookup(uri, count=False)
+            if check is not None:
+                check(self._head(entry))
             if entry.leases:
                 raise ObjectLeased(f"{uri} is leased and cannot be deleted")
             self._remove(entry)
@@ -219,44 +290,52 @@ class MLC:
 
     # -- leases ----------------------------------------------------------------------------
 
-    def lease(self, uri: str, ttl: float) -> str:
+    def lease(self, uri: str, ttl: float, *, holder: str | None = None, check: ObjectCheck | None = None) -> str:
+        check_ttl(ttl)
         with self._lock:
             now = self._reap()
-            return self._grant(self._lookup(uri, count=False), ttl, now)
+            entry = self._lookup(uri, count=False)
+            if check is not None:
+                check(self._head(entry))
+            if len(self._leases) >= self.max_leases:
+                raise CacheFull(f"{len(self._leases)} leases are held; at most {self.max_leases}")
+            return self._grant(entry, ttl, now, holder)
 
-    def renew(self, lease_id: str, ttl: float) -> None:
-        if ttl <= 0:
-            raise ValueError("lease ttl must be positive")
+    def renew(self, lease_id: str, ttl: float, *, check: LeaseCheck | None = None) -> None:
+        check_ttl(ttl)
         with self._lock:
             now = self._reap()
-            uri, _ = self._held(lease_id)
-            self._leases[lease_id] = (uri, now + ttl)
+            held = self._held(lease_id)
+            if check is not None:
+                check(held.holder)
+            self._leases[lease_id] = held._replace(expires=now + ttl)
             heapq.heappush(self._expiry, (now + ttl, lease_id))
+            if len(self._expiry) > 2 * len(self._leases) + 64:
+                # Renewals leave their old expiries behind; rebuild from the live leases so
+                # the heap stays proportional to them, not to the number of renewals.
+                self._expiry = [(lease.expires, lid) for lid, lease in self._leases.items()]
+                heapq.heapify(self._expiry)
 
-    def release(self, lease_id: str) -> None:
+    def release(self, lease_id: str, *, check: LeaseCheck | None = None) -> None:
         """Unpin: the object stays until LRU evicts it or someone deletes it."""
         with self._lock:
             self._reap()
-            uri, _ = self._held(lease_id)
+            held = self._held(lease_id)
+            if check is not None:
+                check(held.holder)
+            uri = held.uri
             del self._leases[lease_id]
             entry = self._index[uri]
             entry.leases.discard(lease_id)
             if entry.birth_lease == lease_id:
                 entry.birth_lease = None
 
-    # -- commit logs and stats -------------------------------------------------------------
+    # -- stats ---------------------------------------------------------------------------
 
-    def commit_log(self, uri: str) -> Any:
-        """The embedded (file) commit log named ``uri``; one instance per name per MLC."""
-        from sdcp_fast.commitlog.file import FileCommitLog, log_path
-
-        if self.log_root is None:
-            raise ObjectUnavailable("this MLC has no log_root for commit logs")
-        with self._lock:
-            log = self._logs.get(uri)
-            if log is None:
-                log = self._logs[uri] = FileCommitLog(log_path(self.log_root, uri))
-            return log
+    @property
+    def root(self) -> str | None:
+        """The disk tier's folder (where a composed store keeps its commit logs), if any."""
+        return next((t.root for t in self.tiers if isinstance(getattr(t, "root", None), str)), None)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -267,6 +346,8 @@ class MLC:
                     for i, t in enumerate(self.tiers)
                 ],
                 "leases": len(self._leases),
+                "index": {"objects": len(self._index), "max_objects": self.max_objects,
+                          "bytes": self._index_used, "capacity": self.index_bytes},
                 "scopes": self.accounting.snapshot(),
             }
 
@@ -275,8 +356,6 @@ class MLC:
         with self._lock:
             for entry in list(self._index.values()):
                 self._remove(entry)
-            for log in self._logs.values():
-                log.close()
             for t in self.tiers:
                 t.close()
 
@@ -298,10 +377,10 @@ class MLC:
         while self._expiry and self._expiry[0][0] <= now:
             when, lease_id = heapq.heappop(self._expiry)
             held = self._leases.get(lease_id)
-            if held is None or held[1] != when:
+            if held is None or held.expires != when:
                 continue  # released or renewed since
             del self._leases[lease_id]
-            entry = self._index.get(held[0])
+            entry = self._index.get(held.uri)
             if entry is None:
                 continue
             entry.leases.discard(lease_id)
@@ -339,16 +418,46 @@ class MLC:
                 return entry
         return None
 
-    def _grant(self, entry: _Entry, ttl: float, now: float) -> str:
-        if ttl <= 0:
-            raise ValueError("lease ttl must be positive")
-        lease_id = f"{self._instance}-{next(self._ids)}"
-        self._leases[lease_id] = (entry.uri, now + ttl)
+    def _read_whole(self, entry: _Entry) -> memoryview:
+        try:
+            self._promote(entry, self._read_tier)
+            return self.tiers[entry.tier].read(entry.handle)
+        except KeyError:  # a shared tier lost it (another instance deleted it)
+            self._remove(entry)
+            raise ObjectUnavailable(f"{entry.uri} vanished from tier {self.tiers[entry.tier].name}") from None
+
+    def _read_range(self, entry: _Entry, start: int, stop: int | None) -> memoryview:
+        stop = entry.size if stop is None else stop
+        if not 0 <= start <= stop <= entry.size:
+            raise BadRange(f"[{start}, {stop}) outside {entry.size} bytes", extra={"size": entry.size})
+        self._lru[entry.tier].move_to_end(entry.uri)
+        return self.tiers[entry.tier].read_range(entry.handle, start, stop)
+
+    def _head(self, entry: _Entry) -> Head:
+        return Head(entry.size, entry.etag, self.tiers[entry.tier].name, bool(entry.leases), dict(entry.meta),
+                    entry.owner)
+
+    def _grant(self, entry: _Entry, ttl: float, now: float, holder: str | None) -> str:
+        check_ttl(ttl)
+        lease_id = secrets.token_hex(16)  # unguessable: a lease id is what lets its holder release it
+        self._leases[lease_id] = _Lease(entry.uri, now + ttl, holder)
         heapq.heappush(self._expiry, (now + ttl, lease_id))
         entry.leases.add(lease_id)
         return lease_id
 
-    def _held(self, lease_id: str) -> tuple[str, float]:
+    def _make_index_room(self, charge: int, *, keep: set[str]) -> None:
+        """Evict least recently used unleased objects, slowest tier first, until one more
+        object of ``charge`` index bytes fits under ``max_objects`` and ``index_bytes``."""
+        while len(self._index) >= self.max_objects or self._index_used + charge > self.index_bytes:
+            victim = next((self._index[u] for lru in reversed(self._lru) for u in lru
+                           if u not in keep and not self._index[u].leases), None)
+            if victim is None:
+                raise CacheFull(f"the index holds {len(self._index)} objects and {self._index_used} bytes "
+                                f"(at most {self.max_objects} and {self.index_bytes}); all are leased")
+            self.accounting[victim.scope, self.tiers[victim.tier].name].evictions += 1
+            self._remove(victim)
+
+    def _held(self, lease_id: str) -> _Lease:
         held = self._leases.get(lease_id)
         if held is None:
             raise UnknownLease(f"lease {lease_id} is unknown, released or expired")
@@ -356,6 +465,7 @@ class MLC:
 
     def _insert(self, entry: _Entry) -> None:
         self._index[entry.uri] = entry
+        self._index_used += entry.charge
         self._lru[entry.tier][entry.uri] = None
         self._used[entry.tier] += entry.size
         self.accounting.added(entry.scope, self.tiers[entry.tier].name, entry.size)
@@ -369,6 +479,7 @@ class MLC:
 
     def _remove(self, entry: _Entry) -> None:
         del self._index[entry.uri]
+        self._index_used -= entry.charge
         for lease_id in entry.leases:
             self._leases.pop(lease_id, None)
         tier = self.tiers[entry.tier]

@@ -66,6 +66,21 @@ def parse(uri: str) -> ObjectName:
     return ObjectName(bytes.fromhex(parts[0]), parts[1], parts[2], round_)
 
 
+_SESSION = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # base64url, no padding, no dots
+
+
+def served_name(uri: str, *, log: bool = False) -> ObjectName:
+    """The documented form the HTTP API accepts: ``mlc://<scope>/<session>/<kind>[/<round>]``
+    with a known kind and a base64url session; a log is ``.../commit_log`` (no round) and an
+    object never is. ValueError otherwise."""
+    name = parse(uri)
+    if name.kind not in KINDS or not _SESSION.match(name.session):
+        raise ValueError(f"expected mlc://<scope-hex32>/<base64url session>/<kind>[/<round>]: {uri!r}")
+    if log != (name.kind == "commit_log") or (log and name.round is not None):
+        raise ValueError(f"{uri!r} is not " + ("a commit log" if log else "an object") + " name")
+    return name
+
+
 @functools.lru_cache(maxsize=4096)
 def scope_of(uri: str) -> str:
     """Accounting key: the scope hex of an ``mlc://`` URI, ``-`` for any other name."""

@@ -17,6 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-mib", type=int, default=0, help="CUDA device tier capacity (0: none)")
     parser.add_argument("--redis", metavar="URL", help="networked tier, e.g. redis://127.0.0.1:6379/0")
     parser.add_argument("--redis-mib", type=int, default=4096)
+    parser.add_argument("--max-objects", type=int, default=None, help="objects the index holds at most "
+                        "(default 262144; least recently used unleased ones are evicted beyond)")
+    parser.add_argument("--max-open-logs", type=int, default=64, help="commit logs open at once (descriptors)")
     parser.add_argument("--cert", help="server certificate (PEM); enables TLS")
     parser.add_argument("--key", help="server private key (PEM)")
     parser.add_argument("--ca", help="CA whose client certificates are required (mTLS)")
@@ -29,8 +32,8 @@ def run(args: argparse.Namespace) -> int:
 
     from aiohttp import web
 
-    from sdcp_fast.cache import embedded
     from sdcp_fast.commitlog import default_root
+    from sdcp_fast.embedded import embedded
     from sdcp_fast.servers.mlc import init_app, server_ssl
 
     if bool(args.cert) != bool(args.key):
@@ -42,8 +45,10 @@ def run(args: argparse.Namespace) -> int:
     root = args.root or default_root()
     os.makedirs(root, exist_ok=True)
     mib = 1 << 20
-    mlc = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
-                   device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib)
+    limits = {} if args.max_objects is None else {"max_objects": args.max_objects}
+    store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
+                     device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib,
+                     max_open_logs=args.max_open_logs, **limits)
     try:
         import uvloop
 
@@ -52,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         pass  # the default loop serves the same API, a little slower
     ctx = server_ssl(args.cert, args.key, args.ca) if args.cert else None
     scheme = "https" if ctx else "http"
-    web.run_app(init_app(mlc, close_mlc=True), host=args.host, port=args.port, ssl_context=ctx,
+    web.run_app(init_app(store.mlc, store.logs, on_close=store.close), host=args.host, port=args.port, ssl_context=ctx,
                 print=lambda _: print(f"sdcp-fast mlc: serving {scheme}://{args.host}:{args.port} "
                                       f"(root {root}{', client certificates required' if args.ca else ''})",
                                       flush=True))

@@ -6,6 +6,10 @@ fenced epoch, 20 digits) and ``r/<index, 20 digits>`` per record. Fixed-width de
 compare as etcd compares values (bytewise), so one transaction guards an append with
 ``head == expected count`` and ``fence < epoch + 1`` and writes the record, the new head
 and, for a fence record, the new fence: the tag check and fencing are atomic.
+
+etcd refuses a request over ``--max-request-bytes`` (1.5 MiB by default) after the
+gateway's base64 and JSON wrapping, so records over ``MAX_RECORD`` (1 MiB) are refused here,
+before anything is sent, as ``RecordTooLarge``.
 """
 
 from __future__ import annotations
@@ -17,8 +21,17 @@ import threading
 from typing import Any
 from urllib.parse import urlsplit
 
-from sdcp_fast.commitlog.base import LogView, PreconditionFailed, etag_of, fence_error, length_of
+from sdcp_fast.commitlog.base import (
+    LogView,
+    PreconditionFailed,
+    RecordTooLarge,
+    etag_of,
+    fence_error,
+    length_of,
+)
 from sdcp_fast.protocol.commitlog import FenceRecord, LogRecord, decode_record, encode_record
+
+MAX_RECORD = 1 << 20
 
 
 def _pad(n: int) -> str:
@@ -81,6 +94,9 @@ def _value(kv: dict[str, Any]) -> bytes:
 
 
 class EtcdCommitLog:
+    enforces_fencing = True
+    max_record = MAX_RECORD
+
     def __init__(self, host: str, port: int, prefix: str) -> None:
         self.prefix = "/" + prefix.strip("/")
         self.ref = f"etcd://{host}:{port}{self.prefix}"
@@ -121,8 +137,17 @@ class EtcdCommitLog:
 
     def append(self, record: LogRecord, if_match: str | None) -> str:
         body = encode_record(record)
+        if len(body) > MAX_RECORD:
+            raise RecordTooLarge(f"record of {len(body)} bytes; an etcd log holds records up to {MAX_RECORD}",
+                                 extra={"limit": MAX_RECORD})
         while True:
-            n = length_of(if_match) if if_match is not None else length_of(self.read(1 << 62).etag)
+            try:
+                n = length_of(if_match) if if_match is not None else length_of(self.read(1 << 62).etag)
+                if n >= 10 ** 20:
+                    raise PreconditionFailed(f"log never had {if_match} records")
+            except PreconditionFailed:
+                self._raise_if_fenced(record)  # a fence answers first, whatever the tag
+                raise
             puts = [{"request_put": {"key": _b64(self._rec + _pad(n)), "value": _b64(body)}},
                     {"request_put": {"key": _b64(self._head), "value": _b64(_pad(n + 1))}}]
             if isinstance(record, FenceRecord):
@@ -146,6 +171,12 @@ class EtcdCommitLog:
                 length = int(_value(_kvs(head_resp)[0]))
                 raise PreconditionFailed(f"log has {length} records, not {if_match}")
             # Unconditional append lost a race: take the new head and try again.
+
+    def _raise_if_fenced(self, record: LogRecord) -> None:
+        out = self._etcd.call("/v3/kv/txn", {"success": [self._range_op(self._fence)]})
+        fence = int(_value(_kvs(out["responses"][0])[0]))
+        if fence > record.epoch:
+            raise fence_error(fence, record)
 
     def close(self) -> None:
         self._etcd.close()

@@ -1,9 +1,13 @@
 """The embedded commit log: one append-only file per log, fsync'd before an append is
 acknowledged.
 
-Each record is framed as ``length (4 bytes BE) | crc32 (4 bytes BE) | CBOR record``. A frame
-that is short or fails its checksum can only be the tail of an append that never returned
-(acknowledgement follows fsync); it is ignored on open and cut off by the next writer.
+Each record is framed as ``length (4 bytes BE) | crc32 (4 bytes BE) | CBOR record``; a record
+over ``MAX_RECORD`` bytes is refused before anything is written, so every acknowledged
+frame reads back. A bad frame (short, over the limit, or failing its checksum or decoding)
+followed by nothing checksum-valid can only be the tail of an append that never returned
+(acknowledgement follows fsync): it is ignored on open and cut off by the next writer. A
+checksum-valid frame after a bad one is corruption, not a crash: the log refuses to serve
+(``LogCorrupt``) rather than drop acknowledged records, a fence among them.
 Writers in several threads and processes take ``flock`` on the file around check-and-append,
 so the tag check and the fence check are atomic with the write.
 """
@@ -17,8 +21,18 @@ import struct
 import threading
 import zlib
 
-from sdcp_fast.commitlog.base import LogView, PreconditionFailed, etag_of, fence_error, length_of
+from sdcp_fast.commitlog.base import (
+    LogCorrupt,
+    LogView,
+    PreconditionFailed,
+    RecordTooLarge,
+    UnknownLog,
+    etag_of,
+    fence_error,
+    length_of,
+)
 from sdcp_fast.protocol.commitlog import FenceRecord, LogRecord, decode_record, encode_record
+from sdcp_fast.protocol.problems import SdcpProblem
 
 _HEADER = struct.Struct(">II")
 MAX_RECORD = 1 << 24
@@ -32,17 +46,42 @@ def log_path(root: str, name: str) -> str:
 
 def frame(record: LogRecord) -> bytes:
     body = encode_record(record)
+    if len(body) > MAX_RECORD:
+        raise RecordTooLarge(f"record of {len(body)} bytes; a file log holds records up to {MAX_RECORD}",
+                             extra={"limit": MAX_RECORD})
     return _HEADER.pack(len(body), zlib.crc32(body)) + body
 
 
+def _frame_at(data: bytes, pos: int) -> LogRecord | None:
+    """The record framed at ``pos``, or None when no whole, checksum-valid record is there."""
+    if pos + _HEADER.size > len(data):
+        return None
+    n, crc = _HEADER.unpack_from(data, pos)
+    end = pos + _HEADER.size + n
+    if not 0 < n <= MAX_RECORD or end > len(data):
+        return None
+    body = data[pos + _HEADER.size: end]
+    if zlib.crc32(body) != crc:
+        return None
+    try:
+        return decode_record(bytes(body))
+    except SdcpProblem:
+        return None
+
+
 class FileCommitLog:
-    def __init__(self, path: str, *, sync: bool = True) -> None:
+    enforces_fencing = True
+    max_record = MAX_RECORD
+
+    def __init__(self, path: str, *, sync: bool = True, create: bool = True) -> None:
         self.path = path
         self.ref = "file://" + os.path.abspath(path)
         self._sync = sync
         directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
         created = not os.path.exists(path)
+        if created and not create:
+            raise UnknownLog(f"no commit log at {path}")
+        os.makedirs(directory, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
         if created and sync:
             dfd = os.open(directory, os.O_RDONLY)
@@ -54,12 +93,15 @@ class FileCommitLog:
         self._records: list[LogRecord] = []
         self._end = 0  # byte offset just past the last whole record
         self._fence = 0
+        self._tail_checked = (-1, -1)  # (end, size) of a torn tail already scanned
         with self._lock:
             self._locked(fcntl.LOCK_SH, truncate=False)
 
     # The in-memory copy is refreshed from the file under flock, so appends by other
     # processes (or other FileCommitLog objects) are seen before every check.
     def _locked(self, mode: int, *, truncate: bool) -> None:
+        if self._fd < 0:
+            raise ValueError(f"{self.path} is closed")
         fcntl.flock(self._fd, mode)
         try:
             self._refresh(truncate=truncate)
@@ -70,21 +112,27 @@ class FileCommitLog:
     def _refresh(self, *, truncate: bool) -> None:
         size = os.fstat(self._fd).st_size
         if size < self._end:
-            raise RuntimeError(f"{self.path} shrank below acknowledged records")
+            raise LogCorrupt(f"{self.path} shrank below acknowledged records")
         if size == self._end:
             return
         data = os.pread(self._fd, size - self._end, self._end)
         pos = 0
-        while pos + _HEADER.size <= len(data):
-            n, crc = _HEADER.unpack_from(data, pos)
-            body = data[pos + _HEADER.size: pos + _HEADER.size + n]
-            if n > MAX_RECORD or len(body) < n or zlib.crc32(body) != crc:
+        while pos < len(data):
+            record = _frame_at(data, pos)
+            if record is None:
                 break
-            record = decode_record(bytes(body))
             self._records.append(record)
             if isinstance(record, FenceRecord):
                 self._fence = max(self._fence, record.epoch)
-            pos += _HEADER.size + n
+            pos += _HEADER.size + _HEADER.unpack_from(data, pos)[0]
+        if pos < len(data) and self._tail_checked != (self._end + pos, size):
+            # A torn tail has no whole record after its start; anything else lost data that
+            # was acknowledged, so stop instead of reading past or cutting it.
+            later = next((i for i in range(pos + 1, len(data) - _HEADER.size) if _frame_at(data, i)), None)
+            if later is not None:
+                raise LogCorrupt(f"{self.path}: bad frame at byte {self._end + pos} is followed by a valid "
+                                 f"record at byte {self._end + later}")
+            self._tail_checked = (self._end + pos, size)
         self._end += pos
         if truncate and self._end < size:
             os.ftruncate(self._fd, self._end)  # torn tail of a writer that died mid-append
@@ -97,6 +145,8 @@ class FileCommitLog:
     def append(self, record: LogRecord, if_match: str | None) -> str:
         blob = frame(record)
         with self._lock:
+            if self._fd < 0:
+                raise ValueError(f"{self.path} is closed")
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
                 self._refresh(truncate=True)

@@ -26,6 +26,6 @@ def clock() -> FakeClock:
 @pytest.fixture
 def small_mlc(tmp_path, clock):
     """Host tier of 4 KiB over a disk tier of 8 KiB: a few objects of 1-2 KiB fill it."""
-    mlc = MLC([HostTier(4096), DiskTier(8192, str(tmp_path))], clock=clock, log_root=str(tmp_path))
+    mlc = MLC([HostTier(4096), DiskTier(8192, str(tmp_path))], clock=clock)
     yield mlc
     mlc.close()

@@ -7,17 +7,26 @@ import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from aiohttp import web
 
 from sdcp_fast.cache.store import MLC
+from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.servers.mlc import init_app
 
 
+class Served(str):
+    """The base URL, with the server's event loop (tests schedule probes on it)."""
+
+    loop: asyncio.AbstractEventLoop
+
+
 @contextmanager
-def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None) -> Iterator[str]:
+def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirectory | None = None,
+            **runner_kwargs: Any) -> Iterator[Served]:
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(init_app(mlc))
+    runner = web.AppRunner(init_app(mlc, logs), **runner_kwargs)
     ready = threading.Event()
     port: list[int] = []
 
@@ -36,8 +45,10 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None) -> Iterator[str]:
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert ready.wait(10), "MLC server did not start"
+    base = Served(f"{'https' if ssl_ctx else 'http'}://127.0.0.1:{port[0]}")
+    base.loop = loop
     try:
-        yield f"{'https' if ssl_ctx else 'http'}://127.0.0.1:{port[0]}"
+        yield base
     finally:
         asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

@@ -13,6 +13,7 @@ from mlc_redis import free_port
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.client import RemoteMLC, client_ssl
+from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import FenceRecord
 
 
@@ -39,8 +40,11 @@ def test_serves_over_mutual_tls_and_stops_on_sigterm(tmp_path):
         with RemoteMLC(f"https://127.0.0.1:{port}", ssl=ctx) as mlc:
             mlc.put(uri, b"rows", lease_ttl=30)
             assert bytes(mlc.get(uri)) == b"rows"
-            log = mlc.commit_log(object_uri(bytes(16), b"s" * 16, "commit_log"))
-            assert log.append(FenceRecord(1), '"0"') == '"1"'
+        router = client_ssl(certs["ca"], certs["router_cert"], certs["router_key"])
+        log = HttpCommitLog.on_server(f"https://127.0.0.1:{port}", object_uri(bytes(16), b"s" * 16, "commit_log"),
+                                      ssl=router)
+        assert log.append(FenceRecord(1), '"0"') == '"1"'
+        log.close()
         assert (tmp_path / "root" / "logs").is_dir()
     finally:
         proc.send_signal(signal.SIGTERM)

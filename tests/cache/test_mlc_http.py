@@ -13,6 +13,8 @@ from sdcp_fast.cache.client import RemoteMLC, client_ssl
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
+from sdcp_fast.commitlog.directory import LogDirectory
+from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.servers.mlc import server_ssl
 
@@ -25,14 +27,21 @@ def uri(n: int, kind: str = "q_rows") -> str:
 
 @pytest.fixture
 def mlc(tmp_path, clock):
-    m = MLC([HostTier(1 << 20), DiskTier(4 << 20, str(tmp_path))], clock=clock, log_root=str(tmp_path))
+    m = MLC([HostTier(1 << 20), DiskTier(4 << 20, str(tmp_path))], clock=clock)
     yield m
     m.close()
 
 
 @pytest.fixture
-def remote(mlc):
-    with serving(mlc) as base, RemoteMLC(base) as client:
+def logs(tmp_path):
+    d = LogDirectory(str(tmp_path))
+    yield d
+    d.close()
+
+
+@pytest.fixture
+def remote(mlc, logs):
+    with serving(mlc, logs=logs) as base, RemoteMLC(base) as client:
         yield client
 
 
@@ -127,11 +136,11 @@ def test_problem_for_bad_name(remote):
         remote.put("mlc://not a uri", b"x")
 
 
-def test_commit_log_over_http_with_if_match(remote, mlc):
+def test_commit_log_over_http_with_if_match(remote, logs):
     log_uri = uri(0, "commit_log").rsplit("/", 1)[0]
     base = remote.base_url
     a = open_commit_log(f"{base}/logs/{log_uri.removeprefix('mlc://')}")
-    b = remote.commit_log(log_uri)
+    b = HttpCommitLog.on_server(base, log_uri)
     view = a.read()
     assert view.etag == '"0"' and view.records == []
     rec = CommitRecord(1, 1, (5, 6), 2, b"\x01" * 32)
@@ -143,7 +152,7 @@ def test_commit_log_over_http_with_if_match(remote, mlc):
     with pytest.raises(Fenced):
         a.append(rec, a.read().etag)
     assert b.read(1).records == [FenceRecord(2)]
-    assert mlc.commit_log(log_uri).read().records == [rec, FenceRecord(2)], "same log in-process"
+    assert logs.log(log_uri).read().records == [rec, FenceRecord(2)], "same log in-process"
 
 
 def test_mutual_tls(mlc, tmp_path):
@@ -163,7 +172,7 @@ def test_concurrent_http_writers_exactly_one_wins_each_slot(remote):
     import threading
 
     log_uri = object_uri(SCOPE, b"c" * 16, "commit_log")
-    writers = [remote.commit_log(log_uri) for _ in range(4)]
+    writers = [HttpCommitLog.on_server(remote.base_url, log_uri) for _ in range(4)]
     wins: list[tuple[int, int]] = []
     lock = threading.Lock()
 

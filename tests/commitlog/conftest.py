@@ -26,8 +26,9 @@ def log_factory(request, tmp_path):
         factory = lambda: FileCommitLog(path)  # noqa: E731
     elif request.param == "mlc":
         import sdcp_fast.cache as cache
+        from sdcp_fast.embedded import embedded
 
-        mlc = cache.embedded(str(tmp_path), host_bytes=1 << 20, disk_bytes=1 << 20)
+        mlc = embedded(str(tmp_path), host_bytes=1 << 20, disk_bytes=1 << 20, max_open_logs=2)
         request.addfinalizer(mlc.close)
         ref = cache.object_uri(bytes(16), bytes(16), "commit_log")
         factory = lambda: open_commit_log(ref, mlc=mlc)  # noqa: E731

@@ -1,0 +1,105 @@
+"""The embedded commit logs: one file log per ``mlc://`` name under ``<root>/logs``.
+
+Logs are opened on demand and closed when idle, so the number of open descriptors stays
+at ``max_open`` however many names are used (a log in use is never closed under its
+user). Reading a log that was never appended to creates nothing: it reads as empty.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sdcp_fast.commitlog.base import LogView, PreconditionFailed, UnknownLog, etag_of, length_of
+from sdcp_fast.commitlog.file import FileCommitLog, frame, log_path
+from sdcp_fast.protocol.commitlog import LogRecord
+
+MAX_OPEN = 64
+
+
+class LogDirectory:
+    def __init__(self, root: str, *, max_open: int = MAX_OPEN, sync: bool = True) -> None:
+        if max_open < 1:
+            raise ValueError("max_open must be at least 1")
+        self.root = root
+        self.max_open = max_open
+        self._sync = sync
+        self._lock = threading.Lock()
+        self._open: OrderedDict[str, FileCommitLog] = OrderedDict()  # least recently used first
+        self._users: dict[str, int] = {}
+
+    def log(self, name: str) -> DirectoryLog:
+        """A handle on the log ``name``: cheap, holds no descriptor between calls."""
+        return DirectoryLog(self, name)
+
+    def exists(self, name: str) -> bool:
+        return os.path.exists(log_path(self.root, name))
+
+    @property
+    def open_count(self) -> int:
+        with self._lock:
+            return len(self._open)
+
+    @contextmanager
+    def using(self, name: str, *, create: bool) -> Iterator[FileCommitLog]:
+        """The open file log of ``name`` for one operation (UnknownLog if absent and not ``create``)."""
+        with self._lock:
+            log = self._open.get(name)
+            if log is None:
+                log = FileCommitLog(log_path(self.root, name), sync=self._sync, create=create)
+                self._open[name] = log
+            self._open.move_to_end(name)
+            self._users[name] = self._users.get(name, 0) + 1
+            self._trim()
+        try:
+            yield log
+        finally:
+            with self._lock:
+                self._users[name] -= 1
+                if not self._users[name]:
+                    del self._users[name]
+                self._trim()
+
+    def _trim(self) -> None:
+        # Close idle logs, least recently used first; logs in use may overshoot briefly.
+        for name in list(self._open):
+            if len(self._open) <= self.max_open:
+                return
+            if name not in self._users:
+                self._open.pop(name).close()
+
+    def close(self) -> None:
+        with self._lock:
+            for log in self._open.values():
+                log.close()
+            self._open.clear()
+
+
+class DirectoryLog:
+    """One log of a :class:`LogDirectory`, as a ``CommitLog``."""
+
+    enforces_fencing = True
+
+    def __init__(self, directory: LogDirectory, name: str) -> None:
+        self.directory = directory
+        self.ref = name
+
+    def read(self, start: int = 0) -> LogView:
+        try:
+            with self.directory.using(self.ref, create=False) as log:
+                return log.read(start)
+        except UnknownLog:
+            return LogView([], start, etag_of(0))
+
+    def append(self, record: LogRecord, if_match: str | None) -> str:
+        frame(record)  # refuse what cannot be stored before a file exists for it
+        if if_match is not None and length_of(if_match) != 0 and not self.directory.exists(self.ref):
+            raise PreconditionFailed(f"log has 0 records, not {if_match}")
+        with self.directory.using(self.ref, create=True) as log:
+            return log.append(record, if_match)
+
+    def close(self) -> None:
+        pass  # the directory owns the descriptors
