@@ -1,0 +1,149 @@
+"""HTTP/1.1 through aiohttp, for debugging only (§5.1 requires HTTP/2; never the default).
+
+:func:`serve_http1` serves the same :data:`~sdcp_fast.transport.base.Handler` as
+:func:`~sdcp_fast.transport.h2server.serve`, with the peer taken from the verified client
+certificate the same way (:func:`~sdcp_fast.transport.tls.peer_of`); :class:`Http1Transport`
+is a matching client. Use them with HTTP/1.1 tools (``curl --http1.1``, a browser, a proxy
+that speaks no HTTP/2); build their contexts with ``alpn=("http/1.1",)``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import ssl as ssl_module
+from collections.abc import Mapping
+from urllib.parse import quote, urlsplit
+
+import aiohttp
+from aiohttp import web
+
+from sdcp_fast.transport.base import Handler, Request, Response
+from sdcp_fast.transport.binding import check_insecure
+from sdcp_fast.transport.errors import TransportError, TransportTimeout
+from sdcp_fast.transport.h2conn import HOP_BY_HOP, Limits
+from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
+from sdcp_fast.transport.tls import peer_of
+
+log = logging.getLogger("sdcp_fast.transport")
+
+
+def _to_aiohttp(response: Response) -> web.Response:
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length"}}
+    return web.Response(status=response.status, body=response.body, headers=headers)
+
+
+def make_app(handler: Handler, limits: Limits | None = None, base_path: str = "/") -> web.Application:
+    """An aiohttp application that hands every request under ``base_path`` to ``handler``."""
+    limits = limits or Limits()
+    base = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
+
+    async def view(request: web.Request) -> web.StreamResponse:
+        if not request.path.startswith(base):
+            return _to_aiohttp(http_problem(404, f"outside this instance's base path {base}"))
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            return _to_aiohttp(http_problem(413, f"request body over {limits.max_body} bytes"))
+        transport = request.transport
+        ours = Request(method=request.method, path=request.path[len(base):], query=dict(request.query),
+                       body=body, headers={k.lower(): v for k, v in request.headers.items()},
+                       peer=peer_of(transport.get_extra_info("ssl_object")) if transport else None)
+        try:
+            response = await handler(ours)
+        except Exception:
+            log.exception("handler failed: %s /%s from %s", ours.method, ours.path, ours.peer)
+            response = http_problem(500, INTERNAL_ERROR_DETAIL)
+        return _to_aiohttp(response)
+
+    app = web.Application(client_max_size=limits.max_body)
+    app.router.add_route("*", "/{tail:.*}", view)
+    return app
+
+
+class Http1Server:
+    def __init__(self, runner: web.AppRunner, site: web.TCPSite) -> None:
+        self._runner = runner
+        self._site = site
+
+    @property
+    def port(self) -> int:
+        server = self._site._server
+        assert server is not None and server.sockets  # type: ignore[union-attr]
+        return int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+    def close(self) -> None:
+        pass  # aiohttp stops listening and closes connections in wait_closed (runner cleanup)
+
+    async def wait_closed(self) -> None:
+        await self._runner.cleanup()
+
+    async def __aenter__(self) -> Http1Server:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.wait_closed()
+
+
+async def serve_http1(handler: Handler, host: str, port: int, *, ssl: ssl_module.SSLContext | None,
+                      insecure: bool = False, limits: Limits | None = None, base_path: str = "/") -> Http1Server:
+    """Like :func:`~sdcp_fast.transport.h2server.serve`, over HTTP/1.1 (debugging only)."""
+    if ssl is None:
+        if not insecure:
+            raise ValueError("serve_http1() needs an SSL context (mutual TLS) unless insecure=True")
+        check_insecure(host, "HTTP/1.1 debugging server binding")
+    log.warning("serving HTTP/1.1 (debugging transport; SDCP peers expect HTTP/2) on %s:%s", host, port)
+    runner = web.AppRunner(make_app(handler, limits, base_path), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, ssl_context=ssl)
+    await site.start()
+    return Http1Server(runner, site)
+
+
+class Http1Transport:
+    """A :class:`~sdcp_fast.transport.base.Transport` over HTTP/1.1 (aiohttp's pooled client)."""
+
+    def __init__(self, ssl: ssl_module.SSLContext | None = None, *, insecure: bool = False,
+                 timeout: float | None = 30.0, connections_per_host: int = 100) -> None:
+        self.ssl = ssl
+        self.insecure = insecure
+        self.timeout = timeout
+        self._limit = connections_per_host
+        self._session: aiohttp.ClientSession | None = None
+
+    async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
+                      query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                      timeout: float | None = None) -> Response:
+        parts = urlsplit(base_uri)
+        if parts.scheme == "http":
+            if not self.insecure:
+                raise TransportError(f"{base_uri}: plain http needs an insecure transport (--insecure)")
+            try:
+                check_insecure(parts.hostname or "", "HTTP/1.1 client connection to")
+            except ValueError as exc:
+                raise TransportError(str(exc)) from None
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                ssl=self.ssl if self.ssl is not None else False, limit_per_host=self._limit))
+        url = base_uri.rstrip("/") + "/" + quote(path.lstrip("/"), safe="/:@!$&'()*+,;=~")
+        limit = timeout if timeout is not None else self.timeout
+        try:
+            async with self._session.request(method, url, data=body or None, params=query, headers=headers,
+                                             timeout=aiohttp.ClientTimeout(total=limit)) as reply:
+                data = await reply.read()
+                return Response(reply.status, data, {k.lower(): v for k, v in reply.headers.items()})
+        except asyncio.TimeoutError as exc:
+            raise TransportTimeout(f"{method} {url}: no response within {limit} s") from exc
+        except aiohttp.ClientError as exc:
+            raise TransportError(f"{method} {url}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def __aenter__(self) -> Http1Transport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

@@ -1,0 +1,63 @@
+"""--insecure: plain HTTP/2 (h2c, prior knowledge) on loopback only, and said loudly."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from transport_util import echo, run
+
+from sdcp_fast.transport.binding import is_loopback
+from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.h2client import H2Transport
+from sdcp_fast.transport.h2server import serve
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"])
+def test_loopback_hosts(host: str) -> None:
+    assert is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3", "192.168.0.1", "example.org", ""])
+def test_other_hosts_are_not_loopback(host: str) -> None:
+    assert not is_loopback(host)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.1.2.3"])
+def test_insecure_server_refuses_non_loopback(host: str) -> None:
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="loopback"):
+            await serve(echo, host, 0, ssl=None, insecure=True)
+
+    run(scenario())
+
+
+def test_no_tls_without_insecure() -> None:
+    async def scenario() -> None:
+        with pytest.raises(ValueError, match="SSL context"):
+            await serve(echo, "127.0.0.1", 0, ssl=None)
+
+    run(scenario())
+
+
+def test_insecure_round_trip_on_loopback_warns_and_has_no_peer(caplog: pytest.LogCaptureFixture) -> None:
+    async def scenario() -> dict[str, object]:
+        async with await serve(echo, "127.0.0.1", 0, ssl=None, insecure=True) as server, \
+                H2Transport(insecure=True) as client:
+            response = await client.request(f"http://127.0.0.1:{server.port}/", "GET", "whoami")
+            return json.loads(response.body)
+
+    with caplog.at_level(logging.WARNING, logger="sdcp_fast.transport"):
+        info = run(scenario())
+    assert info["peer"] is None
+    assert "INSECURE" in caplog.text
+
+
+def test_insecure_client_reaches_loopback_only() -> None:
+    async def scenario() -> None:
+        async with H2Transport(insecure=True) as client:
+            with pytest.raises(TransportError, match="loopback"):
+                await client.request("http://10.1.2.3:8501/", "GET", "x")
+
+    run(scenario())
