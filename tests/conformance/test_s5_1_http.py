@@ -38,3 +38,32 @@ def test_session_path_id_is_base64url_without_padding() -> None:
 def test_http2_or_http3_over_tls13_with_mutual_authentication_is_required() -> None:
     """§5.1: HTTP/2 or HTTP/3 over TLS 1.3 with mutual certificate authentication is REQUIRED."""
     pytest.skip("transport requirement: the sans-I/O protocol core opens no connection; the servers own it")
+
+
+def test_instance_path_id_is_base64url_of_the_instance_name() -> None:
+    """§5.1 Table 1 (PUT instances/{id}/status): the draft defines {id} only for sessions; ours
+    is the base64url without padding of the UTF-8 instance name, the status's ``instance``
+    (docs/interpretations.md), so a base URI is one path segment."""
+    from sdcp_fast.protocol.messages import instance_path_id, parse_instance_path_id
+
+    name = "https://drafter-a.example:8443/"
+    text = instance_path_id(name)
+    assert set(text) <= set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+    assert parse_instance_path_id(text) == name
+    with pytest.raises(BadRequest):
+        parse_instance_path_id(text + "=")
+
+
+def test_clients_read_problem_types_by_suffix_and_unlisted_statuses_by_class() -> None:
+    """§5.1: errors use Problem Details; clients handle unlisted status codes by class. A client
+    maps any type URI ending in a Table 2 suffix to that problem, and anything else by its
+    status class (4xx: the request; 5xx: the server)."""
+    from sdcp_fast.protocol.problems import StaleBase, UnlistedProblem, problem_from_response
+
+    got = problem_from_response(409, {"type": "https://other.example/p/sdcp-stale-base",
+                                      "session_state": {"round": 1}})
+    assert isinstance(got, StaleBase) and got.extra == {"session_state": {"round": 1}}
+    for status, server in ((429, False), (507, True)):
+        unlisted = problem_from_response(status, None)
+        assert isinstance(unlisted, UnlistedProblem) and unlisted.status == status
+        assert unlisted.server_error is server and unlisted.suffix == f"http-{status // 100}xx"

@@ -62,3 +62,46 @@ def test_router_selects_a_drafter_whose_model_the_contract_permits() -> None:
         table.register_model(name, model)
     assert choose_drafter(table, contract(drafters=(b"B" * 32,)), 0.0) == "https://b/"
     assert choose_drafter(table, contract(), 0.0) == "https://a/"  # absent: any model
+
+
+def test_session_open_is_idempotent_and_unknown_sessions_are_404() -> None:
+    """§6.1 POST sessions (and §6.9 lost messages): the same session-open twice answers the
+    same session's current state and resets nothing; an id the verifier does not hold is
+    sdcp-unknown-session (404)."""
+    from sdcp_fast.protocol.problems import UnknownSession
+    from sdcp_fast.protocol.registry import SessionRegistry
+
+    registry = SessionRegistry()
+    session, _ = registry.open(OPEN, target_digest=TARGET)
+    session.assign(assignment(session))
+    work = session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0)
+    assert isinstance(work, ScoreNeeded)
+    session.complete_scoring(1, 5)
+    session.append_done(ok=True)
+    again, state = registry.open(OPEN, target_digest=TARGET)
+    assert again is session and (state.round, state.committed) == (1, 2) and again.drafter == DRAFTER
+    with pytest.raises(UnknownSession) as info:
+        registry.get(b"\x00" * 16)
+    assert info.value.status == 404
+
+
+def test_router_chooses_a_live_verifier_and_a_random_session_id() -> None:
+    """§6.1: the router selects a verifier (local policy: least load, then queue, then name,
+    among verifiers whose status is live) and sends session-open with epoch 1; the session id
+    comes from the caller's random bytes, not from a fixed value."""
+    import os
+
+    from sdcp_fast.protocol.router import choose_verifier, new_session_id, open_message
+
+    table = StatusTable()
+    table.report(Status(instance="https://v1/", role=2, load=40, queue=0, ttl_ms=1000), 0.0)
+    table.report(Status(instance="https://v2/", role=2, load=10, queue=5, ttl_ms=1000), 0.0)
+    table.report(Status(instance="https://d/", role=1, load=0, queue=0, ttl_ms=1000), 0.0)
+    assert choose_verifier(table, 0.5) == "https://v2/"
+    assert choose_verifier(table, 1.0) is None  # expired: never chosen
+    ids = {new_session_id(os.urandom(16)) for _ in range(4)}
+    assert len(ids) == 4
+    routed = RoutedSession(session=ids.pop(), epoch=1, contract=contract(), prompt=PROMPT,
+                           commit_log="mlc://log", verifier="https://v2/", round=0, committed=0,
+                           digest=bytes(32), m_init=4)
+    assert open_message(routed).epoch == 1

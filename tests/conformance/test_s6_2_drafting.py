@@ -71,3 +71,28 @@ def test_recommended_choice_of_m_maximizes_expected_tokens_per_time() -> None:
     assert expected_tokens(1.0, 5) == 6
     # A loaded drafter (larger t_d) proposes fewer tokens.
     assert choose_m(alpha, 3.0, t_v, 8) < choose_m(alpha, t_d, t_v, 8)
+
+
+def test_drafter_takes_base_and_m_cap_only_from_a_verdict_that_answers_its_proposal() -> None:
+    """§6.2: base, round and m_cap come from the last verdict, so a verdict that cannot answer
+    the outstanding proposal (a > M, emitted tokens not the accepted ones, committed or digest
+    not the chain's) is refused with sdcp-bad-request and the drafter keeps what it had
+    (defect (c)); the proposal stays outstanding for a retry."""
+    from dataclasses import replace
+
+    from sdcp_fast.protocol.problems import BadRequest
+
+    verifier = open_session()
+    drafter = DrafterSession(assignment(verifier))
+    prop = drafter.propose([4, 5], STATUS)
+    verdict = _verify(verifier, prop, 1, 9)
+    kept = (drafter.round, drafter.committed, drafter.digest, drafter.m_cap)
+    for bad in (replace(verdict, accepted=3), replace(verdict, emitted=(5, 9)),
+                replace(verdict, committed=7), replace(verdict, digest=bytes(32))):
+        with pytest.raises(BadRequest) as info:
+            drafter.on_verdict(bad)
+        assert info.value.status == 400
+        assert (drafter.round, drafter.committed, drafter.digest, drafter.m_cap) == kept
+        assert drafter.retry() is prop
+    drafter.on_verdict(verdict)
+    assert (drafter.round, drafter.committed, drafter.digest) == (1, 2, verifier.digest)

@@ -5,7 +5,18 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from s6kit import DRAFTER, STATUS, assignment, contract, open_session, proposal, run_round
+from s6kit import (
+    DRAFTER,
+    PROMPT,
+    SID,
+    STATUS,
+    TARGET,
+    assignment,
+    contract,
+    open_session,
+    proposal,
+    run_round,
+)
 
 from sdcp_fast.protocol import randoms
 from sdcp_fast.protocol.drafter import DrafterSession
@@ -181,3 +192,65 @@ def test_drafter_discards_draft_state_beyond_accepted_positions() -> None:
     nxt = drafter.propose([1], STATUS)
     assert (nxt.base, nxt.base_digest) == (2, verifier.digest)
     assert verdict.action is Action.CONTINUE
+
+
+def test_authorization_is_the_authenticated_identity_and_comes_before_fencing() -> None:
+    """§6.3 Authorization, then Fencing: the authenticated client (the peer's certificate base
+    URI) MUST be the drafter of the latest assignment, whatever the proposal's own ``drafter``
+    member says; a proposal of another epoch from anyone else is not-assigned, not stale-epoch."""
+    from sdcp_fast.protocol.identity import Peer, PeerRole
+
+    session = open_session()
+    mallory = Peer(uri="https://mallory/", role=PeerRole.DRAFTER)
+    for p in (proposal(session, (4,)), proposal(session, (4,), epoch=7)):
+        with pytest.raises(NotAssigned):
+            session.receive_proposal(p, client=mallory, now=0)
+    assigned = Peer(uri=DRAFTER, role=PeerRole.DRAFTER)
+    with pytest.raises(StaleEpoch):
+        session.receive_proposal(proposal(session, (4,), epoch=7), client=assigned, now=0)
+    assert isinstance(session.receive_proposal(proposal(session, (4,)), client=assigned, now=0), ScoreNeeded)
+
+
+def test_roles_act_only_as_the_role_their_certificate_names() -> None:
+    """§6.3 / §5.1 mutual authentication: a drafter certificate can act only as a drafter (POST
+    proposals), a router's only as a router (POST sessions, PUT drafter, policy): sdcp-forbidden."""
+    from sdcp_fast.protocol.identity import Peer, PeerRole, require_role
+    from sdcp_fast.protocol.problems import Forbidden
+
+    drafter = Peer(uri=DRAFTER, role=PeerRole.DRAFTER)
+    router = Peer(uri="https://router/", role=PeerRole.ROUTER)
+    assert require_role(drafter, PeerRole.DRAFTER) is drafter
+    for peer, role in ((drafter, PeerRole.ROUTER), (router, PeerRole.DRAFTER)):
+        with pytest.raises(Forbidden) as info:
+            require_role(peer, role)
+        assert info.value.status == 403
+
+
+@pytest.mark.parametrize("rule", [1, 2])
+def test_token_outside_the_vocabulary_is_bad_proposal_before_scoring(rule: int) -> None:
+    """§6.3 Scoring needs p over the target's vocabulary: a proposed token outside it cannot be
+    verified under either rule and is sdcp-bad-proposal (422) before any work (defect (a))."""
+    from sdcp_fast.protocol.messages import SessionOpen
+    from sdcp_fast.protocol.session import VerifierSession
+
+    so = SessionOpen(session=SID, epoch=1, contract=contract(rule=rule), prompt=PROMPT, commit_log="l")
+    session, _ = VerifierSession.open(so, target_digest=TARGET, vocab=16)
+    session.assign(assignment(session))
+    with pytest.raises(BadProposal) as info:
+        session.receive_proposal(proposal(session, (3, 16)), client=DRAFTER, now=0)
+    assert info.value.status == 422 and session.state is State.READY
+
+
+def test_a_refused_round_never_leaves_the_session_waiting() -> None:
+    """§6.3 with §6.4: a round whose random values cannot be derived (round past uint32) is
+    refused before the session changes state, and a resume that would lead there is refused at
+    open, so no retry is answered "in progress" forever (defect (b))."""
+    from sdcp_fast.protocol.problems import BadRequest
+
+    session = open_session(contract(rule=2, sampling=Sampling(seed=1)))
+    session.round = 2**32 - 1
+    with pytest.raises(BadRequest):
+        session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0)
+    assert session.state is State.READY
+    with pytest.raises(BadRequest):  # the same again: refused again, not Pending
+        session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0)

@@ -129,12 +129,34 @@ def test_target_distribution_is_the_sampling_profile() -> None:
     assert profile_distribution(logits, Sampling(temperature_milli=0)) == [0, 0, 0, 1]
 
 
-def test_drafter_side_does_not_use_the_verifier_derivation() -> None:
-    """§6.4: drafters MUST NOT use the verifier's derivation for their own sampling. The drafter
-    logic of the core draws nothing and does not reach the verifier's random values."""
-    import inspect
+def test_drafter_side_does_not_use_the_verifier_derivation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """§6.4: drafters MUST NOT use the verifier's derivation for their own sampling. With every
+    way to the verifier's values (the HMAC derivation, its session object, the CSPRNG) made to
+    fail, the core's drafter side still runs a whole exchange: choosing M, proposing, following
+    verdicts, retrying, resynchronizing and estimating acceptance draw on none of them."""
+    from s6kit import STATUS, assignment, run_round
 
-    from sdcp_fast.protocol import drafter
+    from sdcp_fast.protocol import randoms
+    from sdcp_fast.protocol.drafter import DrafterSession
+    from sdcp_fast.protocol.problems import StaleBase
 
-    source = inspect.getsource(drafter)
-    assert "randoms" not in source and "VerifierRandom" not in source and "verifier_uniform" not in source
+    verifier = open_session(contract(rule=2, sampling=Sampling(seed=9)))
+    drafter = DrafterSession(assignment(verifier))
+    drafted = [drafter.propose([1, 2][: drafter.choose_m(0.01, 0.05)], STATUS, q_rows="mlc://q")]
+    verdicts = [run_round(verifier, drafted[0].tokens, 1, 3).verdict]
+
+    def forbidden(*args: object, **kwargs: object) -> float:
+        raise AssertionError("the drafter side reached the verifier's random values")
+
+    for name in ("verifier_uniform", "secure_uniform"):
+        monkeypatch.setattr(randoms, name, forbidden)
+    monkeypatch.setattr(randoms.VerifierRandom, "uniform", forbidden)
+    monkeypatch.setattr(randoms.secrets, "randbits", forbidden)
+    monkeypatch.setattr(randoms.hmac, "new", forbidden)
+    drafter.retry()
+    outcome = drafter.on_verdict(verdicts[0], assumed=(1, 3))
+    assert outcome.proceed and drafter.committed == verifier.committed
+    assert 0.0 <= drafter.estimator.alpha <= 1.0 and 0 <= drafter.estimator.accept_milli <= 1000
+    drafter.propose([4], STATUS, q_rows="mlc://q2")
+    drafter.on_problem(StaleBase("behind", extra={"session_state": verifier.session_state().to_map()}))
+    assert drafter.round == verifier.round and drafter.choose_m(0.01, 0.05) >= 1

@@ -41,6 +41,16 @@ def test_m_cap_restored_gradually() -> None:
     assert caps == [5, 6, 7, 8, 8]
 
 
+def test_m_cap_does_not_grow_while_rounds_are_low() -> None:
+    """§6.5.1: m_cap is restored "when rounds are no longer low": a low round that applies no
+    ladder entry leaves m_cap as it is, even with the load far below the knee."""
+    session = open_session(contract(m_max=8, low_rounds=3, fallback=(5,)), m_init=3)
+    for _ in range(2):
+        done = run_round(session, (1, 1), 0, 1, load=0)
+        assert done.verdict.action is Action.CONTINUE and done.verdict.m_cap == 3
+    assert run_round(session, (1, 1), 2, 1, load=0).verdict.m_cap == 4
+
+
 def test_low_round_definition() -> None:
     """§6.5.2: a round is low if 100 * a < low_ratio * M, or, when low_ratio is zero or absent,
     if a = 0."""
@@ -99,8 +109,9 @@ def test_j_persists_across_drafter_change_and_self_decoding() -> None:
     session.append_done(ok=True)
     session.assign(assignment(session, drafter="https://b/"))
     assert session.control.j == 1
+    # The next low round applies entry j = 1 (switch), not entry 0 again.
     done = run_round(session, (1,), 0, 1, client="https://b/")
-    assert done.verdict.action is not Action.SELF_DECODE
+    assert done.verdict.action is Action.SWITCH and session.control.j == 2
 
 
 def test_switch_sends_event_and_current_drafter_stops() -> None:
@@ -112,6 +123,28 @@ def test_switch_sends_event_and_current_drafter_stops() -> None:
     assert [(e.kind, e.committed, e.digest) for e in done.events] == [(Action.SWITCH, 1, session.digest)]
     with pytest.raises(NotAssigned):
         session.receive_proposal(proposal(session, (1,)), client=DRAFTER, now=0)
+
+
+def test_drafter_stops_proposing_on_switch() -> None:
+    """§6.5.2 switch, the drafter's side: after a switch verdict the current drafter MUST stop
+    proposing for the session; only a new assignment lets a drafter propose again."""
+    from s6kit import STATUS
+
+    from sdcp_fast.protocol.drafter import DrafterError, DrafterSession
+
+    verifier = open_session(contract(low_rounds=1, fallback=(2,)))
+    drafter = DrafterSession(assignment(verifier))
+    prop = drafter.propose([1], STATUS)
+    verifier.receive_proposal(prop, client=DRAFTER, now=0)
+    verifier.complete_scoring(0, 1)
+    verdict = verifier.append_done(ok=True).verdict
+    outcome = drafter.on_verdict(verdict)
+    assert verdict.action is Action.SWITCH and not outcome.proceed and drafter.stopped is Action.SWITCH
+    with pytest.raises(DrafterError):
+        drafter.propose([1], STATUS)
+    verifier.assign(assignment(verifier, drafter="https://b/"))
+    successor = DrafterSession(assignment(verifier, drafter="https://b/"))
+    assert successor.propose([1], STATUS).round == verdict.round + 1
 
 
 def test_self_decoding_rounds_and_its_end() -> None:

@@ -40,3 +40,24 @@ def test_read_after_append_detects_an_earlier_fence() -> None:
     own = CommitRecord(epoch=1, round=2, emitted=(3,), committed=3, digest=bytes(32))
     assert not append_survived([FenceRecord(epoch=2), own], 1)
     assert append_survived([FenceRecord(epoch=1), own], 1)
+
+
+def test_a_failed_conditional_append_has_one_meaning() -> None:
+    """§6.8 with §6.3 Commit: after a conditional append fails (or its answer is lost), the log
+    read again decides: our record there with no higher fence before it is committed; a higher
+    fence is fenced (discard, release nothing, stop); anything else is lost, handled as fenced."""
+    from sdcp_fast.protocol.commitlog import classify_failed_append
+    from sdcp_fast.protocol.session import Discarded, RoundDone, State
+
+    outcomes = {}
+    for name, after in (("committed", lambda own: [own]), ("fenced", lambda own: [FenceRecord(2)]),
+                        ("lost", lambda own: [CommitRecord(1, 1, (9,), 1, bytes(32))])):
+        session = open_session(epoch=1)
+        session.receive_proposal(proposal(session, (1,)), client=DRAFTER, now=0)
+        own = session.complete_scoring(1, 3).record
+        kind = classify_failed_append([FenceRecord(1), *after(own)], own)
+        assert kind == name
+        done = session.append_done(ok=kind == "committed", fenced=kind != "committed")
+        outcomes[kind] = (type(done), session.state, session.output(0).tokens if kind == "committed" else ())
+    assert outcomes == {"committed": (RoundDone, State.READY, (1, 3)),
+                        "fenced": (Discarded, State.FENCED, ()), "lost": (Discarded, State.FENCED, ())}

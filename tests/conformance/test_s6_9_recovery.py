@@ -103,3 +103,82 @@ def test_new_assignment_after_failover_names_the_session_state() -> None:
     run_round(session, (4,), 1, 5)
     a = assignment(session)
     assert (a.round, a.committed, a.digest) == (1, 2, session.digest)
+
+
+def test_verifier_failure_is_detected_from_ttl_and_the_session_moves_to_a_live_verifier() -> None:
+    """§6.9 Verifier failure, detected as §6.1 defines liveness: a verifier whose status outlived
+    its ttl_ms has failed; its open sessions move (fence, then open) to a live verifier."""
+    from sdcp_fast.protocol.router import choose_verifier, expired_verifiers
+
+    table = _table()
+    table.report(Status(instance=VERIFIER, role=2, load=0, queue=0, ttl_ms=1000), 0.0)
+    table.report(Status(instance="https://verifier-2.example/", role=2, load=60, queue=0, ttl_ms=60_000), 0.0)
+    routed = _routed(open_session())
+    assert expired_verifiers([routed], table, 0.5) == []
+    failed = expired_verifiers([routed], table, 1.0)
+    assert failed == [routed]
+    target = choose_verifier(table, 1.0, exclude=(routed.verifier,))
+    assert target == "https://verifier-2.example/"
+    plan = plan_failover(routed, target, None)
+    assert (plan.fence.epoch, plan.open.epoch, routed.verifier) == (2, 2, target)
+
+
+def test_failover_carries_the_current_sampling_policy() -> None:
+    """§6.9 with §6.6: the new verifier knows only the contract, so the fail-over plan carries the
+    session's current profile as a policy from the resumed round + 1, sent after the open and
+    before the assignment; the resumed rounds then use the profile the router set."""
+    from sdcp_fast.protocol.messages import Sampling
+    from sdcp_fast.protocol.router import policy_update
+
+    old = open_session(contract(rule=2))
+    routed = _routed(old)
+    profile = Sampling(temperature_milli=700, seed=5)
+    old.policy(policy_update(routed, 1, profile))
+    done = run_round(old, (4,), 1, 6)
+    last = CommitRecord(epoch=1, round=1, emitted=done.verdict.emitted, committed=2, digest=done.verdict.digest)
+    plan = plan_failover(routed, "https://verifier-2.example/", last, committed_tokens="mlc://out")
+    assert plan.policy is not None and (plan.policy.from_round, plan.policy.sampling) == (2, profile)
+    new, state = VerifierSession.open(plan.open, target_digest=TARGET, committed_tokens=old.output(0).tokens)
+    new.policy(plan.policy)
+    new.assign(after_open(routed, state, _table(), now=0.0))
+    assert new.sampling_for(2) == profile == old.sampling_for(2)
+
+
+def test_a_session_open_at_a_higher_epoch_replaces_the_session_at_this_verifier() -> None:
+    """§6.9: a session opened again at a new epoch (here at the same verifier) starts over from
+    the resume; the session of the old epoch can no longer commit or release output (409
+    sdcp-stale-epoch), and a session-open with an older epoch is refused likewise."""
+    from sdcp_fast.protocol.messages import Resume, SessionOpen
+    from sdcp_fast.protocol.registry import SessionRegistry
+
+    registry = SessionRegistry()
+    first = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log")
+    old, _ = registry.open(first, target_digest=TARGET)
+    old.assign(assignment(old))
+    done = run_round(old, (4,), 1, 6)
+    old.receive_proposal(proposal(old, (7,)), client=DRAFTER, now=0)  # a round in flight
+    resume = Resume(round=1, committed=2, digest=done.verdict.digest, committed_tokens="mlc://out")
+    new, state = registry.open(replace(first, epoch=2, resume=resume), target_digest=TARGET,
+                               committed_tokens=(4, 6))
+    assert (state.epoch, state.round, state.committed) == (2, 1, 2) and registry.get(SID) is new
+    with pytest.raises(StaleEpoch):
+        old.complete_scoring(1, 8)
+    with pytest.raises(StaleEpoch):
+        old.output(0)
+    with pytest.raises(StaleEpoch):
+        registry.open(first, target_digest=TARGET)
+
+
+def test_a_redelivered_event_reassigns_once() -> None:
+    """§6.9 Lost messages: the verifier may send an event again; the router acts on a switch
+    once, so the session is not moved twice."""
+    from sdcp_fast.protocol.messages import Action, Event
+    from sdcp_fast.protocol.router import on_event
+
+    table = _table()
+    table.report(Status(instance="https://drafter-c.example/", role=1, load=60, queue=0, ttl_ms=60_000), 0.0)
+    routed = _routed(open_session())
+    event = Event(session=SID, epoch=1, kind=Action.SWITCH, committed=3, digest=b"\x03" * 32)
+    first = on_event(routed, event, table, 0.0)
+    assert first is not None and first.drafter == B
+    assert on_event(routed, event, table, 0.0) is None and routed.drafter == B
