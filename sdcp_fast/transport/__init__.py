@@ -7,5 +7,9 @@ what a message means, and no role knows which transport called it.
 """
 
 from sdcp_fast.transport.base import Handler, Request, Response, Transport
+from sdcp_fast.transport.errors import TransportError, TransportTimeout
 
-__all__ = ["Handler", "Request", "Response", "Transport"]
+# The network transport lives in its own modules so importing this package pulls in no
+# h2/TLS code: ``tls`` (contexts, peer_of), ``h2server.serve``, ``h2client.H2Transport``,
+# ``http1`` (debugging), ``certs`` (development CA).
+__all__ = ["Handler", "Request", "Response", "Transport", "TransportError", "TransportTimeout"]

@@ -101,7 +101,11 @@ class H2Protocol(asyncio.Protocol):
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
-        self.conn = _Connection(h2.config.H2Configuration(client_side=self.client_side, header_encoding=None))
+        # Outbound fields are ours (lower-case, no connection-specific ones: outbound_fields),
+        # so h2's per-field checks of what we send are skipped; what we receive is checked.
+        self.conn = _Connection(h2.config.H2Configuration(
+            client_side=self.client_side, header_encoding=None,
+            validate_outbound_headers=False, normalize_outbound_headers=False))
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self.loop.create_future()

@@ -1,0 +1,162 @@
+"""Echo over the SDCP transport: HTTP/2 + mTLS (ours, on h2) next to aiohttp HTTP/1.1 + mTLS.
+
+Each server runs alone in a child process (uvloop) answering every request with its body;
+this process drives it with our matching client at a few concurrency levels and reports
+requests/s, p50/p99 latency, and CPU microseconds per request on each side (process CPU
+time over the measured window / requests; the server's is read over the transport itself
+before and after). Both servers are measured in the same run on the same machine, so the
+ratio is the figure to quote; absolute numbers move with the machine's load.
+
+    python bench/transport.py                     # ~40 s: both transports, concurrency 1, 16, 64
+    python bench/transport.py --seconds 5 --concurrency 1 8 32 128 --body 4096 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sdcp_fast.protocol.identity import PeerRole
+from sdcp_fast.transport.base import Request, Response, Transport
+from sdcp_fast.transport.certs import InstanceSpec, write_certificates
+from sdcp_fast.transport.h2client import H2Transport
+from sdcp_fast.transport.h2server import serve
+from sdcp_fast.transport.http1 import Http1Transport, serve_http1
+from sdcp_fast.transport.tls import client_context, server_context
+
+KINDS = {"h2": "HTTP/2 + mTLS (h2 adapter)", "http1": "HTTP/1.1 + mTLS (aiohttp)"}
+ALPN = {"h2": ("h2",), "http1": ("http/1.1",)}
+
+
+async def echo(request: Request) -> Response:
+    if request.path == "cpu":  # the server's own CPU seconds, for per-request cost
+        return Response(200, repr(time.process_time()).encode())
+    return Response(200, request.body, {"content-type": "application/sdcp+cbor"})
+
+
+def _new_loop_runner():  # type: ignore[no-untyped-def]
+    try:
+        import uvloop
+
+        return uvloop.run
+    except ImportError:
+        return asyncio.run
+
+
+async def _serve_forever(kind: str, certs: Path) -> None:
+    ctx = server_context(str(certs / "server.pem"), str(certs / "server.key"), str(certs / "ca.pem"),
+                         alpn=ALPN[kind])
+    start = serve if kind == "h2" else serve_http1
+    server = await start(echo, "127.0.0.1", 0, ssl=ctx)
+    print(f"PORT {server.port}", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+    server.close()
+    await server.wait_closed()
+
+
+def _client(kind: str, certs: Path, concurrency: int) -> Transport:
+    ctx = client_context(str(certs / "client.pem"), str(certs / "client.key"), str(certs / "ca.pem"),
+                         alpn=ALPN[kind])
+    if kind == "h2":
+        return H2Transport(ctx)
+    return Http1Transport(ctx, connections_per_host=concurrency)
+
+
+async def measure(client: Transport, base: str, concurrency: int, seconds: float, body: bytes) -> dict[str, float]:
+    """Closed loop: ``concurrency`` workers each send a request as soon as the last returns."""
+    async def server_cpu() -> float:
+        return float((await client.request(base, "GET", "cpu")).body)
+
+    async def worker(until: float, latencies: list[float] | None) -> None:
+        while (now := time.perf_counter()) < until:
+            response = await client.request(base, "POST", "echo", body=body)
+            if response.status != 200 or len(response.body) != len(body):
+                raise RuntimeError(f"bad echo: {response.status}")
+            if latencies is not None:
+                latencies.append(time.perf_counter() - now)
+
+    warm_until = time.perf_counter() + min(1.0, seconds / 3)
+    await asyncio.gather(*(worker(warm_until, None) for _ in range(concurrency)))
+    latencies: list[float] = []
+    cpu0, client0, t0 = await server_cpu(), time.process_time(), time.perf_counter()
+    await asyncio.gather(*(worker(t0 + seconds, latencies) for _ in range(concurrency)))
+    elapsed, client_cpu = time.perf_counter() - t0, time.process_time() - client0
+    server = await server_cpu() - cpu0
+    n = len(latencies)
+    cuts = statistics.quantiles(latencies, n=100) if n >= 2 else latencies * 99
+    return {"concurrency": concurrency, "requests": n, "rps": n / elapsed, "p50_ms": cuts[49] * 1e3,
+            "p99_ms": cuts[98] * 1e3, "server_us_per_req": server / n * 1e6, "client_us_per_req": client_cpu / n * 1e6}
+
+
+async def _drive(kind: str, port: int, certs: Path, levels: list[int], seconds: float, body: bytes) -> list[dict]:
+    rows = []
+    for concurrency in levels:
+        client = _client(kind, certs, concurrency)
+        try:
+            rows.append(await measure(client, f"https://127.0.0.1:{port}/", concurrency, seconds, body))
+        finally:
+            await client.close()
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=3.0, help="measured seconds per point (default 3)")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--body", type=int, default=512, help="request/response body bytes (default 512)")
+    parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=["h2", "http1"])
+    parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
+    parser.add_argument("--serve", choices=sorted(KINDS), help=argparse.SUPPRESS)  # the child process
+    parser.add_argument("--certs", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    run = _new_loop_runner()
+    if args.serve:
+        run(_serve_forever(args.serve, Path(args.certs)))
+        return 0
+
+    body = os.urandom(args.body)
+    results: dict[str, list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        certs = Path(tmp)
+        write_certificates(certs, [InstanceSpec("server", PeerRole.VERIFIER, "https://127.0.0.1:8501/"),
+                                   InstanceSpec("client", PeerRole.DRAFTER, "https://127.0.0.1:8511/")])
+        for kind in args.kinds:
+            child = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--certs", tmp],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            try:
+                assert child.stdout is not None
+                port = int(child.stdout.readline().split()[1])
+                results[kind] = run(_drive(kind, port, certs, args.concurrency, args.seconds, body))
+            finally:
+                assert child.stdin is not None
+                child.stdin.close()
+                child.wait(timeout=30)
+
+    print(f"echo, {args.body}-byte bodies, {args.seconds:g} s per point, {os.cpu_count()} CPUs, "
+          f"server and client on the same machine")
+    print(f"{'transport':30} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'server us/req':>14} "
+          f"{'client us/req':>14}")
+    for kind, rows in results.items():
+        for row in rows:
+            print(f"{KINDS[kind]:30} {row['concurrency']:>5} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
+                  f"{row['p99_ms']:>8.2f} {row['server_us_per_req']:>14.0f} {row['client_us_per_req']:>14.0f}")
+    if "h2" in results and "http1" in results:
+        for mine, theirs in zip(results["h2"], results["http1"], strict=True):
+            print(f"concurrency {mine['concurrency']}: h2/http1 throughput x{mine['rps'] / theirs['rps']:.2f}, "
+                  f"server CPU per request x{mine['server_us_per_req'] / theirs['server_us_per_req']:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"body": args.body, "seconds": args.seconds, "results": results},
+                                              indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
