@@ -96,8 +96,8 @@ class DirectoryLog:
 
     def append(self, record: LogRecord, if_match: str | None) -> str:
         frame(record)  # refuse what cannot be stored before a file exists for it
-        if if_match is not None and length_of(if_match) != 0 and not self.directory.exists(self.ref):
-            raise PreconditionFailed(f"log has 0 records, not {if_match}")
+        if if_match is not None and not self.directory.exists(self.ref) and length_of(if_match) != 0:
+            raise PreconditionFailed(f"log has 0 records, not {if_match}")  # and no fence: create nothing
         with self.directory.using(self.ref, create=True) as log:
             return log.append(record, if_match)
 

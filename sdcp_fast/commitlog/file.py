@@ -69,6 +69,21 @@ def _frame_at(data: bytes, pos: int) -> LogRecord | None:
         return None
 
 
+def _valid_frame_after(data: bytes, pos: int) -> int | None:
+    """The offset of a checksum-valid record after ``pos``, if any. Every record we write is
+    a CBOR map of 1 (fence) or 5 (commit) members, so its body starts with 0xa1 or 0xa5:
+    only those offsets are tried, which keeps the scan of a long torn tail fast."""
+    found = []
+    for marker in (b"\xa1", b"\xa5"):
+        j = data.find(marker, pos + 1 + _HEADER.size)
+        while j != -1:
+            if _frame_at(data, j - _HEADER.size) is not None:
+                found.append(j - _HEADER.size)
+                break
+            j = data.find(marker, j + 1)
+    return min(found, default=None)
+
+
 class FileCommitLog:
     enforces_fencing = True
     max_record = MAX_RECORD
@@ -94,8 +109,12 @@ class FileCommitLog:
         self._end = 0  # byte offset just past the last whole record
         self._fence = 0
         self._tail_checked = (-1, -1)  # (end, size) of a torn tail already scanned
-        with self._lock:
-            self._locked(fcntl.LOCK_SH, truncate=False)
+        try:
+            with self._lock:
+                self._locked(fcntl.LOCK_SH, truncate=False)
+        except BaseException:
+            self.close()
+            raise
 
     # The in-memory copy is refreshed from the file under flock, so appends by other
     # processes (or other FileCommitLog objects) are seen before every check.
@@ -128,7 +147,7 @@ class FileCommitLog:
         if pos < len(data) and self._tail_checked != (self._end + pos, size):
             # A torn tail has no whole record after its start; anything else lost data that
             # was acknowledged, so stop instead of reading past or cutting it.
-            later = next((i for i in range(pos + 1, len(data) - _HEADER.size) if _frame_at(data, i)), None)
+            later = _valid_frame_after(data, pos)
             if later is not None:
                 raise LogCorrupt(f"{self.path}: bad frame at byte {self._end + pos} is followed by a valid "
                                  f"record at byte {self._end + later}")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import resource
+
 import pytest
 
 from sdcp_fast import native
@@ -45,5 +48,22 @@ def test_copy_refuses_overflow_and_strided_sources(C):
         C.host_copy(C.HostBuffer(64), np.zeros((4, 4), np.uint8)[:, ::2])
 
 
+def _locked_kib() -> int:
+    with open("/proc/self/status") as f:
+        return int(next(line for line in f if line.startswith("VmLck:")).split()[1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmLck from /proc/self/status")
 def test_locked_reports_mlock_outcome(C):
-    assert isinstance(C.HostBuffer(4096).locked, bool)
+    size = 1 << 20
+    before = _locked_kib()
+    buf = C.HostBuffer(size)
+    if buf.locked:
+        assert _locked_kib() - before >= size // 1024, "locked says True: the pages are mlocked"
+    else:
+        soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+        assert os.geteuid() != 0 and soft != resource.RLIM_INFINITY and soft < before * 1024 + size, \
+            "locked says False although mlock could succeed"
+        assert _locked_kib() == before
+    del buf
+    assert _locked_kib() == before, "freeing the buffer unlocks its pages"

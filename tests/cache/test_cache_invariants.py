@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import tempfile
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -52,15 +53,26 @@ def test_random_operations_keep_invariants(ops):
                 elif kind == "get":
                     n = step[1]
                     try:
-                        assert bytes(mlc.get(name(n))) == content[n], "bytes never change under a name"
+                        got = bytes(mlc.get(name(n)))
+                        assert n in content, "a deleted or never stored object reads"
+                        assert got == content[n], "bytes never change under a name"
                     except ObjectUnavailable:
                         assert pinned_until.get(n, 0) <= now[0], "a leased object was lost"
                 elif kind == "delete":
+                    n = step[1]
                     try:
-                        mlc.delete(name(step[1]))
-                        assert pinned_until.get(step[1], 0) <= now[0], "a leased object was deleted"
-                    except (ObjectLeased, ObjectUnavailable):
-                        pass
+                        mlc.delete(name(n))
+                    except ObjectLeased:
+                        assert pinned_until.get(n, 0) > now[0], "only a held lease refuses a delete"
+                        continue
+                    except ObjectUnavailable:
+                        content.pop(n, None)  # evicted or reclaimed before: gone either way
+                        continue
+                    assert pinned_until.get(n, 0) <= now[0], "a leased object was deleted"
+                    content.pop(n)
+                    assert not mlc.contains(name(n)), "a deleted object is gone"
+                    with pytest.raises(ObjectUnavailable):
+                        mlc.get(name(n))
                 elif kind == "lease":
                     _, n, ttl = step
                     try:

@@ -112,3 +112,87 @@ def test_append_commit_releases_leases_after_success_and_after_fencing(log_facto
         with pytest.raises(Fenced):
             append_commit(log, commit(1, 2), log.read().etag, mlc=mlc, leases=held)
         assert not mlc.head(q).leased, "a discarded round still lets go of its objects"
+
+
+def test_a_bad_tag_is_a_failed_precondition_and_a_fence_wins_over_any_tag(log_factory):
+    log = log_factory()
+    log.append(commit(1, 1), '"0"')
+    for tag in ('"0"', '"7"', "W/\"1\"", "nonsense", '"99999999999999999999999"'):
+        with pytest.raises(PreconditionFailed):
+            log.append(commit(1, 2), tag)
+    log.append(FenceRecord(3), None)
+    for tag in ('"0"', '"2"', "nonsense", None):
+        with pytest.raises(Fenced):
+            log.append(commit(2, 2), tag)
+    assert log.read().records == [commit(1, 1), FenceRecord(3)]
+
+
+def test_backends_declare_whether_they_enforce_fencing(log_factory):
+    assert log_factory().enforces_fencing is True
+
+
+class _UnfencedLog:
+    """An object store with only a conditional put: it never looks at fences."""
+
+    enforces_fencing = False
+    ref = "stub://unfenced"
+
+    def __init__(self) -> None:
+        self.records: list = []
+
+    def read(self, start: int = 0):
+        from sdcp_fast.commitlog import LogView, etag_of
+
+        return LogView(self.records[start:], start, etag_of(len(self.records)))
+
+    def append(self, record, if_match):
+        from sdcp_fast.commitlog import etag_of, length_of
+
+        if if_match is not None and length_of(if_match) != len(self.records):
+            raise PreconditionFailed(f"log has {len(self.records)} records")
+        self.records.append(record)
+        return etag_of(len(self.records))
+
+    def close(self) -> None:
+        pass
+
+
+def test_append_checked_reads_back_on_a_backend_that_does_not_fence():
+    from sdcp_fast.commitlog import append_checked
+
+    log = _UnfencedLog()
+    assert append_checked(log, commit(1, 1), '"0"') == '"1"'
+    log.append(FenceRecord(2), None)
+    assert log.append(commit(1, 2), '"2"') == '"3"', "the stub itself lets a fenced writer append"
+    with pytest.raises(Fenced) as exc:
+        append_checked(log, commit(1, 3), '"3"')
+    assert exc.value.extra["fence"] == 2
+    assert append_checked(log, commit(2, 3), '"4"') == '"5"', "the new epoch's writer passes"
+
+
+def test_append_commit_uses_the_read_after_append_check():
+    log = _UnfencedLog()
+    log.append(FenceRecord(5), None)
+    released: list[str] = []
+    with pytest.raises(Fenced):
+        append_commit(log, commit(1, 1), '"1"', release=released.append, leases=["a", "b"])
+    assert released == ["a", "b"]
+
+
+@pytest.mark.services
+def test_etcd_refuses_a_record_it_could_not_store_before_sending_it(etcd_endpoint, monkeypatch):
+    from sdcp_fast.commitlog import RecordTooLarge, open_commit_log
+    from sdcp_fast.commitlog import etcd as etcd_log
+
+    host, port = etcd_endpoint
+    log = open_commit_log(f"etcd://{host}:{port}/sdcp-test/too-large")
+    sent: list[str] = []
+    call = log._etcd.call
+    monkeypatch.setattr(log._etcd, "call", lambda path, body: sent.append(path) or call(path, body))
+    big = CommitRecord(1, 1, tuple(range(1000, 1000 + etcd_log.MAX_RECORD // 3)), 1, bytes(32))
+    with pytest.raises(RecordTooLarge) as exc:
+        log.append(big, '"0"')
+    assert exc.value.status == 413 and sent == [], "refused before etcd saw it"
+    log.append(FenceRecord(2), '"0"')
+    assert log.read().records == [FenceRecord(2)]
+    log.close()

@@ -1,0 +1,120 @@
+"""The store's own bounds (issue 10, items 4 and 5): index memory, object count, leases."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from sdcp_fast.cache import MLC, CacheFull, ObjectLeased, object_uri
+from sdcp_fast.cache.store import MAX_LEASE_TTL, MAX_META_BYTES, OBJECT_OVERHEAD
+from sdcp_fast.cache.tiers.disk import DiskTier
+from sdcp_fast.cache.tiers.host import HostTier
+
+SCOPE = bytes(range(16))
+
+
+def uri(n: int) -> str:
+    return object_uri(SCOPE, b"s" * 16, "q_rows", n)
+
+
+@pytest.fixture
+def mlc(tmp_path, clock):
+    m = MLC([HostTier(1 << 20), DiskTier(1 << 20, str(tmp_path))], clock=clock, max_objects=8,
+            index_bytes=16 * OBJECT_OVERHEAD + 4 * MAX_META_BYTES, max_leases=4)
+    yield m
+    m.close()
+
+
+def test_meta_is_counted_and_capped(mlc):
+    before = mlc.stats()["index"]["bytes"]
+    mlc.put(uri(1), b"", meta={"note": "x" * 30000})
+    assert mlc.stats()["index"]["bytes"] - before >= OBJECT_OVERHEAD + 30000
+    with pytest.raises(ValueError):
+        mlc.put(uri(2), b"", meta={"note": "x" * (MAX_META_BYTES + 1)})
+    with pytest.raises(ValueError):
+        mlc.put(uri(2), b"", meta=[1, 2])  # type: ignore[arg-type]
+    mlc.delete(uri(1))
+    assert mlc.stats()["index"]["bytes"] == before
+
+
+def test_object_count_is_capped_by_evicting_the_least_recently_used(mlc):
+    for n in range(20):
+        mlc.put(uri(n), b"")
+    stats = mlc.stats()
+    assert stats["index"]["objects"] == 8 and sum(t["objects"] for t in stats["tiers"]) == 8
+    assert [mlc.contains(uri(n)) for n in range(20)] == [False] * 12 + [True] * 8
+
+
+def test_index_bytes_cap_evicts_objects_with_large_meta(mlc):
+    for n in range(8):
+        mlc.put(uri(n), b"", meta={"m": "x" * (MAX_META_BYTES - 100)})
+    assert mlc.stats()["index"]["bytes"] <= mlc.index_bytes
+    assert sum(mlc.contains(uri(n)) for n in range(8)) <= 5
+
+
+def test_leased_objects_are_never_evicted_for_index_room(mlc):
+    for n in range(4):
+        mlc.put(uri(n), b"", lease_ttl=10)
+    for n in range(4, 8):
+        mlc.put(uri(n), b"")
+    mlc.put(uri(8), b"")
+    assert all(mlc.contains(uri(n)) for n in range(4)), "leased objects stay"
+    with pytest.raises(CacheFull):  # the lease table is full (max_leases=4)
+        mlc.lease(uri(5), 10)
+
+
+def test_full_index_of_leased_objects_refuses(tmp_path, clock):
+    with MLC([HostTier(1 << 16)], clock=clock, max_objects=2) as m:
+        m.put(uri(1), b"a", lease_ttl=5)
+        m.put(uri(2), b"b", lease_ttl=5)
+        with pytest.raises(CacheFull):
+            m.put(uri(3), b"c")
+        with pytest.raises(ObjectLeased):
+            m.put(uri(1), b"again")
+
+
+def test_lease_ids_are_128_random_bits(mlc):
+    mlc.put(uri(1), b"x")
+    ids = [mlc.lease(uri(1), 1) for _ in range(3)]
+    assert all(re.fullmatch(r"[0-9a-f]{32}", i) for i in ids)
+    assert len(set(ids)) == 3 and len({i[:8] for i in ids}) == 3, "not an instance prefix plus a counter"
+
+
+@pytest.mark.parametrize("ttl", [0, -1, MAX_LEASE_TTL + 1, 2.0 ** 64 / 1000, float("inf"), float("nan"), True])
+def test_lease_ttls_are_bounded(mlc, ttl):
+    mlc.put(uri(1), b"x")
+    with pytest.raises(ValueError):
+        mlc.lease(uri(1), ttl)
+    with pytest.raises(ValueError):
+        mlc.put(uri(2), b"x", lease_ttl=ttl)
+    lease = mlc.lease(uri(1), MAX_LEASE_TTL)
+    with pytest.raises(ValueError):
+        mlc.renew(lease, ttl)
+
+
+def test_renewals_do_not_grow_the_expiry_heap(mlc, clock):
+    mlc.put(uri(1), b"x")
+    lease = mlc.lease(uri(1), 5)
+    for _ in range(20000):
+        mlc.renew(lease, 5)
+    assert len(mlc._expiry) <= 2 * len(mlc._leases) + 64
+    clock.advance(4)
+    assert mlc.head(uri(1)).leased, "the latest renewal still holds"
+    clock.advance(2)
+    assert not mlc.head(uri(1)).leased
+
+
+def test_many_small_objects_cost_bounded_memory(tmp_path, clock):
+    import tracemalloc
+
+    with MLC([HostTier(1 << 20)], clock=clock, max_objects=500) as m:
+        tracemalloc.start()
+        try:
+            for n in range(5000):
+                m.put(uri(n), b"")
+            current, _ = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert m.stats()["index"]["objects"] == 500
+        assert current < 500 * 8 * 1024, f"{current} bytes traced for 500 live objects"
