@@ -186,3 +186,10 @@ def write_certificates(directory: str | os.PathLike[str],
         _write(cert_path, leaf.cert.public_bytes(serialization.Encoding.PEM))
         written[spec.name] = (cert_path, key_path)
     return written
+
+
+def instance_files(directory: str | os.PathLike[str], name: str) -> tuple[str, str, str]:
+    """``(certificate, key, CA)`` paths of instance ``name`` in a ``sdcp-fast certs`` folder,
+    in the order :func:`~sdcp_fast.transport.tls.server_context` and ``client_context`` take."""
+    root = Path(directory)
+    return str(root / f"{name}.pem"), str(root / f"{name}.key"), str(root / "ca.pem")

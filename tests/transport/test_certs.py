@@ -71,3 +71,12 @@ def test_cli_given_instances_and_bad_input(tmp_path: Path) -> None:
     assert main(["certs", str(tmp_path), "--instance", "v=verifier:https://127.0.0.1:9001/"]) == 0
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ca.key", "ca.pem", "v.key", "v.pem"]
     assert main(["certs", str(tmp_path), "--instance", "v=nobody"]) == 2
+
+
+def test_instance_files_feed_the_tls_contexts(tmp_path: Path) -> None:
+    from sdcp_fast.transport.certs import instance_files
+    from sdcp_fast.transport.tls import client_context, server_context
+
+    write_certificates(tmp_path, [InstanceSpec("v", PeerRole.VERIFIER, "https://127.0.0.1:1/")])
+    server_context(*instance_files(tmp_path, "v"))
+    client_context(*instance_files(tmp_path, "v"))
