@@ -65,6 +65,58 @@ def profile(rows: int, temperature_milli: int | torch.Tensor | None, top_k: int 
     return Profile(t, k, p)
 
 
+def on_host(t: torch.Tensor) -> bool:
+    """Whether reading ``t``'s values costs no device sync (the no-sync tests patch this)."""
+    return t.device.type == "cpu"
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    """Profile for the triton backend: per member an int (every row) or an integer tensor on the
+    logits' device, ``[rows]`` or 0-d. Ints and host tensors are checked and normalised here;
+    a device tensor is checked by the kernels (a negative entry flags its row), so nothing waits."""
+
+    temperature_milli: int | torch.Tensor
+    top_k: int | torch.Tensor
+    top_p_milli: int | torch.Tensor
+
+    def may_filter(self) -> bool:
+        """False when no row can have top-k or top-p (the kernels then skip the kept-set search)."""
+        if isinstance(self.top_k, torch.Tensor) or isinstance(self.top_p_milli, torch.Tensor):
+            return True
+        return self.top_k != 0 or self.top_p_milli != 0
+
+
+def _device_member(value: int | torch.Tensor | None, rows: int, default: int, name: str, vocab: int,
+                   off_from: int, device: torch.device) -> int | torch.Tensor:
+    if value is None:
+        return default
+    if isinstance(value, torch.Tensor) and not on_host(value):
+        if value.dim() > 1 or (value.dim() == 1 and value.shape != (rows,)):
+            raise ValueError(f"{name} must be a scalar or have shape ({rows},), got {tuple(value.shape)}")
+        if value.dtype.is_floating_point or value.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor, got {value.dtype}")
+        if value.device != device:
+            raise ValueError(f"{name} must be on the logits' device {device}, not {value.device}")
+        return value
+    if isinstance(value, torch.Tensor) and value.dim() > 0:
+        out = _per_row(value, rows, default, name, torch.device("cpu"))
+        out = torch.where(out >= off_from, torch.zeros_like(out), out) if off_from else out
+        return out.to(device, non_blocking=True)
+    v = int(value)
+    if v < 0:
+        raise ValueError(f"{name} must be >= 0")
+    return 0 if off_from and v >= off_from else v
+
+
+def device_profile(rows: int, temperature_milli: int | torch.Tensor | None, top_k: int | torch.Tensor | None,
+                   top_p_milli: int | torch.Tensor | None, vocab: int, device: torch.device) -> DeviceProfile:
+    """:func:`profile` for the triton backend, without reading device memory."""
+    return DeviceProfile(_device_member(temperature_milli, rows, 1000, "temperature_milli", vocab, 0, device),
+                         _device_member(top_k, rows, 0, "top_k", vocab, vocab, device),
+                         _device_member(top_p_milli, rows, 0, "top_p_milli", vocab, 1000, device))
+
+
 def logits_2d(x: torch.Tensor, name: str) -> torch.Tensor:
     if x.dim() != 2 or x.shape[1] == 0:
         raise ValueError(f"{name} must have shape [rows, V] with V > 0, got {tuple(x.shape)}")
@@ -75,34 +127,49 @@ def logits_2d(x: torch.Tensor, name: str) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Ragged:
-    """Draft layout: session b owns draft rows cu[b]:cu[b+1] and target rows cu[b]+b .. cu[b+1]+b."""
+    """Draft layout: session b owns draft rows cu[b]:cu[b+1] and target rows cu[b]+b .. cu[b+1]+b.
 
-    cu_draft: torch.Tensor  # [B+1] int64, on CPU
+    ``cu_draft`` is on the CPU and checked, unless ``checked`` is false: then it is the caller's
+    device tensor, ``m_max + 1`` is the width the caller gave, and the kernels check the layout."""
+
+    cu_draft: torch.Tensor  # [B+1] int64
     m_max: int
+    checked: bool = True
 
     @property
     def batch(self) -> int:
         return self.cu_draft.numel() - 1
 
 
-def ragged(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_draft: torch.Tensor) -> Ragged:
-    """Check the ragged layout of a verification batch (one host sync on cu_draft)."""
+def ragged(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_draft: torch.Tensor,
+           width: int | None = None, sync_free: bool = False) -> Ragged:
+    """Check the ragged layout of a verification batch.
+
+    Reads cu_draft and the token ids on the host (one device sync where they live on a
+    device) unless ``sync_free`` (the triton backend): then only host tensors are read, and a
+    device cu_draft takes its M_max + 1 from ``width`` (the kernels flag what does not fit).
+    """
     if cu_draft.dim() != 1 or cu_draft.numel() < 2:
         raise ValueError(f"cu_draft must have shape [B+1] with B >= 1, got {tuple(cu_draft.shape)}")
-    if cu_draft.dtype.is_floating_point:
+    if cu_draft.dtype.is_floating_point or cu_draft.dtype == torch.bool:
         raise ValueError("cu_draft must be an integer tensor")
-    cu = cu_draft.to("cpu", torch.int64)
     if draft_tokens.dim() != 1 or draft_tokens.dtype.is_floating_point:
         raise ValueError(f"draft_tokens must be a 1-D integer tensor, got {tuple(draft_tokens.shape)}")
-    counts = cu[1:] - cu[:-1]
-    if int(cu[0]) != 0 or bool((counts < 0).any()) or int(cu[-1]) != draft_tokens.numel():
-        raise ValueError("cu_draft must start at 0, be non-decreasing and end at len(draft_tokens)")
-    batch = cu.numel() - 1
+    batch = cu_draft.numel() - 1
     if target_logits.shape[0] != draft_tokens.numel() + batch:
         raise ValueError(f"target_logits needs D + B = {draft_tokens.numel() + batch} rows "
                          f"(M_b + 1 per session), got {target_logits.shape[0]}")
     vocab = target_logits.shape[1]
-    if draft_tokens.numel() and bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
+    if sync_free and not on_host(cu_draft) and width is not None:
+        if width < 1:
+            raise ValueError(f"the emitted width (M_max + 1) must be >= 1, got {width}")
+        return Ragged(cu_draft, width - 1, checked=False)
+    cu = cu_draft.to("cpu", torch.int64)
+    counts = cu[1:] - cu[:-1]
+    if int(cu[0]) != 0 or bool((counts < 0).any()) or int(cu[-1]) != draft_tokens.numel():
+        raise ValueError("cu_draft must start at 0, be non-decreasing and end at len(draft_tokens)")
+    if draft_tokens.numel() and (not sync_free or on_host(draft_tokens)) and bool(
+            ((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
         raise ValueError(f"draft_tokens must be token ids in [0, {vocab})")
     return Ragged(cu, int(counts.max()))
 

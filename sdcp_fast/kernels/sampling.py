@@ -36,11 +36,15 @@ def apply_sampling_profile(logits: torch.Tensor, temperature_milli: IntParam = N
     Returns
     -------
     torch.Tensor
-        Shape: ``[N, V]``; dtype float32. Rows sum to 1; filtered tokens are exactly 0.
+        Shape: ``[N, V]``; dtype float32. Rows sum to 1; filtered tokens are exactly 0. On the
+        triton backend, profile members given as device tensors are checked by the kernel
+        (no host sync): a row with a negative entry comes back as NaN.
     """
     logits = params.logits_2d(logits, "logits")
-    prof = params.profile(logits.shape[0], temperature_milli, top_k, top_p_milli, logits.shape[1])
     name = backends.resolve(backend, logits.device)
+    rows, vocab = logits.shape
+    prof = (params.device_profile(rows, temperature_milli, top_k, top_p_milli, vocab, logits.device)
+            if name == "triton" else params.profile(rows, temperature_milli, top_k, top_p_milli, vocab))
     return backends.load(name).apply_sampling_profile(logits, prof)
 
 

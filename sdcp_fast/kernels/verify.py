@@ -14,7 +14,7 @@ from .sampling import IntParam
 
 
 def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_draft: torch.Tensor,
-                  backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor]:
+                  backend: str = "auto", max_draft: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Rule 1: accept x[i] while it is the argmax of its target row (ties to the smallest id).
 
     Reads target rows 1..a+1 of each session (a = accepted), nothing after the first mismatch.
@@ -30,20 +30,35 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_dr
         Shape: ``[B + 1]``; integer, ``cu_draft[0] = 0``, non-decreasing, ``cu_draft[B] = D``.
     backend : str
         ``"auto"``, ``"reference"``, ``"cpu"`` or ``"triton"``.
+    max_draft : int, optional
+        An upper bound on M_b; ``emitted`` then has ``max_draft + 1`` columns. With a device
+        ``cu_draft`` and the triton backend it spares reading cu_draft on the host (no sync,
+        CUDA-graph capturable); a session whose layout the kernel finds invalid (including
+        M_b > max_draft) then gets accepted -1 and no emitted token.
 
     Returns
     -------
     accepted : torch.Tensor
         Shape: ``[B]``; int32; a_b in 0..M_b.
     emitted : torch.Tensor
-        Shape: ``[B, M_max + 1]``; int32; the a_b accepted tokens then the additional token,
-        padded with -1 (exactly a_b + 1 entries are not -1).
+        Shape: ``[B, M_max + 1]`` (or ``[B, max_draft + 1]``); int32; the a_b accepted tokens
+        then the additional token, padded with -1 (exactly a_b + 1 entries are not -1).
     """
     target_logits = params.logits_2d(target_logits, "target_logits")
-    lay = params.ragged(target_logits, draft_tokens, cu_draft)
-    name = backends.resolve(backend, target_logits.device)
-    tokens = draft_tokens.to(target_logits.device, torch.int64).contiguous()
-    return backends.load(name).verify_greedy(target_logits, tokens, lay)
+    dev = target_logits.device
+    name = backends.resolve(backend, dev)
+    width = None if max_draft is None else max_draft + 1
+    lay = params.ragged(target_logits, draft_tokens, cu_draft, width, sync_free=name == "triton")
+    if lay.checked and width is not None:
+        if lay.m_max + 1 > width:
+            raise ValueError(f"a session proposes {lay.m_max} tokens, more than max_draft = {max_draft}")
+        if name == "triton":
+            lay = params.Ragged(lay.cu_draft, width - 1)
+    tokens = draft_tokens.to(dev, torch.int64, non_blocking=True).contiguous()
+    accepted, emitted = backends.load(name).verify_greedy(target_logits, tokens, lay)
+    if width is not None and emitted.shape[1] < width:
+        emitted = torch.nn.functional.pad(emitted, (0, width - emitted.shape[1]), value=-1)
+    return accepted, emitted
 
 
 def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam, top_k: IntParam,
@@ -60,6 +75,10 @@ def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam,
     ``uniforms[b, i-1, 1]``; if all are accepted, from p[M_b+1] with ``uniforms[b, M_b, 1]``.
     A session with ``q[i](x[i]) <= 0`` (or NaN or inf) at any position is flagged ``bad`` before
     any uniform is used, and gets accepted 0 and no emitted token (answer ``sdcp-bad-proposal``).
+    On the triton backend nothing is read on the host: with ``cu_draft``, the token ids and
+    tensor profile members on the device (CUDA-graph capturable), the kernel checks what the
+    host would have (layout, M_b + 1 <= the uniforms' width, token ids in range, profile
+    entries >= 0) and flags a session that fails as ``bad`` instead of raising.
 
     What is read: q(x[i]) at every position; the target rows 1..a+1 (their max and
     normalizer, plus the kept set when top-k/top-p is on); the full q row and target row
@@ -96,15 +115,19 @@ def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam,
         Shape: ``[B]``; bool; q(x[i]) was not positive at some position.
     """
     target_logits = params.logits_2d(target_logits, "target_logits")
-    lay = params.ragged(target_logits, draft_tokens, cu_draft)
+    dev = target_logits.device
+    name = backends.resolve(backend, dev)
+    sync_free = name == "triton"
+    width = uniforms.shape[1] if uniforms.dim() == 3 else None
+    lay = params.ragged(target_logits, draft_tokens, cu_draft, width, sync_free)
     if q_probs.dtype != torch.float32 or q_probs.shape != (draft_tokens.numel(), target_logits.shape[1]):
         raise ValueError(f"q_probs must be float32 [D, V] = [{draft_tokens.numel()}, {target_logits.shape[1]}], "
                          f"got {q_probs.dtype} {tuple(q_probs.shape)}")
-    dev = target_logits.device
     if q_probs.device != dev or uniforms.device != dev:
         raise ValueError("target_logits, q_probs and uniforms must be on one device")
     u = params.uniforms(uniforms, lay)
-    prof = params.profile(lay.batch, temperature_milli, top_k, top_p_milli, target_logits.shape[1])
-    name = backends.resolve(backend, dev)
-    tokens = draft_tokens.to(dev, torch.int64).contiguous()
+    rows, vocab = lay.batch, target_logits.shape[1]
+    prof = (params.device_profile(rows, temperature_milli, top_k, top_p_milli, vocab, dev) if sync_free
+            else params.profile(rows, temperature_milli, top_k, top_p_milli, vocab))
+    tokens = draft_tokens.to(dev, torch.int64, non_blocking=True).contiguous()
     return backends.load(name).verify_speculative(target_logits, prof, q_probs.contiguous(), tokens, lay, u)
