@@ -143,7 +143,7 @@ class _ClientProtocol(H2Protocol):
                     if not pending.future.done():
                         self._fail(stream_id, TransportError("stream closed while sending the request"))
             else:
-                self.flush_soon()
+                self.flush_stream_end()
             return await pending.future
         except (h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError) as exc:
             raise TransportError(f"cannot send on this connection: {exc}", retryable=True) from exc

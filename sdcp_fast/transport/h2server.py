@@ -153,7 +153,7 @@ class _ServerProtocol(H2Protocol):
                 if body:
                     await self.send_body(stream_id, body)
                 else:
-                    self.flush_soon()
+                    self.flush_stream_end()
                 if stop_reading and self.conn.streams.get(stream_id) is not None \
                         and not self.conn.streams[stream_id].closed:
                     # Answered before the request ended: ask the client to stop sending
