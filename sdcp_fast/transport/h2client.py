@@ -261,14 +261,14 @@ class H2Transport:
         scheme, host, port = key
         try:
             ctx = self.ssl if scheme == "https" else None
-            _, connection = await asyncio.wait_for(loop.create_connection(
+            _, fresh = await asyncio.wait_for(loop.create_connection(
                 lambda: _ClientProtocol(self.limits), host, port, ssl=ctx,
                 server_hostname=host if ctx is not None else None), self.connect_timeout)
-            if not connection.usable:
+            if not fresh.usable:
                 raise TransportError(f"{host}:{port} did not negotiate HTTP/2 (ALPN h2)")
-            self._connections[key] = connection
-            future.set_result(connection)
-            return connection
+            self._connections[key] = fresh
+            future.set_result(fresh)
+            return fresh
         except BaseException as exc:
             error = transport_error_for(host, port, exc)
             future.set_exception(error)

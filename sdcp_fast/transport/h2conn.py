@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import h2.config
 import h2.connection
@@ -127,7 +127,7 @@ class H2Protocol(asyncio.Protocol):
         if ssl_object is not None and ssl_object.selected_alpn_protocol() != "h2":
             log.warning("closing connection from %s: ALPN %r, not h2", transport.get_extra_info("peername"),
                         ssl_object.selected_alpn_protocol())
-            transport.abort()
+            self.transport.abort()
             return
         self.conn.local_settings = h2.settings.Settings(client=self.client_side, initial_values={
             h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: self.limits.max_streams,
@@ -277,7 +277,7 @@ class H2Protocol(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
-    async def send_body(self, stream_id: int, body: bytes, abandon: asyncio.Future[object] | None = None) -> None:
+    async def send_body(self, stream_id: int, body: bytes, abandon: asyncio.Future[Any] | None = None) -> None:
         """Send ``body`` and end the stream, in frames that fit the peer's windows.
 
         Raises :class:`StreamGone` if the stream is reset or the connection ends first, or

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import ssl as ssl_module
 from collections.abc import Mapping
+from typing import cast
 from urllib.parse import quote, urlsplit
 
 import aiohttp
@@ -68,9 +69,8 @@ class Http1Server:
 
     @property
     def port(self) -> int:
-        server = self._site._server
-        assert server is not None and server.sockets  # type: ignore[union-attr]
-        return int(server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        server = cast(asyncio.Server, self._site._server)
+        return int(server.sockets[0].getsockname()[1])
 
     def close(self) -> None:
         pass  # aiohttp stops listening and closes connections in wait_closed (runner cleanup)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ssl
 from collections.abc import Sequence
+from typing import cast
 
 from sdcp_fast.protocol.identity import Peer, peer_from_uris
 
@@ -47,4 +48,5 @@ def peer_of(ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> Peer | None:
     cert = ssl_object.getpeercert()
     if not cert:
         return None
-    return peer_from_uris(value for kind, value in cert.get("subjectAltName", ()) if kind == "URI")
+    sans = cast("tuple[tuple[str, str], ...]", cert.get("subjectAltName", ()))
+    return peer_from_uris(value for kind, value in sans if kind == "URI")
