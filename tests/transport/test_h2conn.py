@@ -7,11 +7,12 @@ import asyncio
 import h2.config
 import h2.connection
 import h2.events
+from hyperframe.frame import GoAwayFrame
 from transport_util import echo, run
 
 from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.h2client import _ClientProtocol
-from sdcp_fast.transport.h2conn import Limits
+from sdcp_fast.transport.h2conn import Limits, _Connection
 from sdcp_fast.transport.h2server import H2Server, _ServerProtocol
 
 
@@ -39,8 +40,11 @@ class FakeTransport:
     abort = close
 
 
-def _peer(client_side: bool) -> h2.connection.H2Connection:
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=client_side, header_encoding=None))
+def _peer(client_side: bool, graceful: bool = False) -> h2.connection.H2Connection:
+    """A plain h2 peer; ``graceful``: one that keeps receiving after a NO_ERROR GOAWAY, as
+    RFC 9113 allows and plain h2 does not (python-hyper/h2#1181)."""
+    kind = _Connection if graceful else h2.connection.H2Connection
+    conn = kind(h2.config.H2Configuration(client_side=client_side, header_encoding=None))
     conn.initiate_connection()
     return conn
 
@@ -95,3 +99,64 @@ def test_client_adapter_fed_one_byte_at_a_time() -> None:
     assert (b":path", b"/proposals") in headers and received == b"q" * 3000
     assert response.status == 409 and response.body == b'{"status": 409}'
     assert response.content_type == "application/problem+json"
+
+
+def test_draining_server_refuses_new_streams_but_finishes_open_ones() -> None:
+    async def scenario() -> list[h2.events.Event]:
+        release = asyncio.Event()
+
+        async def held(request):  # type: ignore[no-untyped-def]
+            await release.wait()
+            return Response(200, b"done")
+
+        server = H2Server(held, Limits(), "/")
+        protocol, wire = _ServerProtocol(server), FakeTransport()
+        protocol.connection_made(wire)  # type: ignore[arg-type]
+        client = _peer(client_side=True, graceful=True)
+        fields = [(":method", "GET"), (":scheme", "http"), (":authority", "x"), (":path", "/a")]
+        client.send_headers(1, fields, end_stream=True)
+        protocol.data_received(client.data_to_send())
+        await _settle()
+        protocol.close()  # GOAWAY(last stream 1); stream 1 is still being handled
+        client.send_headers(3, fields, end_stream=True)  # sent before the client saw the GOAWAY
+        protocol.data_received(client.data_to_send())
+        release.set()
+        await _settle()
+        assert wire.closed  # the last stream ended: the connection closes
+        return client.receive_data(wire.take())
+
+    events = run(scenario())
+    goaway = next(e for e in events if isinstance(e, h2.events.ConnectionTerminated))
+    assert goaway.last_stream_id == 1
+    refused = next(e for e in events if isinstance(e, h2.events.StreamReset))
+    assert refused.stream_id == 3 and refused.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+    assert b"".join(e.data for e in events if isinstance(e, h2.events.DataReceived) and e.stream_id == 1) == b"done"
+
+
+def test_client_marks_streams_above_goaway_retryable_and_finishes_the_rest() -> None:
+    async def scenario() -> tuple[Response, BaseException | None, bool]:
+        protocol, wire = _ClientProtocol(Limits()), FakeTransport()
+        protocol.connection_made(wire)  # type: ignore[arg-type]
+        server = _peer(client_side=False)
+        fields = [(":method", "GET"), (":scheme", "https"), (":authority", "x"), (":path", "/")]
+        first = asyncio.ensure_future(protocol.exchange(fields, b""))
+        second = asyncio.ensure_future(protocol.exchange(fields, b""))
+        await _settle()
+        server.receive_data(wire.take())
+        protocol.data_received(server.data_to_send())  # the server's SETTINGS
+        # A graceful GOAWAY naming stream 1 as the last processed, then stream 1's response.
+        # (h2 closes its own state on sending GOAWAY, so the peer here writes the frame raw.)
+        goaway = GoAwayFrame(0)
+        goaway.last_stream_id = 1
+        protocol.data_received(goaway.serialize())
+        usable_after_goaway = protocol.usable
+        server.send_headers(1, [(":status", "200")])
+        server.send_data(1, b"one", end_stream=True)
+        protocol.data_received(server.data_to_send())
+        await _settle()
+        return await first, second.exception(), usable_after_goaway
+
+    first, error, usable = run(scenario())
+    assert first.status == 200 and first.body == b"one"
+    assert error is not None and getattr(error, "retryable", False)
+    assert not usable
