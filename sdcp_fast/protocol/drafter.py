@@ -114,18 +114,20 @@ def state_from_problem(problem: SdcpProblem) -> SessionState | None:
 
 def _check_verdict(verdict: Verdict, sent: Proposal, m_max: int) -> None:
     """:class:`BadRequest` unless ``verdict`` can answer ``sent`` (§5.2, §6.3): checked before
-    the drafter adopts anything of it, so a malformed verdict changes nothing."""
-    m = len(sent.tokens)
+    the drafter adopts anything of it, so a malformed verdict changes nothing.
+
+    A verdict that is a genuine record of the round on the proposal's base (its emitted tokens
+    chain from base_digest to its digest) but does not answer this proposal (a > M, or other
+    tokens) was verified for another request: the verifier returns a round's recorded verdict
+    to any request naming it (§6.3), e.g. to a drafter assigned while the round was in flight.
+    Its problem carries that ``session_state``, so :meth:`DrafterSession.on_problem` can
+    resynchronize as after a stale base.
+    """
     emitted = verdict.emitted
     if verdict.epoch != sent.epoch:
         raise BadRequest(f"verdict epoch {verdict.epoch}, proposal epoch {sent.epoch}")
-    if verdict.accepted > m:
-        raise BadRequest(f"verdict accepts {verdict.accepted} of {m} proposed tokens")
     if not 1 <= len(emitted) <= verdict.accepted + 1:
         raise BadRequest(f"verdict emits {len(emitted)} tokens after accepting {verdict.accepted}")
-    kept = min(len(emitted), verdict.accepted)
-    if emitted[:kept] != sent.tokens[:kept]:
-        raise BadRequest("verdict's emitted tokens are not the accepted proposed tokens")
     if len(emitted) <= verdict.accepted and Action.parse(int(verdict.action)) is not Action.FINISH:
         # Only a stop token or max_new truncates the emitted tokens (§6.3), and both finish.
         raise BadRequest("verdict's emitted tokens are truncated but the session goes on")
@@ -135,6 +137,13 @@ def _check_verdict(verdict: Verdict, sent: Proposal, m_max: int) -> None:
         raise BadRequest(f"verdict m_cap {verdict.m_cap} exceeds m_max {m_max}")
     if extend_digest(sent.base_digest, emitted) != verdict.digest:
         raise BadRequest("verdict digest is not d[committed] of its emitted tokens")
+    m = len(sent.tokens)
+    kept = min(len(emitted), verdict.accepted)
+    if verdict.accepted > m or emitted[:kept] != sent.tokens[:kept]:
+        state = SessionState(session=verdict.session, epoch=verdict.epoch, round=verdict.round,
+                             committed=verdict.committed, digest=verdict.digest)
+        raise BadRequest(f"verdict accepts {verdict.accepted} tokens {emitted[:kept]} of another request, "
+                         f"not of the {m} proposed", extra={"session_state": state.to_map()})
 
 
 class DrafterError(Exception):
@@ -234,9 +243,11 @@ class DrafterSession:
     def on_problem(self, problem: SdcpProblem) -> bool:
         """Follow a problem answering the outstanding proposal; True if drafting may go on.
 
-        Stale base: resynchronize from the session-state in the problem when it carries one.
-        Limit, bad proposal, q unavailable: the round is dropped, the base is unchanged.
-        Anything else (stale epoch, not assigned, closed) ends this drafter's part.
+        Stale base: resynchronize from the session-state in the problem when it carries one;
+        so too for the bad request :meth:`on_verdict` raises for a genuine verdict of another
+        request. Limit, bad proposal, q unavailable: the round is dropped, the base is
+        unchanged. Anything else (stale epoch, not assigned, closed, a malformed verdict) ends
+        this drafter's part.
         """
         self.outstanding = None
         if isinstance(problem, StaleBase):
@@ -244,6 +255,11 @@ class DrafterSession:
             if state is not None:
                 self.resync(state)
             return True
+        if type(problem) is BadRequest:
+            state = state_from_problem(problem)
+            if state is not None and state.session == self.session and state.epoch == self.epoch:
+                self.resync(state)
+                return True
         if isinstance(problem, (Limit, BadProposal, QUnavailable)):
             return True
         self.stopped = Action.FAIL

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sessionkit import DRAFTER, STATUS, VERIFIER, assignment, open_session, run_round
+from sessionkit import DRAFTER, STATUS, VERIFIER, assignment, open_session, proposal, run_round
 
 from sdcp_fast.protocol.drafter import (
     AcceptanceEstimator,
@@ -277,3 +277,29 @@ def test_malformed_verdict_is_bad_request_and_changes_nothing():
     verdict = _verify(verifier, drafter.propose([5, 6], STATUS), 2, 7)
     assert verdict.emitted == (5,) and verdict.action is Action.FINISH
     assert not drafter.on_verdict(verdict).proceed and drafter.committed == 1
+
+
+def test_recorded_verdict_of_another_request_resynchronizes_through_on_problem():
+    """A drafter assigned while a round was in flight proposes that round again and gets its
+    recorded verdict (§6.3 idempotency), which answers another request: on_verdict refuses it
+    and changes nothing, and its problem carries the session-state on_problem resyncs from."""
+    from sdcp_fast.protocol.problems import BadRequest
+
+    verifier, _ = _pair()
+    lagging = assignment(verifier, drafter="https://b/", m_init=3)  # built before round 1 commits
+    prop_a = proposal(verifier, (4, 5))
+    verdict_a = _verify(verifier, prop_a, 2, 6)
+    verifier.assign(lagging)
+    b = DrafterSession(lagging)
+    prop_b = b.propose([7, 8], STATUS)
+    answer = verifier.receive_proposal(prop_b, client="https://b/", now=0)
+    assert answer == verdict_a
+    with pytest.raises(BadRequest) as info:
+        b.on_verdict(answer)
+    assert (b.round, b.committed, b.outstanding) == (0, 0, prop_b)
+    assert b.on_problem(info.value) and (b.round, b.committed, b.digest) == (1, 3, verifier.digest)
+    assert b.propose([9], STATUS).round == 2
+    # A malformed verdict carries no state: the drafter stops, as for any other bad request.
+    c = DrafterSession(assignment(verifier, drafter="https://b/"))
+    c.propose([1], STATUS)
+    assert not c.on_problem(BadRequest("garbage")) and c.stopped is Action.FAIL
