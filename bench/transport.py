@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import statistics
@@ -22,6 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from sdcp_fast.protocol.identity import PeerRole
@@ -60,6 +62,27 @@ async def _serve_forever(kind: str, certs: Path) -> None:
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
     server.close()
     await server.wait_closed()
+
+
+@contextlib.contextmanager
+def echo_server(kind: str, certs: Path) -> Iterator[int]:
+    """A child process serving :func:`echo` over ``kind`` with ``certs/server.{pem,key}``
+    (see :func:`make_certs`); yields its port. For other benches' same-run baselines."""
+    child = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--certs", str(certs)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        yield int(child.stdout.readline().split()[1])
+    finally:
+        assert child.stdin is not None
+        child.stdin.close()
+        child.wait(timeout=30)
+
+
+def make_certs(directory: Path) -> None:
+    """``server`` (a verifier) and ``client`` (a drafter) certificates under one dev CA."""
+    write_certificates(directory, [InstanceSpec("server", PeerRole.VERIFIER, "https://127.0.0.1:8501/"),
+                                   InstanceSpec("client", PeerRole.DRAFTER, "https://127.0.0.1:8511/")])
 
 
 def _client(kind: str, certs: Path, concurrency: int) -> Transport:
@@ -126,19 +149,10 @@ def main() -> int:
     results: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         certs = Path(tmp)
-        write_certificates(certs, [InstanceSpec("server", PeerRole.VERIFIER, "https://127.0.0.1:8501/"),
-                                   InstanceSpec("client", PeerRole.DRAFTER, "https://127.0.0.1:8511/")])
+        make_certs(certs)
         for kind in args.kinds:
-            child = subprocess.Popen([sys.executable, __file__, "--serve", kind, "--certs", tmp],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-            try:
-                assert child.stdout is not None
-                port = int(child.stdout.readline().split()[1])
+            with echo_server(kind, certs) as port:
                 results[kind] = run(_drive(kind, port, certs, args.concurrency, args.seconds, body))
-            finally:
-                assert child.stdin is not None
-                child.stdin.close()
-                child.wait(timeout=30)
 
     print(f"echo, {args.body}-byte bodies, {args.seconds:g} s per point, {os.cpu_count()} CPUs, "
           f"server and client on the same machine")
