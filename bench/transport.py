@@ -32,6 +32,7 @@ from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve
 from sdcp_fast.transport.http1 import Http1Transport, serve_http1
+from sdcp_fast.transport.loop import loop_name, run
 from sdcp_fast.transport.tls import client_context, server_context
 
 KINDS = {"h2": "HTTP/2 + mTLS (h2 adapter)", "http1": "HTTP/1.1 + mTLS (aiohttp)"}
@@ -42,15 +43,6 @@ async def echo(request: Request) -> Response:
     if request.path == "cpu":  # the server's own CPU seconds, for per-request cost
         return Response(200, repr(time.process_time()).encode())
     return Response(200, request.body, {"content-type": "application/sdcp+cbor"})
-
-
-def _new_loop_runner():  # type: ignore[no-untyped-def]
-    try:
-        import uvloop
-
-        return uvloop.run
-    except ImportError:
-        return asyncio.run
 
 
 async def _serve_forever(kind: str, certs: Path) -> None:
@@ -140,7 +132,6 @@ def main() -> int:
     parser.add_argument("--serve", choices=sorted(KINDS), help=argparse.SUPPRESS)  # the child process
     parser.add_argument("--certs", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    run = _new_loop_runner()
     if args.serve:
         run(_serve_forever(args.serve, Path(args.certs)))
         return 0
@@ -154,7 +145,7 @@ def main() -> int:
             with echo_server(kind, certs) as port:
                 results[kind] = run(_drive(kind, port, certs, args.concurrency, args.seconds, body))
 
-    print(f"echo, {args.body}-byte bodies, {args.seconds:g} s per point, {os.cpu_count()} CPUs, "
+    print(f"echo, {args.body}-byte bodies, {args.seconds:g} s per point, {os.cpu_count()} CPUs, {loop_name()}, "
           f"server and client on the same machine")
     print(f"{'transport':30} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'server us/req':>14} "
           f"{'client us/req':>14}")

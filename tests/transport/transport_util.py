@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sdcp_fast.transport import loop
 from sdcp_fast.transport.base import Request, Response
 
 T = TypeVar("T")
@@ -26,12 +26,8 @@ class Certs:
 
 
 def run(coro: Coroutine[Any, Any, T]) -> T:
-    """Run a scenario on a fresh loop: uvloop when installed, as the services use."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+    """Run a scenario on a fresh loop: the one the services use (uvloop when installed)."""
+    return loop.run(coro)
 
 
 async def echo(request: Request) -> Response:
