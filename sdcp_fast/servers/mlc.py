@@ -104,7 +104,12 @@ async def problems(request: web.Request, handler: Handler) -> web.StreamResponse
         log.exception("MLC request failed: %s %s", request.method, request.path)
         resp = problem_response(InternalError())
     if not request.content.is_eof():
-        resp.force_close()  # a refused body is not read (nor drained): close instead
+        # A refused body is neither read nor drained (aiohttp would linger up to 10 s
+        # reading it): answer, then close the connection.
+        resp.force_close()
+        await resp.prepare(request)
+        await resp.write_eof()
+        request.protocol.force_close()
     return resp
 
 

@@ -50,7 +50,7 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
     try:
         yield base
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
