@@ -17,12 +17,14 @@ import cbor2
 from sdcp_fast.cache import errors
 from sdcp_fast.cache.store import Head, Stored
 from sdcp_fast.cache.uri import SCHEME, check_key
-from sdcp_fast.protocol.problems import SdcpProblem, problem_from_response, type_suffix
+from sdcp_fast.protocol.problems import Forbidden, SdcpProblem, problem_from_response, type_suffix
 
 _OURS: dict[str, type[SdcpProblem]] = {
     cls.suffix: cls for cls in (errors.ObjectUnavailable, errors.ObjectLeased, errors.UnknownLease,
                                 errors.CacheFull, errors.BadRange)
 }
+
+_BODILESS: dict[int, type[SdcpProblem]] = {404: errors.ObjectUnavailable, 403: Forbidden}
 
 
 def client_ssl(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
@@ -91,7 +93,9 @@ def _problem(status: int, headers: dict[str, str], body: bytes) -> SdcpProblem:
         except ValueError:
             doc = None
     generic = problem_from_response(status, doc if isinstance(doc, dict) else None)
-    cls = _OURS.get(type_suffix(generic.type_uri)) or (errors.ObjectUnavailable if status == 404 and doc is None else None)
+    cls = _OURS.get(type_suffix(generic.type_uri))
+    if cls is None and doc is None:  # a HEAD answer has no body: its status says what it is
+        cls = _BODILESS.get(status)
     if cls is None:
         return generic
     return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
