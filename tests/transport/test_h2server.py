@@ -242,3 +242,19 @@ def test_outside_client_curl_speaks_http2_with_client_certificate(certs: Certs, 
     info = json.loads(body)
     assert info["peer"] == {"uri": CLIENT_URI, "role": "drafter"} and info["query"] == {"from": "7"}
     assert echoed == payload.read_bytes()
+
+
+def test_same_behaviour_on_the_plain_asyncio_loop(certs: Certs) -> None:
+    # The services run on uvloop when it is installed (transport.loop.run); the adapter must
+    # not depend on it.
+    async def scenario() -> tuple[bytes, dict[str, object], int]:
+        async with await serve(echo, "127.0.0.1", 0, ssl=_server_ctx(certs),
+                               limits=Limits(max_body=4 * MiB)) as server, _client(certs) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            big = await client.request(base, "POST", "echo", body=b"z" * (3 * MiB))
+            who = await client.request(base, "GET", "whoami")
+            refused = await client.request(base, "POST", "echo", body=b"z" * (5 * MiB))
+            return big.body, json.loads(who.body), refused.status
+
+    body, who, status = asyncio.run(scenario())
+    assert body == b"z" * (3 * MiB) and who["peer"] == {"uri": CLIENT_URI, "role": "drafter"} and status == 413
