@@ -21,7 +21,7 @@ than ``(thr, thr_id)``.
 import triton
 import triton.language as tl
 
-NEG_INF = float("-inf")
+NEG_INF = tl.constexpr(float("-inf"))
 
 
 @triton.jit
