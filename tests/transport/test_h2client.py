@@ -29,14 +29,18 @@ async def _serve(handler, certs: Certs, **kwargs):  # type: ignore[no-untyped-de
 def test_100_concurrent_requests_share_one_connection(certs: Certs) -> None:
     in_flight = [0, 0]  # now, most at once
 
-    async def held(request: Request) -> Response:
-        in_flight[0] += 1
-        in_flight[1] = max(in_flight)
-        await asyncio.sleep(0.05)  # hold every stream open until all have arrived
-        in_flight[0] -= 1
-        return Response(200, request.body)
-
     async def scenario() -> tuple[list[Response], int, int]:
+        everyone = asyncio.Event()
+
+        async def held(request: Request) -> Response:
+            in_flight[0] += 1
+            in_flight[1] = max(in_flight)
+            if in_flight[0] == 100:
+                everyone.set()
+            await asyncio.wait_for(everyone.wait(), 20)  # hold every stream open until all arrived
+            in_flight[0] -= 1
+            return Response(200, request.body)
+
         async with await _serve(held, certs) as server, _client(certs) as client:
             base = f"https://127.0.0.1:{server.port}/"
             responses = await asyncio.gather(*(client.request(base, "POST", f"r/{i}", body=str(i).encode())
