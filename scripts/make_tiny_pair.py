@@ -10,7 +10,7 @@ package (definitions and quotations, markup stripped; ~20 MB of plain sentences)
 3. a few draft-only steps against the final target (AdamW everywhere, cosine schedules),
 4. both saved as bf16 HF directories in ``sdcp_fast/data/models/tiny-{target,draft}``,
 5. the draft's acceptance (rule 1, M = 4) on held-out paragraphs, through the engine path
-   (``make_drafter("model:...")`` + ``speculative.generate``), checked equal to greedy.
+   (``make_drafter("model:...")`` + ``engine.inprocess.generate``), checked equal to greedy.
 
 No network: get the package first (``apt-get download dict-gcide``) and pass the .deb::
 
@@ -41,12 +41,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
+from sdcp_fast.engine.inprocess import generate
 from sdcp_fast.model import loader
 from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.config import CONFIGS
 from sdcp_fast.model.llama import Transformer
 from sdcp_fast.model.runner import ModelRunner
-from sdcp_fast.model.speculative import generate
 
 EOS = "<|endoftext|>"
 VOCAB = 4096
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     for m in (1, 4):
         res = generate(runner, make_drafter(f"model:{ddir}", lm), prompts, args.max_new, m=m)
         acc = sum(r.accepted for r in res) / max(1, sum(r.proposed for r in res))
-        tpp = sum(len(r.tokens) for r in res) / max(1, sum(r.target_passes for r in res))
+        tpp = sum(len(r.tokens) for r in res) / max(1, sum(r.rounds for r in res))
         same = [r.tokens for r in res] == [r.tokens for r in greedy]
         print(f"draft acceptance (rule 1, M={m}, {len(prompts)} held-out prompts x {args.max_new} tokens): "
               f"{acc:.3f}, tokens/pass {tpp:.2f}, same-as-greedy {same}")

@@ -12,9 +12,8 @@ import argparse
 import json
 import sys
 import tempfile
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HELP = "run SDCP sessions in-process on the embedded default and print text, rounds and figures"
@@ -37,6 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--temperature", type=float, default=0.8, help="rule 2 temperature (default 0.8)")
     p.add_argument("--seed", type=int, default=1, help="seed of the verifier's randoms and the drafters (default 1)")
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
+    p.add_argument("--m", type=int, default=None,
+                   help="tokens proposed per round (default: each drafter chooses M by §6.2 from measured costs)")
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only run (no speedup figure)")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
@@ -114,33 +115,20 @@ def _real(args: argparse.Namespace, model: str) -> Setup:
     )
 
 
-def _target_only(scorer: Any, prompts: list[list[int]], lengths: list[int]) -> tuple[list[list[int]], float]:
-    """Plain greedy decoding by the target, batched over the sessions: the baseline."""
-    import torch
+def _target_only(setup: Setup, specs: list[Any], mlc: Any, backend: str, seed: int) -> tuple[list[list[int]], float]:
+    """Target-only decoding of the same sessions through the same roles (the verifier decodes
+    each session itself, batched over the sessions): the baseline."""
+    from sdcp_fast.engine.inprocess import Engine
 
-    from sdcp_fast.model.interfaces import ScoreRequest
-    from sdcp_fast.kernels import verify_greedy
-
-    outs: list[list[int]] = [[] for _ in prompts]
-    t0 = time.perf_counter()
-    for step in range(max(lengths, default=0)):
-        live = [i for i, n in enumerate(lengths) if step < n]
-        rows = scorer.score([ScoreRequest(b"baseline-%03d...." % i, [*prompts[i], *outs[i]], ())
-                             for i in live])
-        # Rule 1 with nothing proposed: each session's one emitted token is its argmax.
-        _, emitted = verify_greedy(torch.cat(rows), torch.zeros(0, dtype=torch.int64),
-                                   torch.zeros(len(live) + 1, dtype=torch.int64))
-        for i, token in zip(live, emitted[:, 0].tolist(), strict=True):
-            outs[i].append(int(token))
-    seconds = time.perf_counter() - t0
-    for i in range(len(prompts)):
-        scorer.release(b"baseline-%03d...." % i)
-    return outs, seconds
+    engine = Engine(setup.scorer, [], mlc, target_digest=setup.target_digest,
+                    tokenizer_digest=setup.tokenizer_digest, backend=backend, seed=seed)
+    results = engine.run([replace(spec, drafters=None, self_load=100, self_max=None) for spec in specs])
+    return [r.tokens for r in results], results[0].seconds if results else 0.0
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.cache import embedded
-    from sdcp_fast.engine.inprocess import Engine, RoundRecord, SessionSpec
+    from sdcp_fast.embedded import embedded
+    from sdcp_fast.engine.inprocess import Engine, RoundRecord, spec_for
     from sdcp_fast.protocol import Action, Sampling
 
     model = args.model
@@ -167,12 +155,10 @@ def run(args: argparse.Namespace) -> int:
         sampling = Sampling(temperature_milli=round(args.temperature * 1000), seed=args.seed + i) \
             if args.rule == 2 else None
         only_weak = setup.weak is not None and i == len(setup.prompts) - 1 and len(setup.prompts) > 1
-        specs.append(SessionSpec(
-            prompt=prompt, max_new=args.max_new, rule=args.rule, sampling=sampling, stop=setup.stop,
-            drafters=(setup.weak,) if only_weak else None,
-            # A session its drafters cannot help ends up decoded by the target itself.
-            fallback=(Action.REDUCE, Action.SWITCH, Action.SELF_DECODE), self_max=None,
-        ))
+        spec = spec_for(prompt, max_new=args.max_new, rule=args.rule, sampling=sampling, stop=setup.stop, m=args.m)
+        # A session only its weakest drafter may serve: it walks the escalation ladder and
+        # ends up decoded by the target itself.
+        specs.append(replace(spec, drafters=(setup.weak,) if only_weak else None))
 
     def show(rec: RoundRecord) -> None:
         if quiet:
@@ -187,23 +173,26 @@ def run(args: argparse.Namespace) -> int:
         mlc = embedded(root)
         engine = Engine(setup.scorer, setup.drafters, mlc, target_digest=setup.target_digest,
                         tokenizer_digest=setup.tokenizer_digest, drafter_digests=setup.drafter_digests,
-                        backend=args.backend, seed=args.seed, on_round=show)
+                        backend=args.backend, seed=args.seed, on_round=show, fixed_m=args.m,
+                        adaptive_m=args.m is None)
         if not quiet:
             print(f"{len(specs)} sessions, {setup.describe}, drafters "
                   f"{', '.join(d.name for d in setup.drafters)}, rule {args.rule}; "
                   f"MLC and commit logs in {root}", flush=True)
-        t0 = time.perf_counter()
         results = engine.run(specs)
-        seconds = time.perf_counter() - t0
+        seconds = results[0].seconds if results else 0.0
         passes = engine.target_passes
+        total = sum(len(r.tokens) for r in results)
+        baseline = None
+        if not args.no_baseline:
+            if not quiet:
+                print("target-only decoding of the same sessions (baseline) ...", flush=True)
+            # The same sessions to the same lengths, so both runs produce the same token count.
+            lengths = [replace(spec, max_new=len(r.tokens)) for spec, r in zip(specs, results, strict=True)]
+            outs, base_seconds = _target_only(setup, lengths, mlc, args.backend, args.seed + 1000)
         mlc.close()
 
-    total = sum(len(r.tokens) for r in results)
-    baseline = None
-    if not args.no_baseline:
-        if not quiet:
-            print("target-only decoding of the same sessions (baseline) ...", flush=True)
-        outs, base_seconds = _target_only(setup.scorer, setup.prompts, [len(r.tokens) for r in results])
+    if baseline is None and not args.no_baseline:
         baseline = {
             "seconds": round(base_seconds, 3), "tokens_per_s": round(total / base_seconds, 1),
             "speedup": round(base_seconds / seconds, 2),

@@ -14,12 +14,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", required=True)
     p.add_argument("--max-new", type=int, default=64)
     p.add_argument("--drafter", default="ngram", help="none | ngram | layerskip:L | model:PATH (default ngram)")
-    p.add_argument("--m", type=int, default=4, help="tokens proposed per round")
+    p.add_argument("--m", type=int, default=4,
+                   help="tokens proposed per round (default 4; 0: the drafter chooses M by §6.2 from measured costs)")
     p.add_argument("--rule", type=int, choices=(1, 2), default=1, help="1 greedy, 2 speculative sampling")
     p.add_argument("--temperature", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)
     p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--seed", type=int, default=None,
+                   help="rule 2: seed of the verifier's randoms (§6.4); the same seed gives the same text")
+    p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
@@ -28,11 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
+    from sdcp_fast.engine.inprocess import generate
     from sdcp_fast.model import loader
     from sdcp_fast.model.build import make_drafter, stop_tokens, uses_chatml
     from sdcp_fast.model.runner import ModelRunner
-    from sdcp_fast.model.speculative import Sampling, generate
     from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
+    from sdcp_fast.protocol import Sampling
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -47,20 +51,18 @@ def run(args: argparse.Namespace) -> int:
         return 2
     text = chat_prompt(args.prompt) if uses_chatml(lm) and not args.raw else args.prompt
     prompt = encode(lm.tokenizer, text)
-    sampling = Sampling(
-        rule=args.rule,
-        temperature_milli=None if args.temperature is None else round(args.temperature * 1000),
-        top_k=args.top_k,
-        top_p_milli=None if args.top_p is None else round(args.top_p * 1000),
-        seed=args.seed,
-    )
-    res = generate(ModelRunner(lm.model), drafter, [prompt], args.max_new, m=args.m, sampling=sampling,
-                   stop=stop_tokens(lm))[0]
+    sampling = None
+    if args.rule == 2:
+        sampling = Sampling(
+            temperature_milli=None if args.temperature is None else round(args.temperature * 1000),
+            top_k=args.top_k, top_p_milli=None if args.top_p is None else round(args.top_p * 1000), seed=args.seed)
+    res = generate(ModelRunner(lm.model), drafter, [prompt], args.max_new, m=args.m or None, rule=args.rule,
+                   sampling=sampling, stop=stop_tokens(lm), seed=args.seed or 0, backend=args.backend)[0]
     out = decode(lm.tokenizer, res.tokens)
     if args.json:
         print(json.dumps({"tokens": res.tokens, "text": out, "accepted": res.accepted, "proposed": res.proposed,
-                          "rounds": res.rounds, "target_passes": res.target_passes,
-                          "seconds": round(res.seconds, 4), "drafter": args.drafter}))
+                          "rounds": res.rounds, "self_decoded": res.self_decoded, "seconds": round(res.seconds, 4),
+                          "drafter": args.drafter, "digest": res.digest.hex(), "chain_ok": res.chain_ok}))
     else:
         print(out)
         print(f"[{len(res.tokens)} tokens, {res.rounds} rounds, accepted {res.accepted}/{res.proposed}, "

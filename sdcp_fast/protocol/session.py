@@ -114,6 +114,7 @@ class Input(enum.Enum):
     APPEND_FAILED = "append-failed"
     APPEND_FENCED = "append-fenced"
     SUPERSEDE = "supersede"
+    UNASSIGNED = "unassigned"  # no drafter is assigned: the verifier may decode by itself
 
 
 _S, _I = State, Input
@@ -129,6 +130,7 @@ TRANSITIONS: dict[tuple[State, Input], frozenset[State]] = {
     **{(s, _I.PROPOSAL): frozenset({s}) for s in (_S.FINISHED, _S.FAILED)},
     # The round in progress.
     (_S.SELF_DECODING, _I.SELF_DECODE): frozenset({_S.SCORING}),
+    (_S.READY, _I.UNASSIGNED): frozenset({_S.SELF_DECODING, _S.READY}),
     (_S.SCORING, _I.Q): frozenset({_S.SCORING, _S.READY}),
     (_S.SCORING, _I.SCORED): frozenset({_S.COMMITTING}),
     (_S.SCORING, _I.ABANDON): frozenset({_S.READY, _S.SELF_DECODING}),
@@ -141,7 +143,7 @@ TRANSITIONS: dict[tuple[State, Input], frozenset[State]] = {
 """``(state, input) -> possible next states``; a missing pair is refused (see ``_refuse``)."""
 
 _ENGINE_INPUTS = frozenset({_I.SELF_DECODE, _I.Q, _I.SCORED, _I.ABANDON, _I.APPEND_OK,
-                            _I.APPEND_FAILED, _I.APPEND_FENCED, _I.SUPERSEDE})
+                            _I.APPEND_FAILED, _I.APPEND_FENCED, _I.SUPERSEDE, _I.UNASSIGNED})
 
 ROUND_LIMIT = 0xFFFFFFFF
 """The last round whose uniforms can be drawn: §6.4 packs the round as uint32."""
@@ -498,6 +500,19 @@ class VerifierSession:
         if rule2 and proposal.q_rows is None:
             raise BadProposal("rule 2 needs q_rows")
         return self._start(allowed, _Round(proposal.round, proposal, self.sampling_for(proposal.round)))
+
+    def begin_self_decoding(self, *, load: int) -> bool:
+        """A session no drafter serves (none was ever assigned, or the last one was told to
+        stop and no other came) is decoded by the verifier itself, when the contract permits
+        self-decoding at ``load`` (§6.5.2's condition; docs/interpretations.md, "Sessions
+        without a drafter"). Returns whether self-decoding started; the period ends as an
+        escalated one does (self_max, load, or an assignment)."""
+        allowed = self._check(Input.UNASSIGNED)
+        if (self.drafter is not None and not self.revoked) or not self_decode_permitted(self.contract, load):
+            return False
+        self._self_count = 0
+        self._move(allowed, State.SELF_DECODING)
+        return True
 
     def self_decode(self) -> ScoreNeeded:
         """Start the next self-decoded round (M = 0, no proposal)."""

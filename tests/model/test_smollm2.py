@@ -7,10 +7,10 @@ import importlib.util
 import pytest
 import torch
 
+from sdcp_fast.engine.inprocess import generate
 from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
 from sdcp_fast.model.runner import ModelRunner
-from sdcp_fast.model.speculative import generate
 from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
 
 pytestmark = pytest.mark.model
@@ -50,7 +50,7 @@ def test_speculative_rule1_equals_greedy_for_every_drafter(smollm2, prompt_ids) 
     for drafter in drafters:
         spec = generate(target, drafter, prompt_ids, 14, m=4)
         for g, s in zip(greedy, spec, strict=True):
-            assert s.tokens == g.tokens, drafter.name
+            assert s.tokens == g.tokens, (drafter.name, s.problems, s.finish)
         # Rejections happened, so the target's cache was truncated and reused on the way.
         assert sum(s.proposed - s.accepted for s in spec) > 0
     assert target.cache.used_blocks() == 0

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from sdcp_fast.engine.inprocess import generate
 from sdcp_fast.model import loader
 from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.config import CONFIGS
 from sdcp_fast.model.runner import ModelRunner
-from sdcp_fast.model.speculative import Sampling, generate
 from sdcp_fast.model.tokenizer import decode, encode
+from sdcp_fast.protocol import Sampling
 
 # Dictionary-style English, written for these tests (not taken from the training text).
 TEXTS = [
@@ -77,13 +78,13 @@ def test_rule1_with_the_tiny_draft_is_greedy(tiny, prompts, greedy) -> None:
         assert 0 < accepted < proposed, (m, accepted, proposed)  # acceptances and rejections both happen
         if m == 4:
             assert accepted / proposed >= ACCEPTANCE_FLOOR, accepted / proposed
-            assert sum(r.target_passes for r in spec) < sum(r.target_passes for r in greedy)
+            assert sum(r.rounds for r in spec) < sum(r.rounds for r in greedy)
     assert target.cache.used_blocks() == 0
 
 
 def test_rule2_runs(tiny, prompts) -> None:
-    sp = Sampling(rule=2, temperature_milli=700, top_k=50, seed=11)
+    sp = Sampling(temperature_milli=700, top_k=50, seed=11)
     res = generate(ModelRunner(tiny.model), make_drafter("model:tiny-draft", tiny), prompts[:3], 12, m=4,
-                   sampling=sp)
+                   rule=2, sampling=sp)
     assert all(len(r.tokens) == 12 for r in res)
     assert sum(r.accepted for r in res) > 0

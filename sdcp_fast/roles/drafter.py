@@ -1,0 +1,302 @@
+"""The drafter role (§6.2, §6.9): assignments, drafting, q rows under a lease in the MLC,
+proposals, retries, and status reports.
+
+Resource (Table 1): ``POST assignments``. Each assigned session runs one loop: draft M
+tokens from the committed prefix the drafter learned (from the assignment, the
+``committed_tokens`` object and verdicts, never from the verifier's memory), publish the
+rows under a lease, propose, follow the verdict or problem, release the lease. One
+proposal is outstanding per session (§6.2); a proposal whose verdict did not arrive is sent
+again unchanged (§6.9).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.model.interfaces import Drafter
+from sdcp_fast.protocol import (
+    Assignment,
+    BadRequest,
+    Proposal,
+    Sampling,
+    SdcpProblem,
+    StaleBase,
+    Status,
+    Verdict,
+    contract_digest,
+    extend_digest,
+    prefix_digest,
+)
+from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession, state_from_problem
+from sdcp_fast.protocol.identity import PeerRole, require_role
+from sdcp_fast.protocol.messages import ROLE_DRAFTER
+from sdcp_fast.roles.load import BusyMeter
+from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
+from sdcp_fast.transport.base import Request, Transport
+
+log = logging.getLogger("sdcp_fast.drafter")
+
+LEASE_TTL = 30.0  # seconds a q-rows object is held for the verifier; released at the verdict
+
+
+class Resync(Exception):
+    """The drafter's view of the committed prefix could not be brought up to date."""
+
+
+@dataclass
+class _Assigned:
+    record: DrafterSession
+    prompt: tuple[int, ...]
+    output: list[int]  # committed output o[1..n] as learned
+    task: asyncio.Task[None] | None = None
+
+
+class DrafterRole:
+    def __init__(
+        self,
+        drafter: Drafter,
+        *,
+        uri: str,
+        mlc: Any,
+        transport: Transport,
+        router: str | None = None,
+        seed: int = 0,
+        fixed_m: int | None = None,
+        status_ttl_ms: int = 10_000,
+        offload: bool = False,
+        retries: int = 8,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.drafter = drafter
+        self.uri = uri
+        self.router = router
+        self.seed = seed
+        # None: choose M by §6.2 from measured alpha, t_d and t_v; a number: always the
+        # largest M up to it that the limit allows (seeded runs then repeat exactly).
+        self.fixed_m = fixed_m
+        self.status_ttl_ms = status_ttl_ms
+        self.retries = retries
+        self.clock = clock
+        self.client = SdcpClient(transport)
+        # Drafting leaves the event loop in a service (one thread: a model's per-session
+        # caches are not shared across threads); in process it runs inline.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="drafter") if offload else None
+        self.objects = Objects(mlc, self._executor)
+        self.busy = BusyMeter(clock=clock)
+        self.acceptance = AcceptanceEstimator()
+        self._t_draft = 1e-3  # EWMA seconds per drafted token (§6.2 t_d)
+        self._t_verify = 1e-2  # EWMA seconds from proposal to verdict (§6.2 t_v)
+        self._sessions: dict[bytes, _Assigned] = {}
+        self.problems: dict[bytes, list[str]] = {}  # problem types answered to each session's proposals
+        self._waiting = 0  # sessions ready to draft, not drafting
+        self._tasks: list[asyncio.Task[None]] = []
+        self.routes = Routes()
+        self.routes.add("POST", r"assignments", self._post_assignment)
+
+    @property
+    def handler(self) -> Routes:
+        return self.routes
+
+    @property
+    def name(self) -> str:
+        return self.drafter.name
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.router is not None:
+            self._tasks.append(asyncio.create_task(self._report_status(), name="drafter-status"))
+
+    async def close(self) -> None:
+        tasks = [*self._tasks, *(a.task for a in self._sessions.values() if a.task is not None)]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for session in list(self._sessions):
+            self.drafter.release(session)
+        self._sessions.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    def status(self) -> Status:
+        return Status(instance=self.uri, role=ROLE_DRAFTER, load=self.busy.percent(), queue=self._waiting,
+                      accept_milli=self.acceptance.accept_milli, ttl_ms=self.status_ttl_ms)
+
+    async def report_status(self) -> None:
+        if self.router is not None:
+            await self.client.status(self.router, self.status())
+
+    async def _report_status(self) -> None:
+        while True:
+            try:
+                await self.report_status()
+            except Exception as exc:
+                log.warning("status report to %s failed: %s", self.router, exc)
+            await asyncio.sleep(self.status_ttl_ms / 3000)
+
+    # -- POST assignments -----------------------------------------------------------------
+
+    async def _post_assignment(self, request: Request) -> None:
+        require_role(request.peer, PeerRole.ROUTER)
+        assignment = decode_body(Assignment, request)
+        if assignment.drafter.rstrip("/") != self.uri.rstrip("/"):
+            raise BadRequest(f"assignment names drafter {assignment.drafter}, this is {self.uri}")
+        old = self._sessions.pop(assignment.session, None)
+        if old is not None and old.task is not None:
+            old.task.cancel()
+        prompt = assignment.prompt
+        if isinstance(prompt, str):
+            prompt = await self.objects.tokens(prompt)
+        assigned = _Assigned(DrafterSession(assignment, estimator=self.acceptance), tuple(prompt), [])
+        await self._learn(assigned, assignment.committed, assignment.digest, assignment.committed_tokens)
+        self._sessions[assignment.session] = assigned
+        assigned.task = asyncio.create_task(self._run(assigned), name="drafter-session")
+        return None
+
+    async def _learn(self, assigned: _Assigned, committed: int, digest: bytes, ref: str | None) -> None:
+        """Bring the committed output up to ``committed`` tokens with digest ``digest``: from
+        what is already known when it matches, else from the ``committed_tokens`` object."""
+        contract = assigned.record.assignment.contract
+        d0 = prefix_digest(contract_digest(contract), assigned.prompt)
+        known = assigned.output
+        if len(known) >= committed and extend_digest(d0, known[:committed]) == digest:
+            del known[committed:]
+            return
+        if ref is None and contract.scope is not None:
+            ref = object_uri(contract.scope, assigned.record.session, "committed_tokens")
+        if ref is None:
+            raise BadRequest("the committed output is needed and no committed_tokens object is named")
+        try:
+            tokens = await self.objects.tokens(ref)
+        except (ObjectUnavailable, OSError) as exc:
+            raise Resync(f"{ref}: {exc}") from None
+        tokens = tokens[:committed]
+        if len(tokens) != committed or extend_digest(d0, tokens) != digest:
+            raise Resync(f"{ref} does not hold the committed prefix of digest {digest.hex()[:12]}")
+        assigned.output[:] = tokens
+
+    # -- one session ----------------------------------------------------------------------
+
+    async def _run(self, assigned: _Assigned) -> None:
+        record = assigned.record
+        session = record.session
+        try:
+            while record.stopped is None:
+                proposal, lease = await self._draft(assigned)
+                try:
+                    outcome = await self._send(assigned, proposal)
+                finally:
+                    if lease is not None:
+                        with contextlib.suppress(Exception):
+                            await self.objects.release(lease)
+                if outcome is None:
+                    continue
+        except asyncio.CancelledError:
+            raise
+        except Resync as exc:
+            log.warning("session %s: %s; waiting for a new assignment", session.hex()[:8], exc)
+        except Exception:
+            log.exception("session %s failed at the drafter", session.hex()[:8])
+        finally:
+            current = self._sessions.get(session)
+            if current is assigned:
+                del self._sessions[session]
+                self.drafter.release(session)
+
+    def _generator(self, session: bytes, round_: int) -> torch.Generator:
+        # The drafter's own randoms, independent of the verifier's (§6.4) and of batching order.
+        key = hashlib.sha256(b"sdcp-fast/draft\x00" + self.seed.to_bytes(8, "big") + session
+                             + round_.to_bytes(8, "big")).digest()
+        return torch.Generator().manual_seed(int.from_bytes(key[:8], "big") >> 1)
+
+    async def _draft(self, assigned: _Assigned) -> tuple[Proposal, str | None]:
+        record = assigned.record
+        contract = record.assignment.contract
+        if self.fixed_m is not None:
+            m = max(1, min(self.fixed_m, record.limit))
+        else:
+            m = record.choose_m(self._t_draft, self._t_verify)
+        m = max(1, min(m, contract.max_new - len(assigned.output)))
+        sampling = record.assignment.sampling or contract.sampling or Sampling()
+        committed = (*assigned.prompt, *assigned.output)
+        generator = self._generator(record.session, record.round + 1)
+
+        def draft() -> Any:
+            return self.drafter.propose(
+                record.session, committed, m, rule=contract.rule, temperature_milli=sampling.temperature_milli,
+                top_k=sampling.top_k, top_p_milli=sampling.top_p_milli, generator=generator)
+
+        t0 = self.clock()
+        self._waiting += 1
+        try:
+            result = await self.objects.call(draft) if self._executor is not None else draft()
+        finally:
+            self._waiting -= 1
+        t1 = self.clock()
+        self.busy.add(t0, t1)
+        self._t_draft = 0.8 * self._t_draft + 0.2 * (t1 - t0) / max(1, len(result.tokens))
+        q_ref, lease = None, None
+        if result.q_rows is not None:
+            # The rows stay in the MLC under our lease until the verdict (§6.2).
+            q_ref = object_uri(contract.scope or bytes(16), record.session, "q_rows", record.round + 1)
+            lease = await self.objects.put(q_ref, result.q_rows.contiguous(), LEASE_TTL)
+        return record.propose(result.tokens, self.status(), q_rows=q_ref), lease
+
+    async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
+        """Propose until a verdict or a problem answers; None when the round produced no verdict."""
+        record = assigned.record
+        verifier = record.assignment.verifier
+        for attempt in range(self.retries + 1):
+            t0 = self.clock()
+            try:
+                verdict = await self.client.propose(verifier, proposal)
+            except SdcpProblem as problem:
+                if problem.status >= 500 and attempt < self.retries:
+                    await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt))
+                    proposal = record.retry(self.status())
+                    continue
+                await self._on_problem(assigned, problem)
+                return None
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                if attempt >= self.retries:
+                    raise Resync(f"verifier {verifier} unreachable: {exc}") from None
+                await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt))
+                proposal = record.retry(self.status())
+                continue
+            self._t_verify = 0.8 * self._t_verify + 0.2 * (self.clock() - t0)
+            self._follow(assigned, verdict)
+            return verdict
+        return None  # pragma: no cover - the loop always returns or raises
+
+    def _follow(self, assigned: _Assigned, verdict: Verdict) -> None:
+        record = assigned.record
+        start = record.committed
+        record.on_verdict(verdict)
+        if verdict.committed != start + len(verdict.emitted):
+            raise Resync("verdict's committed length does not extend the known prefix")
+        assigned.output.extend(verdict.emitted)
+
+    async def _on_problem(self, assigned: _Assigned, problem: SdcpProblem) -> None:
+        record = assigned.record
+        self.problems.setdefault(record.session, []).append(problem.suffix)
+        if not record.on_problem(problem):
+            log.info("session %s: stopped by %s", record.session.hex()[:8], problem.suffix)
+            return
+        if isinstance(problem, StaleBase):
+            state = state_from_problem(problem)
+            if state is not None:  # on_problem adopted it: learn the tokens behind it (§6.3)
+                await self._learn(assigned, state.committed, state.digest, record.assignment.committed_tokens)

@@ -1,0 +1,299 @@
+"""The router role (§6.1, §6.5.2, §6.6, §6.9): status table, session creation, assignment,
+events, policy updates, fail-over, and the front end's view of a session's output.
+
+Resources (Table 1): ``PUT instances/{id}/status``, ``POST events``. Sessions are opened
+through :meth:`RouterRole.open` (the front end's call): pick a verifier, ``POST sessions``
+(epoch 1, commit log in the MLC), then a drafter, informing the verifier before the drafter.
+A periodic sweep reassigns sessions whose drafter's status expired and fails over sessions
+whose verifier's status expired: fence, read the last record, open elsewhere with
+``resume``, re-send the sampling policy, re-assign.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.commitlog import open_commit_log
+from sdcp_fast.protocol import (
+    Action,
+    Assignment,
+    Contract,
+    Event,
+    Output,
+    Sampling,
+    SdcpProblem,
+    Status,
+)
+from sdcp_fast.protocol.commitlog import CommitRecord
+from sdcp_fast.protocol.identity import PeerRole, require_role, same_instance
+from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY
+from sdcp_fast.protocol.problems import Forbidden
+from sdcp_fast.protocol.router import (
+    RoutedSession,
+    StatusTable,
+    after_open,
+    choose_verifier,
+    confirmed,
+    fence_for,
+    new_session_id,
+    on_event,
+    open_message,
+    plan_failover,
+    policy_update,
+    reassign_expired,
+)
+from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
+from sdcp_fast.transport.base import Request, Transport
+
+log = logging.getLogger("sdcp_fast.router")
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    """What a front end asks for; the router turns it into a contract (§4.1)."""
+
+    prompt: Sequence[int]
+    max_new: int = 64
+    rule: int = RULE_GREEDY
+    sampling: Sampling | None = None
+    m_max: int = 8
+    m_init: int = 4
+    stop: tuple[int, ...] = ()
+    low_rounds: int = 2
+    low_ratio: int | None = 25
+    fallback: tuple[int, ...] = (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE, Action.FAIL)
+    self_load: int | None = 50
+    self_max: int | None = 8
+    drafters: tuple[bytes, ...] | None = None  # permitted draft models (None: any)
+    session: bytes | None = None  # None: 128 random bits; fix it to reproduce a seeded run (§6.4)
+
+
+@dataclass
+class _Routed:
+    routed: RoutedSession
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+class RouterRole:
+    def __init__(
+        self,
+        *,
+        uri: str,
+        mlc: Any,
+        transport: Transport,
+        target_digest: bytes,
+        tokenizer_digest: bytes,
+        drafter_models: Mapping[str, bytes],
+        scope: bytes | None = None,
+        sweep_interval: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.uri = uri
+        self.mlc = mlc
+        self.client = SdcpClient(transport)
+        self.objects = Objects(mlc)
+        self.target_digest = target_digest
+        self.tokenizer_digest = tokenizer_digest
+        self.scope = scope if scope is not None else os.urandom(16)
+        self.sweep_interval = sweep_interval
+        self.clock = clock
+        self.table = StatusTable()
+        for instance, model in drafter_models.items():
+            self.table.register_model(instance, model)
+        self.sessions: dict[bytes, _Routed] = {}
+        self._reported: set[str] = set()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._lock = asyncio.Lock()  # one reassignment or fail-over at a time
+        self.routes = Routes()
+        self.routes.add("PUT", r"instances/(?P<iid>[^/]+)/status", self._put_status)
+        self.routes.add("POST", r"events", self._post_event)
+
+    @property
+    def handler(self) -> Routes:
+        return self.routes
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._sweeper(), name="router-sweep"))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+
+    # -- resources ------------------------------------------------------------------------
+
+    async def _put_status(self, request: Request, iid: str) -> None:
+        require_role(request.peer, PeerRole.DRAFTER, PeerRole.VERIFIER)
+        status = decode_body(Status, request)
+        peer = request.peer
+        assert peer is not None
+        # An instance reports for itself only, in the role its certificate gives it.
+        if peer.uri is None or not same_instance(peer.uri, status.instance):
+            raise Forbidden(f"{peer.uri} may not report status for {status.instance}")
+        expected = ROLE_DRAFTER if peer.role is PeerRole.DRAFTER else ROLE_VERIFIER
+        if status.role != expected:
+            raise Forbidden("status role does not match the certificate's role")
+        self.table.report(status, self.clock())
+        self._reported.add(status.instance)
+        return None
+
+    async def _post_event(self, request: Request) -> None:
+        require_role(request.peer, PeerRole.VERIFIER)
+        event = decode_body(Event, request)
+        entry = self.sessions.get(event.session)
+        if entry is None:
+            return None  # not ours (or long gone): nothing to do
+        peer = request.peer
+        assert peer is not None
+        if peer.uri is None or not same_instance(peer.uri, entry.routed.verifier):
+            raise Forbidden(f"{peer.uri} is not the verifier of this session")
+        async with self._lock:
+            assignment = on_event(entry.routed, event, self.table, self.clock())
+            if assignment is not None:
+                await self._assign(entry.routed, assignment)
+        entry.changed.set()
+        return None
+
+    # -- the front end's calls ------------------------------------------------------------
+
+    def contract(self, spec: SessionSpec) -> Contract:
+        return Contract(
+            target=self.target_digest, tokenizer=self.tokenizer_digest, rule=spec.rule, m_max=spec.m_max,
+            max_new=spec.max_new, stop=tuple(spec.stop), low_rounds=spec.low_rounds,
+            fallback=tuple(int(a) for a in spec.fallback), drafters=spec.drafters, sampling=spec.sampling,
+            low_ratio=spec.low_ratio, self_load=spec.self_load, self_max=spec.self_max, scope=self.scope,
+        )
+
+    async def open(self, spec: SessionSpec) -> RoutedSession:
+        """Create a session (§6.1): POST sessions at a live verifier, then assign a drafter."""
+        now = self.clock()
+        verifier = choose_verifier(self.table, now)
+        if verifier is None:
+            raise SdcpProblem("no live verifier")
+        session = spec.session if spec.session is not None else new_session_id(os.urandom(16))
+        contract = self.contract(spec)
+        routed = RoutedSession(
+            session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
+            commit_log=object_uri(self.scope, session, "commit_log"), verifier=verifier, round=0,
+            committed=0, digest=bytes(32), m_init=spec.m_init,
+            committed_tokens=object_uri(self.scope, session, "committed_tokens"),
+        )
+        state = await self.client.open_session(verifier, open_message(routed))
+        self.sessions[session] = _Routed(routed)
+        async with self._lock:
+            assignment = after_open(routed, state, self.table, self.clock())
+            if assignment is not None:
+                await self._assign(routed, assignment)
+        return routed
+
+    async def policy(self, session: bytes, from_round: int, sampling: Sampling) -> None:
+        """A sampling update from ``from_round`` on (§6.6)."""
+        routed = self.sessions[session].routed
+        await self.client.policy(routed.verifier, policy_update(routed, from_round, sampling))
+
+    async def output(self, session: bytes, *, poll: float | None = None) -> AsyncIterator[Output]:
+        """The session's committed output as it grows, by index, across fail-overs: output of
+        an epoch lower than one already seen is discarded, so nothing repeats or goes
+        missing (§6.7)."""
+        entry = self.sessions[session]
+        index, epoch = 0, 0
+        while True:
+            routed = entry.routed
+            try:
+                out = await self.client.output(routed.verifier, session, index, timeout=poll)
+            except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+                if isinstance(exc, SdcpProblem) and exc.status < 500 and exc.suffix != "sdcp-stale-epoch":
+                    raise
+                # The verifier is gone or fenced: wait for the fail-over to name another.
+                entry.changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(entry.changed.wait(), self.sweep_interval * 4)
+                continue
+            if out.epoch < epoch:
+                continue
+            epoch = out.epoch
+            if out.from_ == index and out.tokens:
+                index += len(out.tokens)
+                yield out
+            if out.final:
+                if not out.tokens:
+                    yield out
+                entry.routed.done = True
+                return
+
+    async def text(self, session: bytes) -> tuple[list[int], Action | None]:
+        """Every output token of the session and how it ended."""
+        tokens: list[int] = []
+        finish = None
+        async for out in self.output(session):
+            tokens.extend(out.tokens)
+            if out.final:
+                finish = out.finish
+        return tokens, finish
+
+    # -- assignment and recovery ----------------------------------------------------------
+
+    async def _assign(self, routed: RoutedSession, assignment: Assignment) -> None:
+        """Inform the verifier, then the drafter, with the verifier's current state (§6.1)."""
+        state = await self.client.put_drafter(routed.verifier, assignment)
+        try:
+            await self.client.assign(assignment.drafter, confirmed(routed, state))
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("assignment to %s failed: %s", assignment.drafter, exc)
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("router sweep failed")
+
+    async def sweep(self) -> None:
+        """Reassign sessions of expired drafters; fail over sessions of expired verifiers (§6.9)."""
+        now = self.clock()
+        open_ = [e.routed for e in self.sessions.values() if not e.routed.done]
+        async with self._lock:
+            for assignment in reassign_expired(open_, self.table, now):
+                routed = self.sessions[assignment.session].routed
+                with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+                    await self._assign(routed, assignment)
+            for routed in open_:
+                # A verifier that reported once and then fell silent past its ttl_ms is dead.
+                if routed.verifier in self._reported and not self.table.live(routed.verifier, now):
+                    await self._failover(routed)
+
+    async def _failover(self, routed: RoutedSession) -> None:
+        """§6.9: fence the log at the next epoch, read the last commit record, open the
+        session at another verifier with ``resume`` and the current sampling, re-assign."""
+        old = routed.verifier
+        target = choose_verifier(self.table, self.clock(), exclude=(old,))
+        if target is None:
+            return
+        log_ = await self.objects.call(open_commit_log, routed.commit_log, mlc=self.mlc)
+        await self.objects.call(log_.append, fence_for(routed), None)
+        # Read after the fence: nothing the old verifier appends can follow it.
+        view = await self.objects.call(log_.read)
+        last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
+        plan = plan_failover(routed, target, last, committed_tokens=routed.committed_tokens)
+        log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
+                    routed.session.hex()[:8], old, target, routed.epoch)
+        state = await self.client.open_session(target, plan.open)
+        if plan.policy is not None:
+            await self.client.policy(target, plan.policy)
+        assignment = after_open(routed, state, self.table, self.clock())
+        if assignment is not None:
+            await self._assign(routed, assignment)
+        self.sessions[routed.session].changed.set()

@@ -1,0 +1,481 @@
+"""The verifier role (§6.1, §6.3–§6.8): sessions, continuous batching, scoring through the
+kernels, the commit log, output, and status reports.
+
+Resources (Table 1): ``POST sessions``, ``PUT sessions/{id}/drafter``, ``POST proposals``,
+``GET sessions/{id}/output?from=n``, ``POST sessions/{id}/policy``. Every decision is the
+core's (:class:`~sdcp_fast.protocol.VerifierSession`); this role fetches q rows, forms
+batches, scores, appends, and answers.
+
+Batching: a batch opens with the first waiting round and closes when every session that
+owes a proposal has sent it, or ``batch_wait`` seconds later, whichever is first
+(docs/interpretations.md, "Verifier batching"); sessions that are self-decoding join every
+batch. One scoring pass covers the batch; rounds are committed in batch order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
+from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
+from sdcp_fast.protocol import (
+    Assignment,
+    BadRequest,
+    Policy,
+    Proposal,
+    QUnavailable,
+    SdcpProblem,
+    SessionOpen,
+    SessionState,
+    StaleEpoch,
+    Status,
+    UnknownSession,
+    Verdict,
+    parse_session_path_id,
+)
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.protocol.identity import Peer, PeerRole, require_role
+from sdcp_fast.protocol.messages import ROLE_VERIFIER
+from sdcp_fast.protocol.registry import SessionRegistry
+from sdcp_fast.protocol.session import Pending, RoundDone, ScoreNeeded, State, VerifierSession
+from sdcp_fast.roles.load import VerifierLoad
+from sdcp_fast.roles.objects import Objects, pack_tokens
+from sdcp_fast.roles.scoring import Scored, verify_batch
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
+from sdcp_fast.transport.base import Request, Transport
+
+log = logging.getLogger("sdcp_fast.verifier")
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """One committed round, for observers (the demo's per-round lines, the bench)."""
+
+    session: bytes
+    round: int
+    drafter: str | None  # None for a self-decoded round
+    proposed: int
+    accepted: int
+    emitted: tuple[int, ...]
+    action: Any
+    m_cap: int
+    digest: bytes
+    batch: int  # sessions in the scoring pass
+
+
+@dataclass
+class _Live:
+    """What the role keeps beside the core's session: its log and who waits on it."""
+
+    session: VerifierSession
+    log: Any
+    etag: str
+    tokens_ref: str | None
+    opened: float = 0.0
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
+
+
+@dataclass
+class _Item(Scored):
+    live: _Live | None = None
+    future: asyncio.Future[Verdict] | None = None  # None for a self-decoded round
+    drafter: str | None = None
+
+
+class VerifierRole:
+    def __init__(
+        self,
+        scorer: TargetScorer,
+        *,
+        uri: str,
+        mlc: Any,
+        transport: Transport,
+        target_digest: bytes,
+        router: str | None = None,
+        backend: str = "auto",
+        max_batch: int = 64,
+        batch_wait: float = 0.005,
+        output_wait: float = 10.0,
+        status_ttl_ms: int = 10_000,
+        offload: bool = False,
+        self_decode_idle: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_round: Callable[[RoundInfo], None] | None = None,
+    ) -> None:
+        self.scorer = scorer
+        self.uri = uri
+        self.router = router
+        self.backend = backend
+        self.max_batch = max_batch
+        self.batch_wait = batch_wait
+        self.output_wait = output_wait
+        self.status_ttl_ms = status_ttl_ms
+        self.target_digest = target_digest
+        self.clock = clock
+        self.on_round = on_round
+        # Local policy (docs/interpretations.md): a session no drafter was assigned to for
+        # this many seconds is decoded by the target itself, where its contract permits it.
+        self.self_decode_idle = self_decode_idle
+        self.client = SdcpClient(transport)
+        # Offloaded, scoring and store calls leave the event loop, so that a service keeps
+        # answering while a pass runs; in process they run inline.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="verifier") if offload else None
+        self.objects = Objects(mlc, self._executor)
+        self.mlc = mlc
+        self.sessions = SessionRegistry()
+        self.load = VerifierLoad(max_batch)
+        self.target_passes = 0
+        self.progress = clock()  # when a scoring pass last started or a round was committed
+        self._live: dict[bytes, _Live] = {}
+        self._queue: list[_Item] = []
+        self._fetching = 0
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[Any]] = set()
+        self.routes = Routes()
+        self.routes.add("POST", r"sessions", self._post_session)
+        self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
+        self.routes.add("POST", r"proposals", self._post_proposal)
+        self.routes.add("GET", r"sessions/(?P<sid>[^/]+)/output", self._get_output)
+        self.routes.add("POST", r"sessions/(?P<sid>[^/]+)/policy", self._post_policy)
+
+    @property
+    def handler(self) -> Routes:
+        return self.routes
+
+    # -- life cycle -----------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self._tasks.append(asyncio.create_task(self._batcher(), name="verifier-batcher"))
+        if self.router is not None:
+            self._tasks.append(asyncio.create_task(self._report_status(), name="verifier-status"))
+
+    async def close(self) -> None:
+        for task in [*self._tasks, *self._background]:
+            task.cancel()
+        for task in [*self._tasks, *self._background]:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        for live in self._live.values():
+            self.scorer.release(live.session.session)
+            for future in live.waiting.values():
+                if not future.done():
+                    future.cancel()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False)
+
+    def status(self) -> Status:
+        self.load.queue = len(self._queue) + self._fetching
+        return Status(instance=self.uri, role=ROLE_VERIFIER, load=self.load.percent(), queue=self.load.queue,
+                      ttl_ms=self.status_ttl_ms)
+
+    async def report_status(self) -> None:
+        if self.router is not None:
+            await self.client.status(self.router, self.status())
+
+    async def _report_status(self) -> None:
+        while True:
+            try:
+                await self.report_status()
+            except Exception as exc:  # the router may be restarting: report again later
+                log.warning("status report to %s failed: %s", self.router, exc)
+            await asyncio.sleep(self.status_ttl_ms / 3000)
+
+    # -- resources ------------------------------------------------------------------------
+
+    def _get(self, sid: str | bytes) -> _Live:
+        session = parse_session_path_id(sid) if isinstance(sid, str) else sid
+        core = self.sessions.get(session)
+        live = self._live.get(session)
+        if live is None or live.session is not core:
+            raise UnknownSession("no such session at this verifier")
+        return live
+
+    async def _post_session(self, request: Request) -> SessionState:
+        require_role(request.peer, PeerRole.ROUTER)
+        message = decode_body(SessionOpen, request)
+        prompt = None
+        committed: Sequence[int] = ()
+        try:
+            if isinstance(message.prompt, str):
+                prompt = await self.objects.tokens(message.prompt)
+            if message.resume is not None:
+                committed = await self.objects.tokens(message.resume.committed_tokens)
+        except ObjectUnavailable as exc:
+            raise BadRequest(f"a referenced object could not be read: {exc}") from None
+        session, state = self.sessions.open(message, target_digest=self.target_digest,
+                                            vocab=self.scorer.vocab_size, prompt_tokens=prompt,
+                                            committed_tokens=committed)
+        live = self._live.get(message.session)
+        if live is None or live.session is not session:
+            if live is not None:  # re-opened at a higher epoch (§6.9): the old one is over
+                self._fail_waiting(live, StaleEpoch("the session was re-opened at a newer epoch"))
+            log_ = await self.objects.call(open_commit_log, message.commit_log, mlc=self.mlc)
+            view = await self.objects.call(log_.read)
+            tokens_ref = message.resume.committed_tokens if message.resume is not None else None
+            if tokens_ref is None and session.contract.scope is not None:
+                tokens_ref = object_uri(session.contract.scope, session.session, "committed_tokens")
+            self._live[message.session] = _Live(session, log_, view.etag, tokens_ref, self.clock())
+            self._wake.set()
+        return state
+
+    async def _put_drafter(self, request: Request, sid: str) -> SessionState:
+        require_role(request.peer, PeerRole.ROUTER)
+        live = self._get(sid)
+        assignment = decode_body(Assignment, request)
+        if assignment.session != live.session.session:
+            raise BadRequest("assignment is for another session than its path")
+        state = live.session.assign(assignment)
+        self._wake.set()
+        return state
+
+    async def _post_policy(self, request: Request, sid: str) -> SessionState:
+        require_role(request.peer, PeerRole.ROUTER)
+        live = self._get(sid)
+        policy = decode_body(Policy, request)
+        if policy.session != live.session.session:
+            raise BadRequest("policy is for another session than its path")
+        return live.session.policy(policy)
+
+    async def _get_output(self, request: Request, sid: str) -> Any:
+        live = self._get(sid)
+        raw = request.query.get("from", "0")
+        if not raw.isdigit():
+            raise BadRequest("from must be a uint")
+        start = int(raw)
+        deadline = self.clock() + self.output_wait
+        while True:
+            out = live.session.output(start)
+            remaining = deadline - self.clock()
+            if out.tokens or out.final or remaining <= 0:
+                return out
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(live.changed.wait(), remaining)
+
+    async def _post_proposal(self, request: Request) -> Verdict:
+        proposal = decode_body(Proposal, request)
+        live = self._get(proposal.session)
+        peer = request.peer
+        client: Peer | str = peer if peer is not None else ""
+        while True:
+            work = live.session.receive_proposal(proposal, client=client, now=self.clock())
+            if isinstance(work, Verdict):
+                return work
+            if not isinstance(work, Pending):
+                break
+            # An identical request is being verified: its verdict answers this one too (§6.3).
+            waiter = live.waiting.get(work.round)
+            if waiter is None:
+                await asyncio.sleep(0)
+            else:
+                with contextlib.suppress(SdcpProblem, asyncio.CancelledError):
+                    await asyncio.shield(waiter)
+        item = _Item(work, live=live, future=asyncio.get_running_loop().create_future(),
+                     drafter=live.session.drafter)
+        if work.needs_q:
+            await self._fetch_q(item, proposal)
+        assert item.future is not None
+        live.waiting[work.round] = item.future
+        self._queue.append(item)
+        self._wake.set()
+        try:
+            return await asyncio.shield(item.future)
+        finally:
+            if live.waiting.get(work.round) is item.future and item.future.done():
+                del live.waiting[work.round]
+
+    async def _fetch_q(self, item: _Item, proposal: Proposal) -> None:
+        """Rule 2's precondition: the rows of every position, checked, before any random value."""
+        live = item.live
+        assert live is not None
+        vocab = self.scorer.vocab_size
+        self._fetching += 1
+        try:
+            raw = await self.objects.get(proposal.q_rows) if proposal.q_rows else None
+        except (ObjectUnavailable, OSError, ValueError):
+            raw = None  # the core answers sdcp-q-unavailable and commits nothing (§6.3)
+        except SdcpProblem:
+            raw = None
+        finally:
+            self._fetching -= 1
+        if raw is not None and len(raw) != 4 * vocab * len(proposal.tokens):
+            live.session.provide_q(q_rows=None, vocab=vocab)  # raises QUnavailable, round dropped
+            raise QUnavailable("draft rows object has the wrong size")  # pragma: no cover
+        uniforms = live.session.provide_q(q_rows=raw, vocab=vocab)
+        assert raw is not None
+        item.q = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
+        item.work = ScoreNeeded(**{**item.work.__dict__, "uniforms": uniforms})
+
+    # -- batching -------------------------------------------------------------------------
+
+    def _owed(self) -> int:
+        """Sessions whose drafter may send a proposal now, plus rounds fetching their rows."""
+        owed = self._fetching
+        for live in self._live.values():
+            s = live.session
+            if s.state is State.READY and s.drafter is not None and not s.revoked:
+                owed += 1
+        return owed
+
+    def _self_decoding(self) -> list[_Live]:
+        if self.self_decode_idle is not None:
+            now = self.clock()
+            for live in self._live.values():
+                s = live.session
+                if s.state is State.READY and s.drafter is None and now - live.opened >= self.self_decode_idle:
+                    s.begin_self_decoding(load=self.load.percent())
+        return [live for live in self._live.values() if live.session.state is State.SELF_DECODING]
+
+    async def _batcher(self) -> None:
+        while True:
+            if not self._queue and not self._self_decoding():
+                self._wake.clear()
+                # Unassigned sessions are looked at again while self-decoding them is enabled.
+                idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), idle)
+            if self._queue:
+                deadline = self.clock() + self.batch_wait
+                while self._owed() and len(self._queue) < self.max_batch:
+                    remaining = deadline - self.clock()
+                    if remaining <= 0:
+                        break
+                    self._wake.clear()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), remaining)
+            batch = self._queue[: self.max_batch]
+            del self._queue[: len(batch)]
+            for live in self._self_decoding():
+                if len(batch) >= self.max_batch:
+                    break
+                batch.append(_Item(live.session.self_decode(), live=live))
+            if batch:
+                try:
+                    await self._run_batch(batch)
+                except Exception as exc:  # a scorer or kernel failure: drop the rounds, keep serving
+                    log.exception("scoring pass failed")
+                    for item in batch:
+                        self._drop(item, exc)
+
+    def _drop(self, item: _Item, exc: BaseException) -> None:
+        live = item.live
+        assert live is not None
+        if live.session.state is State.SCORING:
+            live.session.abandon()
+        if item.future is not None and not item.future.done():
+            item.future.set_exception(SdcpProblem(f"the round could not be scored: {exc}"))
+
+    async def _run_batch(self, batch: list[_Item]) -> None:
+        requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
+        self.progress = self.clock()
+        self.load.batch(len(batch))
+        logits = await self.objects.call(self.scorer.score, requests) if self._executor else \
+            self.scorer.score(requests)
+        self.target_passes += 1
+        results = verify_batch(batch, logits, backend=self.backend)
+        for item, (accepted, token) in zip(batch, results, strict=True):
+            await self._commit(item, accepted, token, len(batch))
+        if self._self_decoding():
+            self._wake.set()
+
+    # -- commit ---------------------------------------------------------------------------
+
+    async def _commit(self, item: _Item, accepted: int, token: int, batch: int) -> None:
+        live = item.live
+        assert live is not None
+        session = live.session
+        append = session.complete_scoring(accepted, token, load=self.load.percent())
+        try:
+            etag = await self.objects.call(live.log.append, append.record, live.etag)
+        except PreconditionFailed:
+            etag = await self._after_failed_append(live, append.record)
+        except Fenced:
+            etag = None
+        except Exception as exc:  # the log is unreachable: nothing is released (§6.3)
+            log.warning("commit-log append failed: %s", exc)
+            session.append_done(ok=False)
+            self._settle(item, SdcpProblem(f"the commit log could not be appended: {exc}"))
+            return
+        if etag is None:  # a newer epoch owns the log: discard, stop serving (§6.3, §6.8)
+            session.append_done(ok=False, fenced=True)
+            self._fail_waiting(live, StaleEpoch("the commit log was fenced by a newer epoch"))
+            self._settle(item, StaleEpoch("the commit log was fenced by a newer epoch"))
+            return
+        live.etag = etag
+        self.progress = self.clock()
+        done = session.append_done(ok=True)
+        assert isinstance(done, RoundDone)
+        if live.tokens_ref is not None:
+            # Drafters and a fail-over verifier learn the committed output from it (§6.9).
+            try:
+                await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
+            except Exception as exc:
+                log.warning("could not write %s: %s", live.tokens_ref, exc)
+        self._settle(item, done.verdict)
+        live.changed.set()
+        live.changed = asyncio.Event()
+        for event in done.events:
+            self._spawn(self._send_event(event))
+        if self.on_round is not None:
+            v = done.verdict
+            self.on_round(RoundInfo(session=v.session, round=v.round, drafter=item.drafter if item.future else None,
+                                    proposed=len(item.work.proposed), accepted=v.accepted, emitted=v.emitted,
+                                    action=v.action, m_cap=v.m_cap, digest=v.digest, batch=batch))
+
+    async def _after_failed_append(self, live: _Live, own: CommitRecord) -> str | None:
+        """A 412 (§6.8): re-read the log. Our record already there means the append went
+        through and its answer was lost; anything else, a fence or another writer of our
+        epoch, means the session is no longer ours (docs/interpretations.md)."""
+        view = await self.objects.call(live.log.read)
+        records = view.records
+        if records and records[-1] == own and not any(
+                isinstance(r, FenceRecord) and r.epoch > own.epoch for r in records):
+            return str(view.etag)
+        return None
+
+    def _settle(self, item: _Item, outcome: Verdict | SdcpProblem) -> None:
+        future = item.future
+        if future is None or future.done():
+            return
+        if isinstance(outcome, Verdict):
+            future.set_result(outcome)
+        else:
+            future.set_exception(outcome)
+
+    def _fail_waiting(self, live: _Live, problem: SdcpProblem) -> None:
+        live.changed.set()
+        for future in live.waiting.values():
+            if not future.done():
+                future.set_exception(problem)
+
+    async def _send_event(self, event: Any) -> None:
+        if self.router is None:
+            return
+        for attempt in range(5):
+            try:
+                await self.client.event(self.router, event)
+                return
+            except SdcpProblem as problem:
+                if problem.status < 500:
+                    log.warning("router refused event: %s", problem.detail)
+                    return
+            except Exception as exc:
+                log.warning("event to %s failed: %s", self.router, exc)
+            await asyncio.sleep(0.05 * 2 ** attempt)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

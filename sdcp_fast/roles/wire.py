@@ -1,0 +1,177 @@
+"""SDCP over any transport: the resources of Table 1 (§5.1) as a route table on the server
+side and typed calls on the client side.
+
+Servers: a role lists its routes; :class:`Routes` decodes nothing itself but turns every
+:class:`SdcpProblem` into its RFC 9457 body and status, and any other exception into a 500
+problem without a traceback (it is logged). Clients: :class:`SdcpClient` encodes messages,
+sends them through a :class:`~sdcp_fast.transport.Transport` and decodes the answer or
+raises the problem it carried (matched by type suffix, unlisted statuses by class).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from sdcp_fast.protocol import (
+    MEDIA_TYPE,
+    Assignment,
+    BadRequest,
+    Event,
+    Output,
+    Policy,
+    Proposal,
+    SdcpProblem,
+    SessionOpen,
+    SessionState,
+    Status,
+    Verdict,
+    session_path_id,
+)
+from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, problem_from_response
+from sdcp_fast.transport.base import Request, Response, Transport
+
+log = logging.getLogger("sdcp_fast.roles")
+
+M = TypeVar("M")
+Endpoint = Callable[..., Awaitable[Any]]
+
+
+class NotFound(SdcpProblem):
+    suffix = "sdcp-not-found"
+    status = 404
+    title = "No such resource"
+
+
+class MethodNotAllowed(SdcpProblem):
+    suffix = "sdcp-method-not-allowed"
+    status = 405
+    title = "Method not allowed on this resource"
+
+
+class InternalError(SdcpProblem):
+    suffix = "sdcp-internal-error"
+    status = 500
+    title = "Internal error"
+
+
+def problem_response(problem: SdcpProblem) -> Response:
+    return Response(problem.status, problem.render(), {"content-type": PROBLEM_MEDIA_TYPE})
+
+
+def message_response(message: Any, status: int = 200) -> Response:
+    if message is None:
+        return Response(204)
+    return Response(status, message.encode(), {"content-type": MEDIA_TYPE})
+
+
+def instance_path_id(instance: str) -> str:
+    """``{id}`` of ``instances/{id}``: base64url without padding of the UTF-8 instance name."""
+    return base64.urlsafe_b64encode(instance.encode()).rstrip(b"=").decode("ascii")
+
+
+class Routes:
+    """``(method, path pattern) -> endpoint``; the endpoint gets the request and the path's
+    named groups and returns a message (200), None (204) or a :class:`Response`."""
+
+    def __init__(self) -> None:
+        self._routes: list[tuple[str, re.Pattern[str], Endpoint]] = []
+
+    def add(self, method: str, pattern: str, endpoint: Endpoint) -> None:
+        self._routes.append((method, re.compile(pattern + r"\Z"), endpoint))
+
+    async def __call__(self, request: Request) -> Response:
+        try:
+            endpoint, groups = self._match(request)
+            result = await endpoint(request, **groups)
+            return result if isinstance(result, Response) else message_response(result)
+        except SdcpProblem as problem:
+            return problem_response(problem)
+        except Exception:  # a bug: logged here, never a traceback on the wire
+            log.exception("%s %s failed", request.method, request.path)
+            return problem_response(InternalError())
+
+    def _match(self, request: Request) -> tuple[Endpoint, dict[str, str]]:
+        path = request.path.lstrip("/")
+        allowed = False
+        for method, pattern, endpoint in self._routes:
+            found = pattern.match(path)
+            if found is None:
+                continue
+            if method == request.method:
+                return endpoint, found.groupdict()
+            allowed = True
+        if allowed:
+            raise MethodNotAllowed(f"{request.method} {path}")
+        raise NotFound(path)
+
+
+def decode_body(cls: type[M], request: Request) -> M:
+    if request.headers.get("content-type", MEDIA_TYPE).split(";")[0].strip() != MEDIA_TYPE:
+        raise BadRequest(f"body must be {MEDIA_TYPE}")
+    return cls.decode(request.body)  # type: ignore[attr-defined,no-any-return]
+
+
+class SdcpClient:
+    """Typed calls to every resource of Table 1 through one transport."""
+
+    def __init__(self, transport: Transport, *, timeout: float | None = None) -> None:
+        self.transport = transport
+        self.timeout = timeout
+
+    async def _call(self, base: str, method: str, path: str, message: Any = None, answer: type[M] | None = None,
+                    query: Mapping[str, str] | None = None, timeout: float | None = None) -> M | None:
+        body = b"" if message is None else message.encode()
+        headers = {"content-type": MEDIA_TYPE} if message is not None else {}
+        response = await self.transport.request(base, method, path, body=body, query=query, headers=headers,
+                                                timeout=timeout or self.timeout)
+        if 200 <= response.status < 300:
+            if answer is None or response.status == 204:
+                return None
+            return answer.decode(response.body)  # type: ignore[attr-defined,no-any-return]
+        raise problem_from_response(response.status, _problem_body(response))
+
+    # -- verifier ------------------------------------------------------------------------
+    async def open_session(self, verifier: str, message: SessionOpen) -> SessionState:
+        return await self._call(verifier, "POST", "sessions", message, SessionState)  # type: ignore[return-value]
+
+    async def put_drafter(self, verifier: str, assignment: Assignment) -> SessionState:
+        path = f"sessions/{session_path_id(assignment.session)}/drafter"
+        return await self._call(verifier, "PUT", path, assignment, SessionState)  # type: ignore[return-value]
+
+    async def propose(self, verifier: str, proposal: Proposal) -> Verdict:
+        return await self._call(verifier, "POST", "proposals", proposal, Verdict)  # type: ignore[return-value]
+
+    async def output(self, verifier: str, session: bytes, start: int, *, timeout: float | None = None) -> Output:
+        path = f"sessions/{session_path_id(session)}/output"
+        return await self._call(verifier, "GET", path, None, Output,  # type: ignore[return-value]
+                                query={"from": str(start)}, timeout=timeout)
+
+    async def policy(self, verifier: str, policy: Policy) -> SessionState:
+        path = f"sessions/{session_path_id(policy.session)}/policy"
+        return await self._call(verifier, "POST", path, policy, SessionState)  # type: ignore[return-value]
+
+    # -- drafter -------------------------------------------------------------------------
+    async def assign(self, drafter: str, assignment: Assignment) -> None:
+        await self._call(drafter, "POST", "assignments", assignment)
+
+    # -- router --------------------------------------------------------------------------
+    async def status(self, router: str, status: Status) -> None:
+        await self._call(router, "PUT", f"instances/{instance_path_id(status.instance)}/status", status)
+
+    async def event(self, router: str, event: Event) -> None:
+        await self._call(router, "POST", "events", event)
+
+
+def _problem_body(response: Response) -> dict[str, Any] | None:
+    if not response.content_type.startswith(PROBLEM_MEDIA_TYPE):
+        return None
+    try:
+        body = json.loads(response.body)
+    except ValueError:
+        return None
+    return body if isinstance(body, dict) else None
