@@ -61,3 +61,30 @@ def test_insecure_client_reaches_loopback_only() -> None:
                 await client.request("http://10.1.2.3:8501/", "GET", "x")
 
     run(scenario())
+
+
+def _curl() -> str | None:
+    import shutil
+    import subprocess
+
+    curl = shutil.which("curl")
+    if curl is None:
+        return None
+    return curl if "HTTP2" in subprocess.run([curl, "--version"], capture_output=True, text=True).stdout else None
+
+
+@pytest.mark.skipif(_curl() is None, reason="needs curl with HTTP2 support on PATH")
+def test_insecure_mode_is_h2c_with_prior_knowledge_for_outside_clients() -> None:
+    import asyncio
+    import subprocess
+
+    async def scenario() -> list[str]:
+        async with await serve(echo, "127.0.0.1", 0, ssl=None, insecure=True) as server:
+            curl = await asyncio.create_subprocess_exec(
+                str(_curl()), "-sS", "--http2-prior-knowledge", "-w", "\n%{http_version}",
+                f"http://127.0.0.1:{server.port}/whoami", stdout=subprocess.PIPE)
+            out, _ = await curl.communicate()
+            return out.decode().rsplit("\n", 1)
+
+    body, version = run(scenario())
+    assert version == "2" and json.loads(body)["peer"] is None
