@@ -137,6 +137,17 @@ class _ServerProtocol(H2Protocol):
             except Exception:
                 log.exception("handler failed: %s /%s from %s", request.method, request.path, self.peer)
                 response = http_problem(500, INTERNAL_ERROR_DETAIL)
+            except asyncio.CancelledError:
+                # Cancelled (the server is shutting down, or the handler let a cancellation
+                # out): no answer can be awaited now, so reset the stream and free it.
+                if self.transport is not None:
+                    try:
+                        self.conn.reset_stream(stream_id, ErrorCodes.INTERNAL_ERROR)
+                        self.flush_soon()
+                    except h2.exceptions.ProtocolError:
+                        pass
+                self._finish(stream_id, incoming)
+                raise
         await self._send(stream_id, incoming, response)
 
     async def _send(self, stream_id: int, incoming: _Incoming, response: Response,

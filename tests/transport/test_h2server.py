@@ -258,3 +258,20 @@ def test_same_behaviour_on_the_plain_asyncio_loop(certs: Certs) -> None:
 
     body, who, status = asyncio.run(scenario())
     assert body == b"z" * (3 * MiB) and who["peer"] == {"uri": CLIENT_URI, "role": "drafter"} and status == 413
+
+
+def test_handler_letting_a_cancellation_out_resets_only_its_stream(certs: Certs) -> None:
+    async def cancelled(request: Request) -> Response:
+        if request.path == "cancel":
+            raise asyncio.CancelledError
+        return await echo(request)
+
+    async def scenario() -> bytes:
+        async with await serve(cancelled, "127.0.0.1", 0, ssl=_server_ctx(certs)) as server, \
+                _client(certs) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            with pytest.raises(TransportError, match="reset"):
+                await client.request(base, "GET", "cancel", timeout=5)
+            return (await client.request(base, "POST", "echo", body=b"still here")).body
+
+    assert run(scenario()) == b"still here"
