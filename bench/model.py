@@ -1,4 +1,5 @@
-"""Speculative decoding on the real model, in process (no HTTP).
+"""Speculative decoding on the real model, in process: a preset of the roles (router,
+verifier, drafters) on the in-process transport, the same path as ``sdcp-fast generate``.
 
 Tokens/s of target-only greedy decoding against speculative decoding (rule 1) with each
 drafter, at batch 1 (prompts one after another) and batch 8 (one batched target pass per
@@ -28,10 +29,10 @@ from typing import Any
 import torch
 
 from sdcp_fast import data
+from sdcp_fast.engine.inprocess import generate
 from sdcp_fast.model import loader
 from sdcp_fast.model.build import make_drafter, stop_tokens
 from sdcp_fast.model.runner import ModelRunner
-from sdcp_fast.model.speculative import generate
 from sdcp_fast.model.tokenizer import chat_prompt, encode
 
 
@@ -68,14 +69,14 @@ def run_case(lm: loader.LoadedModel, spec: str, prompts: list[list[int]], batch:
     results = []
     t0 = time.perf_counter()
     for i in range(0, len(prompts), batch):
-        results += generate(target, drafter, prompts[i:i + batch], max_new, m=m, stop=stop)
+        results += generate(target, drafter, prompts[i:i + batch], max_new, m=m, stop=stop, seed=i)
     wall = time.perf_counter() - t0
     tokens = sum(len(r.tokens) for r in results)
     proposed = sum(r.proposed for r in results)
     out = {"drafter": spec, "batch": batch, "tokens": tokens, "seconds": wall, "tokens_per_s": tokens / wall,
            "target_passes": score_t.calls,
            # per session: tokens committed per target pass it took part in
-           "tokens_per_pass": tokens / max(1, sum(r.target_passes for r in results)),
+           "tokens_per_pass": tokens / max(1, sum(r.rounds for r in results)),
            "acceptance": sum(r.accepted for r in results) / proposed if proposed else None,
            "t_verify": score_t.seconds / max(1, score_t.calls),
            "t_draft_token": (draft_t.seconds / max(1, proposed)) if draft_t else None,
