@@ -1,29 +1,83 @@
 #!/usr/bin/env bash
-# Kernel checks on a CUDA machine, in under 5 minutes:
-#   1. the kernel tests with the triton backend on the GPU (TRITON_INTERPRET off: the tests
-#      then put the triton backend's inputs on CUDA; the statistical tests include triton);
-#   2. bench/kernels.py --device cuda (triton vs HBM copy bandwidth and the reference), which
-#      also times FlashInfer's chain_speculative_sampling on the same shapes if it imports.
-# Results land in ${OUT:-bench/results}: pytest log, kernels-cuda.json, kernels-cuda.png.
+# The GPU check of issue 12, one script, under 8 minutes on a bare H200 whose Python has torch,
+# triton, transformers, pytest and hypothesis (each step has its own time limit; they sum to 460 s):
+#   0. installs what the machine lacks from wheels in .whl/ (no network there), FlashInfer from
+#      its sdist when present (its sampling module JIT-builds on first call, about 50 s);
+#   1. builds the C++ extension in place;
+#   2. runs the CUDA tests: tests/kernels on the GPU (triton compiled, CUDA-graph capture,
+#      no-sync, the statistical tests), the CUDA variants in tests/model and tests/cache;
+#   3. bench/kernels.py --device cuda (triton vs vllm_style, FlashInfer, the HBM copy bandwidth);
+#   4. bench/model.py --device cuda and the MLC device bench, each only when it takes --device.
+# Results land in ${OUT:-bench/results}: logs, kernels-cuda.json/.png, model/MLC JSON, and
+# measured-commit.txt (the commit they measured). Exit status: 0 when every step passed.
+#
+# Bring the wheels (on a machine with network; python 3.12, manylinux x86_64):
+#   pip download --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+#       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform any \
+#       --no-deps -d .whl gguf cbor2 pybind11 h2 hpack hyperframe
+#   pip download --no-binary=:all: --no-deps -d .whl flashinfer-python==0.3.1.post1   # sdist, 3.8 MB
+#   (optional, for the PNG plots: add matplotlib contourpy cycler fonttools kiwisolver pyparsing
+#   pillow python-dateutil to the first command; without them the JSON is still written)
+# and pass .whl (git-ignored) along with the tree; `git rev-parse HEAD > .measured-commit` too
+# when the tree travels without .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 [ -x "$PY" ] || PY=python3
 OUT=${OUT:-bench/results}
 mkdir -p "$OUT"
-export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1
-"$PY" - <<'PY' || exit 2
-import torch, triton
+export TRITON_INTERPRET=0 PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+start=$SECONDS
+status=0
+step() { echo "== $1 ($((SECONDS - start)) s)"; }
+
+(git rev-parse HEAD 2>/dev/null || cat .measured-commit 2>/dev/null || echo unknown) > "$OUT/measured-commit.txt"
+
+step "0. wheels"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    timeout 30 "$PY" -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -3
+fi
+if compgen -G ".whl/flashinfer*.tar.gz" > /dev/null; then
+    timeout 40 "$PY" -m pip install -q --no-build-isolation --no-deps .whl/flashinfer*.tar.gz 2>&1 | tail -3
+fi
+"$PY" - <<'PY' 2>&1 | tee "$OUT/gpu-env.txt" || exit 2
+import importlib, torch, triton
 assert torch.cuda.is_available(), "no CUDA device"
 print("gpu:", torch.cuda.get_device_name(), "| torch", torch.__version__, "| triton", triton.__version__)
-try:
-    import flashinfer
-    print("flashinfer", flashinfer.__version__)
-except Exception as exc:  # noqa: BLE001
-    print("flashinfer not importable:", exc)
+for name in ("flashinfer", "gguf", "cbor2", "pybind11", "transformers", "matplotlib", "kvikio"):
+    try:
+        mod = importlib.import_module(name)
+        print(name, getattr(mod, "__version__", "?"))
+    except Exception as exc:  # noqa: BLE001
+        print(name, "not importable:", type(exc).__name__, exc)
 PY
-status=0
-timeout 170 "$PY" -m pytest tests/kernels -q -x -k "triton or readme" -p no:cacheprovider -rs \
-    2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || status=1
-timeout 110 "$PY" bench/kernels.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-bench.log" || status=1
+
+step "1. build"
+timeout 60 "$PY" setup.py -q build_ext --inplace > "$OUT/gpu-build.log" 2>&1 || { status=1; tail -5 "$OUT/gpu-build.log"; }
+"$PY" -c "import sdcp_fast.native as n; print(n.status())"
+
+step "2. CUDA tests"
+timeout 130 "$PY" -m pytest tests/kernels -q -x -p no:cacheprovider -rs -m "not slow" \
+    2>&1 | tee "$OUT/gpu-tests-kernels.log" | tail -15 || status=1
+timeout 40 "$PY" -m pytest tests/model tests/cache -q -p no:cacheprovider -rs -k "cuda or device" \
+    2>&1 | tee "$OUT/gpu-tests-model-cache.log" | tail -8 || status=1
+
+step "3. kernel bench"
+timeout 110 "$PY" bench/kernels.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-bench-kernels.log" || status=1
+
+step "4. model and MLC bench"
+if "$PY" bench/model.py --help 2>/dev/null | grep -q -- "--device"; then
+    timeout 30 "$PY" bench/model.py --device cuda --quick --out "$OUT" 2>&1 | tee "$OUT/gpu-bench-model.log" | tail -15 \
+        || status=1
+else
+    echo "bench/model.py takes no --device yet: skipped" | tee "$OUT/gpu-bench-model.log"
+fi
+if "$PY" bench/mlc.py --help 2>/dev/null | grep -q -- "--device"; then
+    timeout 20 "$PY" bench/mlc.py --device cuda --quick --no-services 2>&1 | tee "$OUT/gpu-bench-mlc.log" | tail -15 \
+        || status=1
+else
+    echo "bench/mlc.py takes no --device yet: skipped" | tee "$OUT/gpu-bench-mlc.log"
+fi
+
+step "done, status $status"
 exit $status
