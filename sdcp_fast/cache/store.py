@@ -335,7 +335,8 @@ class MLC:
     @property
     def root(self) -> str | None:
         """The disk tier's folder (where a composed store keeps its commit logs), if any."""
-        return next((t.root for t in self.tiers if isinstance(getattr(t, "root", None), str)), None)
+        roots = (getattr(t, "root", None) for t in self.tiers)
+        return next((r for r in roots if isinstance(r, str)), None)
 
     def stats(self) -> dict[str, Any]:
         with self._lock:

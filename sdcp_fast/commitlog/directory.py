@@ -12,6 +12,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import ClassVar
 
 from sdcp_fast.commitlog.base import LogView, PreconditionFailed, UnknownLog, etag_of, length_of
 from sdcp_fast.commitlog.file import FileCommitLog, frame, log_path
@@ -81,7 +82,7 @@ class LogDirectory:
 class DirectoryLog:
     """One log of a :class:`LogDirectory`, as a ``CommitLog``."""
 
-    enforces_fencing = True
+    enforces_fencing: ClassVar[bool] = True
 
     def __init__(self, directory: LogDirectory, name: str) -> None:
         self.directory = directory

@@ -18,7 +18,7 @@ import base64
 import http.client
 import json
 import threading
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 from sdcp_fast.commitlog.base import (
@@ -94,7 +94,7 @@ def _value(kv: dict[str, Any]) -> bytes:
 
 
 class EtcdCommitLog:
-    enforces_fencing = True
+    enforces_fencing: ClassVar[bool] = True
     max_record = MAX_RECORD
 
     def __init__(self, host: str, port: int, prefix: str) -> None:

@@ -20,6 +20,7 @@ import os
 import struct
 import threading
 import zlib
+from typing import ClassVar
 
 from sdcp_fast.commitlog.base import (
     LogCorrupt,
@@ -85,7 +86,7 @@ def _valid_frame_after(data: bytes, pos: int) -> int | None:
 
 
 class FileCommitLog:
-    enforces_fencing = True
+    enforces_fencing: ClassVar[bool] = True
     max_record = MAX_RECORD
 
     def __init__(self, path: str, *, sync: bool = True, create: bool = True) -> None:

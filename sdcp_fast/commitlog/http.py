@@ -12,7 +12,7 @@ import http.client
 import json
 import ssl
 import threading
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import quote, urlsplit
 
 from sdcp_fast.commitlog.base import (
@@ -52,7 +52,7 @@ def _problem(status: int, headers: dict[str, str], body: bytes) -> SdcpProblem:
 class HttpCommitLog:
     """``ref`` is ``http(s)://host:port/logs/<scope>/<session>/commit_log``."""
 
-    enforces_fencing = True  # the server's file log checks the fence with the tag
+    enforces_fencing: ClassVar[bool] = True  # the server's file log checks the fence with the tag
 
     def __init__(self, ref: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0) -> None:
         parts = urlsplit(ref)
