@@ -42,6 +42,7 @@ from sdcp_fast.protocol.router import (
     after_open,
     choose_verifier,
     confirmed,
+    expired_verifiers,
     fence_for,
     new_session_id,
     on_event,
@@ -110,7 +111,6 @@ class RouterRole:
         for instance, model in drafter_models.items():
             self.table.register_model(instance, model)
         self.sessions: dict[bytes, _Routed] = {}
-        self._reported: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # one reassignment or fail-over at a time
         self.routes = Routes()
@@ -146,7 +146,6 @@ class RouterRole:
         if status.role != expected:
             raise Forbidden("status role does not match the certificate's role")
         self.table.report(status, self.clock())
-        self._reported.add(status.instance)
         return None
 
     async def _post_event(self, request: Request) -> None:
@@ -270,10 +269,8 @@ class RouterRole:
                 routed = self.sessions[assignment.session].routed
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                     await self._assign(routed, assignment)
-            for routed in open_:
-                # A verifier that reported once and then fell silent past its ttl_ms is dead.
-                if routed.verifier in self._reported and not self.table.live(routed.verifier, now):
-                    await self._failover(routed)
+            for routed in expired_verifiers(open_, self.table, now):
+                await self._failover(routed)
 
     async def _failover(self, routed: RoutedSession) -> None:
         """§6.9: fence the log at the next epoch, read the last commit record, open the
@@ -291,8 +288,9 @@ class RouterRole:
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex()[:8], old, target, routed.epoch)
         state = await self.client.open_session(target, plan.open)
-        if plan.policy is not None:
-            await self.client.policy(target, plan.policy)
+        for policy in (plan.policy, *plan.later):
+            if policy is not None:
+                await self.client.policy(target, policy)
         assignment = after_open(routed, state, self.table, self.clock())
         if assignment is not None:
             await self._assign(routed, assignment)

@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
-from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
+from sdcp_fast.commitlog import Fenced, PreconditionFailed, append_checked, open_commit_log
 from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
 from sdcp_fast.protocol import (
     Assignment,
@@ -43,7 +43,7 @@ from sdcp_fast.protocol import (
     Verdict,
     parse_session_path_id,
 )
-from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.protocol.commitlog import CommitRecord, classify_failed_append
 from sdcp_fast.protocol.identity import Peer, PeerRole, require_role
 from sdcp_fast.protocol.messages import ROLE_VERIFIER
 from sdcp_fast.protocol.registry import SessionRegistry
@@ -398,7 +398,7 @@ class VerifierRole:
         session = live.session
         append = session.complete_scoring(accepted, token, load=self.load.percent())
         try:
-            etag = await self.objects.call(live.log.append, append.record, live.etag)
+            etag = await self.objects.call(append_checked, live.log, append.record, live.etag)
         except PreconditionFailed:
             etag = await self._after_failed_append(live, append.record)
         except Fenced:
@@ -435,13 +435,11 @@ class VerifierRole:
                                     action=v.action, m_cap=v.m_cap, digest=v.digest, batch=batch))
 
     async def _after_failed_append(self, live: _Live, own: CommitRecord) -> str | None:
-        """A 412 (§6.8): re-read the log. Our record already there means the append went
-        through and its answer was lost; anything else, a fence or another writer of our
-        epoch, means the session is no longer ours (docs/interpretations.md)."""
+        """A 412 (§6.8): the log read again decides (``classify_failed_append``): our record
+        already there means only the answer was lost; a fence or another writer means the
+        session is no longer ours (None)."""
         view = await self.objects.call(live.log.read)
-        records = view.records
-        if records and records[-1] == own and not any(
-                isinstance(r, FenceRecord) and r.epoch > own.epoch for r in records):
+        if classify_failed_append(view.records, own) == "committed":
             return str(view.etag)
         return None
 
