@@ -54,6 +54,9 @@ INLINE_BYTES = 256 << 10
 MAX_BODY = 1 << 30  # an object upload
 MAX_SMALL_BODY = 4 << 10  # a lease request
 MAX_LEASE_MS = int(MAX_LEASE_TTL * 1000)
+# Object bodies held at once, over all uploads in flight: concurrent uploads cannot hold
+# more memory than this however many clients send them.
+MAX_INFLIGHT = 2 << 30
 
 log = logging.getLogger(__name__)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -69,6 +72,31 @@ class BodyTooLarge(SdcpProblem):
     suffix = "mlc-too-large"
     status = 413
     title = "Request body over the server's limit"
+
+
+class Busy(SdcpProblem):
+    suffix = "mlc-busy"
+    status = 503
+    title = "Too many upload bytes in flight; retry later"
+
+
+class UploadBudget:
+    """Bytes of object bodies held by uploads in flight (the event loop is the only user)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> None:
+        if self.used + n > self.limit:
+            raise Busy(f"{self.used} of {self.limit} upload bytes are in flight", extra={"limit": self.limit})
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+BUDGET_KEY = web.AppKey("upload_budget", UploadBudget)
 
 
 class Incomplete(SdcpProblem):
@@ -122,10 +150,11 @@ def request_peer(request: web.Request) -> Peer | None:
     return peer_from_uris(value for kind, value in cert.get("subjectAltName", ()) if kind == "URI")
 
 
-async def read_body(request: web.Request, limit: int) -> bytearray:
-    """The body, at most ``limit`` bytes; a declared length over it is refused unread. On any
-    failure (client gone, over the limit) the bytes read so far are freed at once rather
-    than left to whatever keeps the failed frame alive."""
+async def read_body(request: web.Request, limit: int, budget: UploadBudget | None = None) -> bytearray:
+    """The body, at most ``limit`` bytes; a declared length over it is refused unread. Bytes
+    are taken from ``budget`` as they arrive (the caller gives ``len(body)`` back when done).
+    On any failure (client gone, over a limit) the bytes read so far are freed and given back
+    at once rather than left to whatever keeps the failed frame alive."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"body of {declared} bytes; this route takes at most {limit}", extra={"limit": limit})
@@ -134,8 +163,12 @@ async def read_body(request: web.Request, limit: int) -> bytearray:
         async for chunk in request.content.iter_any():
             if len(buf) + len(chunk) > limit:
                 raise BodyTooLarge(f"body over {limit} bytes", extra={"limit": limit})
+            if budget is not None:
+                budget.take(len(chunk))
             buf += chunk
     except BaseException:
+        if budget is not None:
+            budget.give(len(buf))
         del buf[:]
         raise
     if declared is not None and len(buf) != declared:
@@ -184,7 +217,8 @@ async def put_object(request: web.Request) -> web.Response:
     peer = request_peer(request)
     check = policy.may_put(peer, name)  # refused before the body is read
     lease_ms: Any = _query_uint(request, "lease_ms", 10)
-    body = await read_body(request, MAX_BODY)
+    budget = request.app[BUDGET_KEY]
+    body = await read_body(request, MAX_BODY, budget)
     try:
         meta = None
         data: Any = body
@@ -201,6 +235,7 @@ async def put_object(request: web.Request) -> web.Response:
         stored = await _offload(len(data), lambda: mlc.put(uri, data, ttl, meta=meta,
                                                            owner=policy.principal(peer), check=check))
     finally:
+        budget.give(len(body))
         _release(body)
     out = {"etag": stored.etag, "tier": stored.tier}
     if stored.lease is not None:
@@ -367,12 +402,14 @@ async def metrics(request: web.Request) -> web.Response:
     return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"Cache-Control": "no-store"})
 
 
-def init_app(mlc: MLC, logs: LogDirectory | None = None, *,
+def init_app(mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = MAX_INFLIGHT,
              on_close: Callable[[], None] | None = None) -> web.Application:
     """The MLC's application: objects and leases of ``mlc``, commit logs of ``logs`` (none
-    when None); ``on_close`` runs at clean-up (e.g. ``EmbeddedStore.close``)."""
+    when None), at most ``inflight_bytes`` of object bodies held at once; ``on_close`` runs
+    at clean-up (e.g. ``EmbeddedStore.close``)."""
     app = web.Application(middlewares=[problems], client_max_size=MAX_BODY)
     app[MLC_KEY] = mlc
+    app[BUDGET_KEY] = UploadBudget(inflight_bytes)
     if logs is not None:
         app[LOGS_KEY] = logs
     obj = "/objects/{name:.+}"

@@ -24,9 +24,9 @@ class Served(str):
 
 @contextmanager
 def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirectory | None = None,
-            **runner_kwargs: Any) -> Iterator[Served]:
+            **app_kwargs: Any) -> Iterator[Served]:
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(init_app(mlc, logs), **runner_kwargs)
+    runner = web.AppRunner(init_app(mlc, logs, **app_kwargs))
     ready = threading.Event()
     port: list[int] = []
 

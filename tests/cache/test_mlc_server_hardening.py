@@ -310,3 +310,19 @@ def test_wrong_method_and_unknown_route_are_problems(server):
     assert doc["title"] == "Method Not Allowed"
     assert_problem(call(base, "GET", "/nothing"), 404)
     assert_problem(call(base, "POST", f"/logs/{log_name(1)}", b"\xff\x00", {"Content-Type": "application/cbor"}), 400)
+
+
+def test_concurrent_uploads_share_one_bounded_budget(tmp_path):
+    with MLC([HostTier(16 << 20)]) as mlc, serving(mlc, inflight_bytes=4 << 20) as base:
+        slow = socket.create_connection(("127.0.0.1", port_of(base)))
+        slow.sendall(f"PUT /objects/{name(10)} HTTP/1.1\r\nHost: t\r\nContent-Length: {4 << 20}\r\n\r\n".encode())
+        slow.sendall(b"\x03" * (3 << 20))  # holds 3 MiB of the 4 MiB budget while it dawdles
+        time.sleep(0.3)
+        answer = call(base, "PUT", f"/objects/{name(11)}", b"\x04" * (2 << 20))
+        doc = assert_problem(answer, 503)
+        assert doc["limit"] == 4 << 20
+        slow.sendall(b"\x03" * (1 << 20))
+        slow.settimeout(10)
+        assert slow.recv(4096).startswith(b"HTTP/1.1 201")
+        slow.close()
+        assert call(base, "PUT", f"/objects/{name(11)}", b"\x04" * (2 << 20))[0] == 201, "the budget came back"
