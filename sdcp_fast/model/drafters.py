@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from sdcp_fast.model.interfaces import Draft
 from sdcp_fast.kernels import apply_sampling_profile, sample_from_probs
+from sdcp_fast.model.interfaces import Draft
 
 from .llama import Transformer
 from .runner import ModelRunner, greedy_token

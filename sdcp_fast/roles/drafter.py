@@ -31,7 +31,6 @@ from sdcp_fast.protocol import (
     Proposal,
     Sampling,
     SdcpProblem,
-    StaleBase,
     Status,
     Verdict,
     contract_digest,
@@ -278,7 +277,11 @@ class DrafterRole:
                 proposal = record.retry(self.status())
                 continue
             self._t_verify = 0.8 * self._t_verify + 0.2 * (self.clock() - t0)
-            self._follow(assigned, verdict)
+            try:
+                self._follow(assigned, verdict)
+            except SdcpProblem as problem:  # a verdict that answers another request (a race)
+                await self._on_problem(assigned, problem)
+                return None
             return verdict
         return None  # pragma: no cover - the loop always returns or raises
 
@@ -296,7 +299,7 @@ class DrafterRole:
         if not record.on_problem(problem):
             log.info("session %s: stopped by %s", record.session.hex()[:8], problem.suffix)
             return
-        if isinstance(problem, StaleBase):
-            state = state_from_problem(problem)
-            if state is not None:  # on_problem adopted it: learn the tokens behind it (§6.3)
-                await self._learn(assigned, state.committed, state.digest, record.assignment.committed_tokens)
+        state = state_from_problem(problem)
+        if state is not None and record.committed == state.committed and record.digest == state.digest:
+            # on_problem adopted the verifier's state (stale base, §6.3): learn the tokens behind it.
+            await self._learn(assigned, state.committed, state.digest, record.assignment.committed_tokens)

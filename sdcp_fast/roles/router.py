@@ -25,6 +25,7 @@ from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.protocol import (
     Action,
     Assignment,
+    BadRequest,
     Contract,
     Event,
     Output,
@@ -34,7 +35,7 @@ from sdcp_fast.protocol import (
 )
 from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.identity import PeerRole, require_role, same_instance
-from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY
+from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY, parse_instance_path_id
 from sdcp_fast.protocol.problems import Forbidden
 from sdcp_fast.protocol.router import (
     RoutedSession,
@@ -137,6 +138,8 @@ class RouterRole:
     async def _put_status(self, request: Request, iid: str) -> None:
         require_role(request.peer, PeerRole.DRAFTER, PeerRole.VERIFIER)
         status = decode_body(Status, request)
+        if parse_instance_path_id(iid) != status.instance:
+            raise BadRequest("the path names another instance than the status")
         peer = request.peer
         assert peer is not None
         # An instance reports for itself only, in the role its certificate gives it.

@@ -403,11 +403,14 @@ class VerifierRole:
             etag = await self._after_failed_append(live, append.record)
         except Fenced:
             etag = None
-        except Exception as exc:  # the log is unreachable: nothing is released (§6.3)
+        except Exception as exc:  # no answer: the log read again says what happened (§6.8)
             log.warning("commit-log append failed: %s", exc)
-            session.append_done(ok=False)
-            self._settle(item, SdcpProblem(f"the commit log could not be appended: {exc}"))
-            return
+            try:
+                etag = await self._after_failed_append(live, append.record)
+            except Exception:  # the log is unreachable: nothing is released (§6.3)
+                session.append_done(ok=False)
+                self._settle(item, SdcpProblem(f"the commit log could not be appended: {exc}"))
+                return
         if etag is None:  # a newer epoch owns the log: discard, stop serving (§6.3, §6.8)
             session.append_done(ok=False, fenced=True)
             self._fail_waiting(live, StaleEpoch("the commit log was fenced by a newer epoch"))

@@ -10,7 +10,6 @@ raises the problem it carried (matched by type suffix, unlisted statuses by clas
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import re
@@ -32,6 +31,7 @@ from sdcp_fast.protocol import (
     Verdict,
     session_path_id,
 )
+from sdcp_fast.protocol.messages import instance_path_id
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, problem_from_response
 from sdcp_fast.transport.base import Request, Response, Transport
 
@@ -67,11 +67,6 @@ def message_response(message: Any, status: int = 200) -> Response:
     if message is None:
         return Response(204)
     return Response(status, message.encode(), {"content-type": MEDIA_TYPE})
-
-
-def instance_path_id(instance: str) -> str:
-    """``{id}`` of ``instances/{id}``: base64url without padding of the UTF-8 instance name."""
-    return base64.urlsafe_b64encode(instance.encode()).rstrip(b"=").decode("ascii")
 
 
 class Routes:
