@@ -42,8 +42,8 @@ def _problem(status: int, headers: dict[str, str], body: bytes) -> SdcpProblem:
             doc = None
     generic = problem_from_response(status, doc if isinstance(doc, dict) else None)
     cls = _OURS.get(type_suffix(generic.type_uri))
-    if cls is None and status == 412:
-        cls = PreconditionFailed  # whatever the body says, 412 means only this
+    if cls is None:  # whatever the body says, these statuses mean only this on a log
+        cls = {412: PreconditionFailed, 413: RecordTooLarge}.get(status)
     if cls is None:
         return generic
     return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)

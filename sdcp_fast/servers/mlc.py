@@ -36,7 +36,7 @@ from sdcp_fast.cache import policy
 from sdcp_fast.cache.errors import BadRange
 from sdcp_fast.cache.store import MAX_LEASE_TTL, MLC
 from sdcp_fast.cache.uri import SCHEME, ObjectName, served_name
-from sdcp_fast.commitlog.base import UnknownLog
+from sdcp_fast.commitlog.base import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
@@ -361,7 +361,11 @@ async def append_log(request: web.Request) -> web.Response:
     peer = request_peer(request)
     policy.may_append_some(peer)  # refused before the body is read
     log_ = _logs(request).log(uri)
-    record = decode_record(bytes(await read_body(request, MAX_RECORD)))
+    try:
+        body = await read_body(request, MAX_RECORD)
+    except BodyTooLarge as exc:
+        raise RecordTooLarge(exc.detail, extra=exc.extra) from None  # what every log backend says
+    record = decode_record(bytes(body))
     policy.may_append(peer, record)
     if_match = request.headers.get("If-Match")
     etag = await asyncio.get_running_loop().run_in_executor(None, log_.append, record, if_match)

@@ -91,3 +91,16 @@ def test_descriptors_stay_bounded_over_many_logs(tmp_path):
     assert logs.log(f"mlc://{0:032x}/AAAAAAAAAAAAAAAAAAAAAA/commit_log").read().records == [record(0)]
     logs.close()
     assert _fds() <= before
+
+
+def test_http_log_refuses_an_oversized_record_as_record_too_large(http_logs, monkeypatch):
+    import sdcp_fast.servers.mlc as srv
+    from sdcp_fast.commitlog import open_commit_log
+
+    monkeypatch.setattr(srv, "MAX_RECORD", 4096)
+    log = open_commit_log(f"{http_logs}/logs/{bytes(16).hex()}/{'A' * 22}/commit_log")
+    with pytest.raises(RecordTooLarge) as exc:
+        log.append(record(1, tokens=2000), '"0"')
+    assert exc.value.status == 413
+    assert log.read().records == [] and log.read().etag == '"0"', "nothing was written"
+    log.close()
