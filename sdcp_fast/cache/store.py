@@ -46,6 +46,9 @@ OBJECT_OVERHEAD = 4096
 MAX_OBJECTS = 1 << 18
 INDEX_BYTES = 1 << 30
 MAX_LEASES = 1 << 18
+# A round's objects are held by their writer and a verifier; more holders mean a caller
+# that never releases, which must not fill the lease table through one object.
+MAX_LEASES_PER_OBJECT = 16
 
 
 @dataclass
@@ -297,8 +300,9 @@ class MLC:
             entry = self._lookup(uri, count=False)
             if check is not None:
                 check(self._head(entry))
-            if len(self._leases) >= self.max_leases:
-                raise CacheFull(f"{len(self._leases)} leases are held; at most {self.max_leases}")
+            if len(self._leases) >= self.max_leases or len(entry.leases) >= MAX_LEASES_PER_OBJECT:
+                raise CacheFull(f"{len(self._leases)} leases are held, {len(entry.leases)} on {uri}; at most "
+                                f"{self.max_leases} and {MAX_LEASES_PER_OBJECT} per object")
             return self._grant(entry, ttl, now, holder)
 
     def renew(self, lease_id: str, ttl: float, *, check: LeaseCheck | None = None) -> None:

@@ -74,6 +74,18 @@ def test_full_index_of_leased_objects_refuses(tmp_path, clock):
             m.put(uri(1), b"again")
 
 
+def test_one_object_holds_a_bounded_number_of_leases(tmp_path, clock):
+    from sdcp_fast.cache.store import MAX_LEASES_PER_OBJECT
+
+    with MLC([HostTier(1 << 16)], clock=clock) as m:
+        m.put(uri(1), b"x")
+        held = [m.lease(uri(1), 5) for _ in range(MAX_LEASES_PER_OBJECT)]
+        with pytest.raises(CacheFull):
+            m.lease(uri(1), 5)
+        m.release(held[0])
+        m.lease(uri(1), 5)
+
+
 def test_lease_ids_are_128_random_bits(mlc):
     mlc.put(uri(1), b"x")
     ids = [mlc.lease(uri(1), 1) for _ in range(3)]
