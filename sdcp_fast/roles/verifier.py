@@ -51,7 +51,7 @@ from sdcp_fast.protocol.session import Pending, RoundDone, ScoreNeeded, State, V
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.objects import Objects, pack_tokens
 from sdcp_fast.roles.scoring import Scored, verify_batch
-from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
+from sdcp_fast.roles.wire import InternalError, Routes, SdcpClient, decode_body
 from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.verifier")
@@ -265,9 +265,11 @@ class VerifierRole:
                 await asyncio.wait_for(live.changed.wait(), remaining)
 
     async def _post_proposal(self, request: Request) -> Verdict:
+        peer = request.peer
+        if peer is not None:  # a certificate without the drafter role proposes for no session
+            require_role(peer, PeerRole.DRAFTER)
         proposal = decode_body(Proposal, request)
         live = self._get(proposal.session)
-        peer = request.peer
         client: Peer | str = peer if peer is not None else ""
         while True:
             work = live.session.receive_proposal(proposal, client=client, now=self.clock())
@@ -375,7 +377,8 @@ class VerifierRole:
         if live.session.state is State.SCORING:
             live.session.abandon()
         if item.future is not None and not item.future.done():
-            item.future.set_exception(SdcpProblem(f"the round could not be scored: {exc}"))
+            # A server-side failure (5xx): the drafter sends the proposal again (§6.9).
+            item.future.set_exception(InternalError("the round could not be scored"))
 
     async def _run_batch(self, batch: list[_Item]) -> None:
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
@@ -406,10 +409,12 @@ class VerifierRole:
         except Exception as exc:  # no answer: the log read again says what happened (§6.8)
             log.warning("commit-log append failed: %s", exc)
             try:
+                if str((await self.objects.call(live.log.read)).etag) == str(live.etag):
+                    raise ConnectionError("the log is as we left it: nothing was appended")
                 etag = await self._after_failed_append(live, append.record)
-            except Exception:  # the log is unreachable: nothing is released (§6.3)
+            except Exception:  # nothing was appended: release nothing (§6.3); a 5xx the drafter retries
                 session.append_done(ok=False)
-                self._settle(item, SdcpProblem(f"the commit log could not be appended: {exc}"))
+                self._settle(item, InternalError("the commit log could not be appended"))
                 return
         if etag is None:  # a newer epoch owns the log: discard, stop serving (§6.3, §6.8)
             session.append_done(ok=False, fenced=True)
