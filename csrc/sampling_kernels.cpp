@@ -120,26 +120,6 @@ int64_t first_index_of(const T* row, int64_t vocab, float value) {
     return 0;  // only for NaN rows
 }
 
-template <class T>
-double sum_weights(const T* row, int64_t vocab, const Stats& s) {
-    int64_t nb = num_blocks(vocab);
-    std::vector<double> part(nb);
-    for_blocks(nb, [&](int64_t k) {
-        int64_t j0 = k * kBlock, j1 = std::min(vocab, j0 + kBlock);
-        const float lmax = s.lmax, inv_temp = s.inv_temp;
-        float w[kBlock];  // a store loop then a sum: GCC vectorizes both, not the fused form
-#pragma omp simd
-        for (int64_t j = j0; j < j1; ++j) w[j - j0] = fast_exp((load(row, j) - lmax) * inv_temp);
-        double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < j1 - j0; ++i) acc += double(w[i]);
-        part[k] = acc;
-    });
-    double total = 0.0;
-    for (double v : part) total += v;
-    return total;
-}
-
 // Max and normalizer of an unfiltered row in one read of memory: each block's max and its
 // sum of exp((l - block max) / T) are taken while the block is in L1, then rescaled to the
 // row max in block order.
@@ -180,6 +160,107 @@ void max_and_norm(const T* row, int64_t vocab, Stats& s, float* keep_exps) {
     }
 }
 
+
+// Top-k / top-p without sorting: a radix walk over an order-preserving 32-bit key of the
+// logit, 8 bits per level from the top, in descending key order. Each level histograms the
+// remaining candidates (count and mass per bin, masses summed in id order), keeps the bin
+// where the walk stops and drops the rest; the first level reads the row, later ones only
+// the shrinking candidate list. The candidates stay in ascending id order, so the ties
+// at the final key come out ranked (the reference ranks ties by id).
+inline uint32_t order_key(float x) {
+    uint32_t b;
+    x = x == 0.0f ? 0.0f : x;  // -0.0 ranks as +0.0
+    std::memcpy(&b, &x, 4);
+    return (b & 0x80000000u) != 0 ? ~b : (b | 0x80000000u);
+}
+
+struct Cut {
+    int64_t above = 0;       // ids with a larger key
+    double mass_above = 0.0;  // and their weight
+    std::vector<int32_t> ties;  // ids with the cut key, ascending
+};
+
+// stop(above, mass_above, count_in_bin, mass_in_bin): the walk ends in this bin. If it never
+// says so (rounding), the lowest non-empty bin is taken.
+template <class Stop>
+Cut radix_cut(const uint32_t* keys, const float* w, std::vector<int32_t> cand, Stop&& stop) {
+    Cut c;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        int64_t cnt[256] = {0};
+        double mass[256] = {0.0};
+        for (int32_t j : cand) {
+            uint32_t bin = (keys[j] >> shift) & 255u;
+            cnt[bin] += 1;
+            mass[bin] += double(w[j]);
+        }
+        int lowest = 0;
+        while (cnt[lowest] == 0) ++lowest;
+        int bin = 255;
+        for (; bin > lowest; --bin) {
+            if (cnt[bin] == 0) continue;
+            if (stop(c.above, c.mass_above, cnt[bin], mass[bin])) break;
+            c.above += cnt[bin];
+            c.mass_above += mass[bin];
+        }
+        std::vector<int32_t> next;
+        next.reserve(size_t(cnt[bin]));
+        for (int32_t j : cand)
+            if (int((keys[j] >> shift) & 255u) == bin) next.push_back(j);
+        cand.swap(next);
+    }
+    c.ties = std::move(cand);
+    return c;
+}
+
+template <class T>
+void select_kept(const T* row, int64_t vocab, Stats& s, int64_t top_k, int64_t top_p) {
+    std::vector<uint32_t> keys(vocab);
+    std::vector<float> w(vocab);
+    const float lmax = s.lmax, inv_temp = s.inv_temp;
+    float* wp = w.data();
+#pragma omp simd
+    for (int64_t j = 0; j < vocab; ++j) wp[j] = fast_exp((load(row, j) - lmax) * inv_temp);
+    for (int64_t j = 0; j < vocab; ++j) keys[j] = order_key(load(row, j));
+    std::vector<int32_t> all(vocab);
+    std::iota(all.begin(), all.end(), 0);
+    // top-k: the cut key is the k-th ranked; c of its ties are kept
+    Cut cut;
+    int64_t c = 0;
+    double mass = 0.0;
+    if (top_k > 0) {
+        cut = radix_cut(keys.data(), wp, all, [&](int64_t above, double, int64_t n, double) {
+            return above + n >= top_k;
+        });
+        c = top_k - cut.above;
+        mass = cut.mass_above + double(c) * double(w[cut.ties[0]]);
+    } else {
+        for (int64_t j = 0; j < vocab; ++j) mass += double(wp[j]);
+    }
+    if (top_p > 0) {
+        const double limit = double(top_p) / 1000.0 * mass;
+        Cut p = radix_cut(keys.data(), wp, std::move(all), [&](int64_t, double mass_above, int64_t, double m) {
+            return mass_above + m >= limit;
+        });
+        // the i-th tie (0-based) is kept iff mass_above + i * w < limit
+        const double wt = double(w[p.ties[0]]);
+        const int64_t n = int64_t(p.ties.size());
+        int64_t cp = wt > 0.0 ? int64_t(std::min(double(n), std::ceil((limit - p.mass_above) / wt))) : n;
+        cp = std::max<int64_t>(1, std::min(cp, n));
+        uint32_t kp = keys[p.ties[0]];
+        if (top_k == 0 || kp > keys[cut.ties[0]]) {
+            cut = std::move(p);
+            c = cp;
+        } else if (kp == keys[cut.ties[0]]) {
+            c = std::min(c, cp);
+        }  // else the nucleus reaches past the top-k set: top-k's cut stands
+    }
+    c = std::min<int64_t>(c, int64_t(cut.ties.size()));
+    s.filtered = true;
+    s.thr = load(row, cut.ties[0]);
+    s.thr_id = cut.ties[size_t(c - 1)];
+    s.norm = cut.mass_above + double(c) * double(w[cut.ties[0]]);
+}
+
 // keep_exps (vocab floats, or null) lets a plain row keep its exps for a later draw.
 template <class T>
 Stats row_stats(const T* row, int64_t vocab, const Profile& pr, float* keep_exps = nullptr) {
@@ -200,44 +281,7 @@ Stats row_stats(const T* row, int64_t vocab, const Profile& pr, float* keep_exps
         return s;
     }
     s.inv_temp = float(1000.0 / double(pr.temperature_milli));
-    std::vector<float> vals(vocab);
-    for (int64_t j = 0; j < vocab; ++j) vals[j] = load(row, j);
-    std::vector<int64_t> idx(vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    auto before = [&](int64_t a, int64_t b) { return vals[a] > vals[b] || (vals[a] == vals[b] && a < b); };
-    int64_t cand = vocab;
-    if (top_k > 0) {
-        std::nth_element(idx.begin(), idx.begin() + (top_k - 1), idx.end(), before);
-        cand = top_k;
-    }
-    int64_t keep = cand;
-    if (top_p == 0) {
-        s.norm = 0.0;
-        for (int64_t r = 0; r < cand; ++r) s.norm += double(weight(s, vals[idx[r]]));
-    } else {
-        double mass = 0.0;
-        if (top_k > 0) {
-            for (int64_t r = 0; r < cand; ++r) mass += double(weight(s, vals[idx[r]]));
-        } else {
-            mass = sum_weights(row, vocab, s);
-        }
-        double limit = double(top_p) / 1000.0 * mass;
-        // Widen the sorted prefix until it holds the nucleus: usually a few hundred ids.
-        for (int64_t len = std::min<int64_t>(cand, 1024);; len = std::min(cand, len * 8)) {
-            std::partial_sort(idx.begin(), idx.begin() + len, idx.begin() + cand, before);
-            double acc = 0.0;
-            int64_t r = 0;
-            while (r < len && acc < limit) acc += double(weight(s, vals[idx[r++]]));
-            if (acc >= limit || len == cand) {
-                keep = r;
-                s.norm = acc;
-                break;
-            }
-        }
-    }
-    s.filtered = true;  // the last kept id in rank order (nth_element leaves the k-th at k-1)
-    s.thr = vals[idx[keep - 1]];
-    s.thr_id = idx[keep - 1];
+    select_kept(row, vocab, s, top_k, top_p);
     return s;
 }
 
