@@ -19,7 +19,7 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.embedded import embedded
 from sdcp_fast.engine.inprocess import model_digest
 from sdcp_fast.model.interfaces import ScoreRequest
-from sdcp_fast.model.toy import ToyTarget, encode
+from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import (
     Action,
     Assignment,
@@ -36,6 +36,7 @@ from sdcp_fast.protocol import (
 )
 from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.transport.inprocess import InProcessNetwork
@@ -174,6 +175,7 @@ class Rig:
                                      transport=self.network.transport(VERIFIER_PEER), backend="reference",
                                      on_round=self.rounds.append, **kw)
         self.network.register(VERIFIER, self.verifier.handler)
+        self.roles: list[Any] = []
         self.router = self.client(ROUTER_PEER)
         self.drafter = self.client(DRAFTER_PEER)
         self.other = self.client(OTHER_PEER)
@@ -186,6 +188,8 @@ class Rig:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for role in reversed(self.roles):
+            await role.close()
         await self.verifier.close()
         self.mlc.close()
 
@@ -197,6 +201,17 @@ class Rig:
         if drafter is not None:
             state = await self.router.put_drafter(VERIFIER, assignment(opened, state, drafter=drafter, m_init=m_init))
         return opened, state
+
+    async def drafter_role(self, model: Any = None, *, uri: str = DRAFTER, transport: Any = None,
+                           **kw: Any) -> DrafterRole:
+        """A drafter role at ``uri`` on this network, speaking as a drafter certificate of ``uri``."""
+        role = DrafterRole(model if model is not None else ToyDrafter("good", self.target, 0.8), uri=uri,
+                           mlc=self.mlc, transport=transport or self.network.transport(Peer(uri, PeerRole.DRAFTER)),
+                           **kw)
+        self.network.register(uri, role.handler)
+        self.roles.append(role)
+        await role.start()
+        return role
 
     def greedy_after(self, state: SessionState | Verdict, n: int, prompt: Sequence[int] = PROMPT) -> list[int]:
         out = self.output_of(state.session)
@@ -214,13 +229,14 @@ class Rig:
         return self.put_q(session, round_, torch.full((m, self.scorer.vocab_size), 1.0 / self.scorer.vocab_size))
 
 
-async def until(predicate: Any, *, steps: int = 2000) -> None:
-    """Yield to the loop until ``predicate()`` holds (no wall-clock sleeps)."""
-    for _ in range(steps):
-        if predicate():
-            return
-        await asyncio.sleep(0)
-    raise AssertionError("condition never held")
+async def until(predicate: Any, *, seconds: float = 10.0) -> None:
+    """Let the roles run until ``predicate()`` holds (polled each millisecond)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition never held")
+        await asyncio.sleep(0.001)
 
 
 async def cancel(task: asyncio.Task[Any]) -> None:
