@@ -75,6 +75,7 @@ class Routes:
 
     def __init__(self) -> None:
         self._routes: list[tuple[str, re.Pattern[str], Endpoint]] = []
+        self.add("GET", "health", _healthy)  # liveness for supervisors and load balancers: 204
 
     def add(self, method: str, pattern: str, endpoint: Endpoint) -> None:
         self._routes.append((method, re.compile(pattern + r"\Z"), endpoint))
@@ -103,6 +104,10 @@ class Routes:
         if allowed:
             raise MethodNotAllowed(f"{request.method} {path}")
         raise NotFound(path)
+
+
+async def _healthy(request: Request) -> None:
+    return None
 
 
 def decode_body(cls: type[M], request: Request) -> M:

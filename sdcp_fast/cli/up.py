@@ -1,0 +1,66 @@
+"""``sdcp-fast up``: the embedded default, every role its own process on loopback with
+development certificates: an MLC, a router (and its OpenAI-compatible front end), a verifier,
+a standby verifier and two drafters of different kinds. Runs until interrupted."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "start the embedded default deployment (MLC, router, two verifiers, two drafters) on loopback"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dir", help="folder for certificates, logs, the MLC and endpoints.json (default: a temporary one)")
+    p.add_argument("--model", default="auto", help="target: toy, smollm2, a GGUF or HF directory (default auto)")
+    p.add_argument("--drafters", help="two drafter specs, comma-separated (default: ngram,model:smollm2-draft; "
+                                      "toy-good,toy-weak for the toy target)")
+    p.add_argument("--base-port", type=int, default=None,
+                   help="first of six consecutive ports (default: free ports chosen at start)")
+    p.add_argument("--status-ttl-ms", type=int, default=3000,
+                   help="status ttl of every instance: a dead verifier is failed over after about this long")
+
+
+def run(args: argparse.Namespace) -> int:
+    import signal
+    import sys
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from sdcp_fast.services.runner import configure_logging
+    from sdcp_fast.services.up import Up
+
+    configure_logging("info")
+    tmp = None
+    if args.dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="sdcp-up-")
+        args.dir = tmp.name
+    drafters = tuple(d.strip() for d in args.drafters.split(",")) if args.drafters else None
+    up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
+            status_ttl_ms=args.status_ttl_ms)
+    stopping = []
+    signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
+    try:
+        print(f"sdcp-fast up: starting in {args.dir} ...", file=sys.stderr, flush=True)
+        up.start()
+        endpoints = up.endpoints()
+        for name, svc in endpoints["services"].items():
+            print(f"  {name:<17} {svc['role']:<9} {svc['url']}  (pid {svc['pid']})", flush=True)
+        print(f"  front end         {endpoints['frontend']}  (OpenAI-compatible; client certificate "
+              f"{endpoints['client_cert']})", flush=True)
+        print(f"sdcp-fast up: all healthy; endpoints in {Path(args.dir) / 'endpoints.json'}; Ctrl-C to stop",
+              flush=True)
+        while not stopping:
+            for name in up.supervise_once():
+                print(f"sdcp-fast up: {name} died; restarted", file=sys.stderr, flush=True)
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        pass
+    except (RuntimeError, TimeoutError, ValueError) as exc:
+        print(f"sdcp-fast up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        up.stop()
+        if tmp is not None:
+            tmp.cleanup()
+    return 0

@@ -1,0 +1,216 @@
+"""The embedded default deployment on one machine: an MLC, a router, an active and a standby
+verifier and two drafters of different kinds, each its own process, on loopback, with
+development certificates (mutual TLS), supervised until interrupted.
+
+``Up.start()`` writes the certificates, starts every process and waits until each answers;
+``Up.endpoints()`` is what ``DIR/endpoints.json`` holds; ``Up.supervise()`` restarts any
+process that dies (a verifier killed with -9 comes back empty, as the new standby, once the
+router has moved its sessions to the other one); ``Up.stop()`` ends them all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sdcp_fast.up")
+
+TOY_DRAFTERS = ("toy-good", "toy-weak")
+REAL_DRAFTERS = ("ngram", "model:smollm2-draft")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Service:
+    name: str
+    role: str  # mlc, router, verifier, drafter
+    port: int
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    log_path: Path | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"https://127.0.0.1:{self.port}/" if self.role != "mlc" else f"https://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Up:
+    directory: Path
+    model: str = "auto"
+    drafters: tuple[str, ...] | None = None
+    base_port: int | None = None
+    status_ttl_ms: int = 3000
+    threads: int = 1
+    services: dict[str, Service] = field(default_factory=dict)
+
+    def _ports(self, n: int) -> list[int]:
+        if self.base_port is None:
+            return [free_port() for _ in range(n)]
+        return [self.base_port + i for i in range(n)]
+
+    def plan(self) -> None:
+        from sdcp_fast.services.models import resolve
+
+        model = resolve(self.model)
+        self.model = model
+        drafters = self.drafters or (TOY_DRAFTERS if model == "toy" else REAL_DRAFTERS)
+        names = ["mlc", "router", "verifier", "verifier-standby"] + [f"drafter-{c}" for c in "ab"[: len(drafters)]]
+        ports = dict(zip(names, self._ports(len(names)), strict=True))
+        certs = str(self.directory / "certs")
+        py = [sys.executable, "-m", "sdcp_fast"]
+        mlc_url = f"https://127.0.0.1:{ports['mlc']}"
+        router = f"https://127.0.0.1:{ports['router']}/"
+        common = ["--certs", certs, "--mlc", mlc_url, "--status-ttl-ms", str(self.status_ttl_ms)]
+        s = self.services
+        s["mlc"] = Service("mlc", "mlc", ports["mlc"], [
+            *py, "mlc", "--port", str(ports["mlc"]), "--root", str(self.directory / "mlc"),
+            "--cert", f"{certs}/mlc.pem", "--key", f"{certs}/mlc.key", "--ca", f"{certs}/ca.pem"])
+        drafter_uris = {f"drafter-{c}": f"https://127.0.0.1:{ports[f'drafter-{c}']}/" for c in "ab"[: len(drafters)]}
+        s["router"] = Service("router", "router", ports["router"], [
+            *py, "router", "--uri", router, "--name", "router", "--model", model, *common,
+            *(a for name, spec in zip(drafter_uris, drafters, strict=True)
+              for a in ("--drafter-model", f"{drafter_uris[name]}={spec}"))])
+        for name in ("verifier", "verifier-standby"):
+            s[name] = Service(name, "verifier", ports[name], [
+                *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
+                "--model", model, *common])
+        for name, spec in zip(drafter_uris, drafters, strict=True):
+            s[name] = Service(name, "drafter", ports[name], [
+                *py, "drafter", "--uri", drafter_uris[name], "--name", name, "--router", router, "--model", model,
+                "--drafter", spec, "--threads", str(self.threads), *common])
+
+    def write_certificates(self) -> None:
+        from sdcp_fast.protocol.identity import PeerRole
+        from sdcp_fast.transport.certs import InstanceSpec, write_certificates
+
+        specs = [InstanceSpec(svc.name, PeerRole(svc.role), svc.uri if svc.role != "mlc" else svc.uri + "/")
+                 for svc in self.services.values()]
+        specs.append(InstanceSpec("client", PeerRole.CLIENT, None))
+        write_certificates(self.directory / "certs", specs)
+
+    def launch(self, svc: Service) -> None:
+        logs = self.directory / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        svc.log_path = logs / f"{svc.name}.log"
+        out = open(svc.log_path, "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        svc.process = subprocess.Popen(svc.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        out.close()
+
+    def start(self, timeout: float = 180.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.plan()
+        self.write_certificates()
+        self.launch(self.services["mlc"])
+        self.wait_healthy(["mlc"], timeout)
+        for svc in self.services.values():
+            if svc.name != "mlc":
+                self.launch(svc)
+        self.wait_healthy([n for n in self.services if n != "mlc"], timeout)
+        (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
+
+    def wait_healthy(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            for name in list(pending):
+                svc = self.services[name]
+                assert svc.process is not None
+                if svc.process.poll() is not None:
+                    tail = svc.log_path.read_text()[-2000:] if svc.log_path else ""
+                    raise RuntimeError(f"{name} exited with {svc.process.returncode} while starting:\n{tail}")
+                if self.healthy(svc):
+                    pending.remove(name)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"not healthy after {timeout:.0f}s: {', '.join(pending)} "
+                                   f"(logs in {self.directory / 'logs'})")
+            if pending:
+                time.sleep(0.2)
+
+    def healthy(self, svc: Service) -> bool:
+        """Answers HTTPS with our CA and the client certificate (any HTTP answer will do)."""
+        import http.client
+        import ssl
+
+        certs = self.directory / "certs"
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        ctx.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+        if svc.role != "mlc":
+            ctx.set_alpn_protocols(["h2"])
+            try:
+                with socket.create_connection(("127.0.0.1", svc.port), timeout=1) as raw, \
+                        ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                    return tls.selected_alpn_protocol() == "h2"
+            except OSError:
+                return False
+        conn = http.client.HTTPSConnection("127.0.0.1", svc.port, timeout=1, context=ctx)
+        try:
+            conn.request("GET", "/stats")
+            conn.getresponse().read()
+            return True
+        except OSError:
+            return False
+        finally:
+            conn.close()
+
+    def endpoints(self) -> dict[str, Any]:
+        certs = self.directory / "certs"
+        return {
+            "model": self.model,
+            "services": {name: {"role": svc.role, "url": svc.uri,
+                                "pid": svc.process.pid if svc.process else None}
+                         for name, svc in self.services.items()},
+            "ca": str(certs / "ca.pem"), "client_cert": str(certs / "client.pem"),
+            "client_key": str(certs / "client.key"),
+            "frontend": self.services["router"].uri + "v1/",
+            "logs": str(self.directory / "logs"),
+        }
+
+    def supervise_once(self) -> list[str]:
+        """Restart every process that died; their names."""
+        restarted = []
+        for svc in self.services.values():
+            if svc.process is not None and svc.process.poll() is not None:
+                log.warning("%s exited with %s; restarting it", svc.name, svc.process.returncode)
+                svc.restarts += 1
+                self.launch(svc)
+                restarted.append(svc.name)
+        if restarted:
+            (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
+        return restarted
+
+    def stop(self, timeout: float = 10.0) -> None:
+        procs = [svc.process for svc in self.services.values() if svc.process is not None]
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()
