@@ -7,7 +7,7 @@ path, decoded query, body bytes, the peer from the client certificate) and hand 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -29,6 +29,10 @@ class Response:
     status: int
     body: bytes = b""
     headers: Mapping[str, str] = field(default_factory=dict)  # lower-case names
+    # A body sent as it is produced (server side) or read as it arrives (a client's
+    # ``request_stream``); ``body`` is then empty. Whoever stops reading early closes it
+    # (``aclose``), which is how a producer learns that its client went away.
+    stream: AsyncIterator[bytes] | None = field(default=None, compare=False, repr=False)
 
     @property
     def content_type(self) -> str:

@@ -6,14 +6,20 @@ at once as the server's SETTINGS_MAX_CONCURRENT_STREAMS, the rest wait for a fre
 request the server provably did not process (stream refused, or above the last stream id
 of a GOAWAY, e.g. an idle close racing the request) is sent once more on a new connection.
 Anything else that leaves no response raises :class:`TransportError`.
+
+:meth:`H2Transport.request_stream` returns once the response's headers arrive, with the
+body as an async iterator of chunks (``Response.stream``); received data is returned to the
+server's flow-control window only as the caller reads it, so a slow reader slows the server
+instead of filling memory. Closing the iterator early resets the stream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ssl as ssl_module
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from urllib.parse import quote, urlencode, urlsplit
 
 import h2.events
@@ -29,14 +35,16 @@ CLIENT_LIMITS = Limits(max_body=256 * (1 << 20), idle_timeout=60.0)
 
 
 class _Pending:
-    __slots__ = ("future", "status", "headers", "chunks", "size")
+    __slots__ = ("future", "status", "headers", "chunks", "size", "queue")
 
-    def __init__(self, future: asyncio.Future[Response]) -> None:
+    def __init__(self, future: asyncio.Future[Response], streamed: bool = False) -> None:
         self.future = future
         self.status = 0
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
         self.size = 0
+        # Streamed: DATA frames, then None at the end or the error that ended the stream.
+        self.queue: asyncio.Queue[bytes | TransportError | None] | None = asyncio.Queue() if streamed else None
 
 
 class _ClientProtocol(H2Protocol):
@@ -57,11 +65,22 @@ class _ClientProtocol(H2Protocol):
         pending = self.pending.pop(stream_id, None)
         if pending is not None and not pending.future.done():
             pending.future.set_exception(error)
+        elif pending is not None and pending.queue is not None:
+            pending.queue.put_nowait(error)
 
     def on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
-            ack(self.conn, event)
             pending = self.pending.get(event.stream_id)
+            if pending is not None and pending.queue is not None and pending.future.done():
+                # Acknowledged when read (the reader's pace sets the server's).
+                if event.data:
+                    pending.queue.put_nowait(event.data)
+                padding = (event.flow_controlled_length or 0) - len(event.data)
+                if padding > 0:
+                    with contextlib.suppress(h2.exceptions.StreamClosedError):
+                        self.conn.acknowledge_received_data(padding, event.stream_id)
+                return
+            ack(self.conn, event)
             if pending is None:
                 return
             pending.size += len(event.data)
@@ -77,9 +96,13 @@ class _ClientProtocol(H2Protocol):
                     if name == b":status":
                         pending.status = int(value)
                 pending.headers = header_dict(event.headers)
+                if pending.queue is not None and not pending.future.done() and pending.status >= 200:
+                    pending.future.set_result(Response(pending.status, b"", pending.headers))
         elif isinstance(event, h2.events.StreamEnded):
             pending = self.pending.pop(event.stream_id, None)
-            if pending is not None and not pending.future.done():
+            if pending is not None and pending.queue is not None and pending.future.done():
+                pending.queue.put_nowait(None)
+            elif pending is not None and not pending.future.done():
                 chunks = pending.chunks
                 body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
                 pending.future.set_result(Response(pending.status, body, pending.headers))
@@ -120,7 +143,7 @@ class _ClientProtocol(H2Protocol):
                 if not all_:
                     return
 
-    async def exchange(self, fields: list[tuple[str, str]], body: bytes) -> Response:
+    async def exchange(self, fields: list[tuple[str, str]], body: bytes, streamed: bool = False) -> Response:
         while self.active_streams >= self.conn.remote_settings.max_concurrent_streams:
             waiter = self.loop.create_future()
             self._slot_waiters.append(waiter)
@@ -130,21 +153,28 @@ class _ClientProtocol(H2Protocol):
         if not self.usable:
             raise TransportError("connection closed", retryable=True)
         stream_id = self.conn.get_next_available_stream_id()
-        pending = _Pending(self.loop.create_future())
+        pending = _Pending(self.loop.create_future(), streamed)
         self.pending[stream_id] = pending
         self.stream_started()
+        handed_off = False
         try:
             self.conn.send_headers(stream_id, fields, end_stream=not body)
             if body:
                 try:
-                    await self.send_body(stream_id, body, abandon=pending.future)
+                    # A streamed response's future is done at its headers, not at its end.
+                    await self.send_body(stream_id, body, abandon=None if streamed else pending.future)
                 except StreamGone:
                     # Reset, or answered early (e.g. 413): the future says which.
                     if not pending.future.done():
                         self._fail(stream_id, TransportError("stream closed while sending the request"))
             else:
                 self.flush_stream_end()
-            return await pending.future
+            response = await pending.future
+            if pending.queue is None:
+                return response
+            handed_off = True
+            return Response(response.status, b"", response.headers,
+                            stream=self._chunks(stream_id, pending))
         except (h2.exceptions.ProtocolError, h2.exceptions.StreamClosedError) as exc:
             raise TransportError(f"cannot send on this connection: {exc}", retryable=True) from exc
         except asyncio.CancelledError:
@@ -152,11 +182,41 @@ class _ClientProtocol(H2Protocol):
                 self._reset(stream_id, ErrorCodes.CANCEL)
             raise
         finally:
-            self.pending.pop(stream_id, None)
-            if not pending.future.done():
-                pending.future.cancel()
-            self.stream_finished()
-            self._wake_slots()
+            if not handed_off:
+                self._end_exchange(stream_id, pending)
+
+    def _end_exchange(self, stream_id: int, pending: _Pending) -> None:
+        self.pending.pop(stream_id, None)
+        if not pending.future.done():
+            pending.future.cancel()
+        self.stream_finished()
+        self._wake_slots()
+
+    async def _chunks(self, stream_id: int, pending: _Pending) -> AsyncIterator[bytes]:
+        """A streamed response's body; leaving it before the end resets the stream."""
+        assert pending.queue is not None
+        ended = False
+        try:
+            while True:
+                item = await pending.queue.get()
+                if item is None:
+                    ended = True
+                    return
+                if isinstance(item, TransportError):
+                    ended = True
+                    raise item
+                if item and self.transport is not None:
+                    try:
+                        self.conn.acknowledge_received_data(len(item), stream_id)
+                        self.flush_soon()
+                    except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
+                        pass
+                pending.size += len(item)
+                yield item
+        finally:
+            if not ended and self.transport is not None:
+                self._reset(stream_id, ErrorCodes.CANCEL)
+            self._end_exchange(stream_id, pending)
 
 
 class H2Transport:
@@ -204,6 +264,19 @@ class H2Transport:
     async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
                       query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
                       timeout: float | None = None) -> Response:
+        return await self._request(base_uri, method, path, body, query, headers, timeout, streamed=False)
+
+    async def request_stream(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
+                             query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                             timeout: float | None = None) -> Response:
+        """Like :meth:`request`, returning at the response's headers with the body in
+        ``Response.stream`` (read it to the end or ``aclose`` it; either frees the stream).
+        ``timeout`` bounds the wait for the headers only: a stream may last."""
+        return await self._request(base_uri, method, path, body, query, headers, timeout, streamed=True)
+
+    async def _request(self, base_uri: str, method: str, path: str, body: bytes,
+                       query: Mapping[str, str] | None, headers: Mapping[str, str] | None,
+                       timeout: float | None, *, streamed: bool) -> Response:
         if self._closed:
             raise TransportError("transport is closed")
         key, authority, base_path = self._base(base_uri)
@@ -216,7 +289,7 @@ class H2Transport:
         fields += [f for f in outbound_fields(dict(headers or {})) if f[0] not in ("content-length", "host")]
         limit = timeout if timeout is not None else self.timeout
         if limit is None:
-            return await self._send(key, fields, body)
+            return await self._send(key, fields, body, streamed)
         task = asyncio.current_task()
         assert task is not None
         expired = False
@@ -228,7 +301,7 @@ class H2Transport:
 
         timer = asyncio.get_running_loop().call_later(limit, expire)
         try:
-            return await self._send(key, fields, body)
+            return await self._send(key, fields, body, streamed)
         except asyncio.CancelledError:
             if not expired:
                 raise
@@ -238,11 +311,12 @@ class H2Transport:
         finally:
             timer.cancel()
 
-    async def _send(self, key: tuple[str, str, int], fields: list[tuple[str, str]], body: bytes) -> Response:
+    async def _send(self, key: tuple[str, str, int], fields: list[tuple[str, str]], body: bytes,
+                    streamed: bool = False) -> Response:
         for attempt in (1, 2):
             connection = await self._connection(key)
             try:
-                return await connection.exchange(fields, body)
+                return await connection.exchange(fields, body, streamed)
             except TransportError as exc:
                 if not exc.retryable or attempt == 2:
                     raise

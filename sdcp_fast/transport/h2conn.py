@@ -319,6 +319,42 @@ class H2Protocol(asyncio.Protocol):
             await waiter
         self.flush_stream_end()
 
+    async def send_chunk(self, stream_id: int, data: bytes) -> None:
+        """Send ``data`` on an open stream without ending it (a streamed body), in frames that
+        fit the peer's windows, and write it out now: a chunk is sent when it is produced.
+
+        Raises :class:`StreamGone` if the stream is reset or the connection ends first."""
+        view = memoryview(data)
+        offset, size = 0, len(data)
+        while offset < size:
+            if self.transport is None:
+                raise StreamGone(stream_id)
+            try:
+                window = self.conn.local_flow_control_window(stream_id)
+                if window > 0:
+                    n = min(window, self.conn.max_outbound_frame_size, size - offset)
+                    self.conn.send_data(stream_id, view[offset:offset + n])
+                    offset += n
+                    continue
+            except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+                raise StreamGone(stream_id) from exc
+            self.flush()
+            waiter = self.loop.create_future()
+            self._window_waiters[stream_id] = waiter
+            await waiter
+        self.flush()
+        await self._drain()
+
+    def end_stream(self, stream_id: int) -> None:
+        """End a streamed body (an empty DATA frame with END_STREAM)."""
+        if self.transport is None:
+            raise StreamGone(stream_id)
+        try:
+            self.conn.end_stream(stream_id)
+        except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError) as exc:
+            raise StreamGone(stream_id) from exc
+        self.flush_stream_end()
+
     # -- idle ----------------------------------------------------------------------------
     def _arm_idle(self, delay: float) -> None:
         if self.limits.idle_timeout > 0:

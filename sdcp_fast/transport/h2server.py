@@ -6,12 +6,16 @@ A request whose stream ends runs the handler in its own task (streams are concur
 the handler's exceptions become a 500 problem without a traceback, a body over the bound a
 413 problem. A handler is not cancelled when its client goes away: SDCP handlers commit
 state (a verdict is appended to the commit log before it is released), so they finish and
-the response is dropped.
+the response is dropped. A streamed response (``Response.stream``) is sent chunk by chunk
+as the iterator yields, within the client's flow-control windows; when the client resets
+the stream or the connection ends, the iterator is closed (``aclose``), so its producer
+stops.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl as ssl_module
 from urllib.parse import parse_qsl, unquote
@@ -33,7 +37,7 @@ _NO_BODY_STATUS = frozenset({204, 304})
 
 
 class _Incoming:
-    __slots__ = ("headers", "chunks", "size", "answered", "done")
+    __slots__ = ("headers", "chunks", "size", "answered", "done", "pump")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.headers = headers
@@ -41,6 +45,7 @@ class _Incoming:
         self.size = 0
         self.answered = False  # a response was started (the handler runs, or we refused the body)
         self.done = False
+        self.pump: asyncio.Task[None] | None = None  # sending a streamed response
 
 
 class _ServerProtocol(H2Protocol):
@@ -62,6 +67,9 @@ class _ServerProtocol(H2Protocol):
 
     def on_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        for incoming in list(self.streams.values()):
+            if incoming.pump is not None:
+                incoming.pump.cancel()
 
     def on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -92,7 +100,9 @@ class _ServerProtocol(H2Protocol):
                 self.loop.create_task(self._respond(event.stream_id, incoming))
         elif isinstance(event, h2.events.StreamReset):
             incoming = self.streams.get(event.stream_id)
-            if incoming is not None and not incoming.answered:
+            if incoming is not None and incoming.pump is not None:
+                incoming.pump.cancel()  # the client left a streamed response: stop producing
+            elif incoming is not None and not incoming.answered:
                 self._finish(event.stream_id, incoming)
         elif isinstance(event, h2.events.ConnectionTerminated):
             if self.active_streams == 0:
@@ -155,6 +165,9 @@ class _ServerProtocol(H2Protocol):
         try:
             if self.transport is None:
                 return
+            if response.stream is not None and response.status not in _NO_BODY_STATUS:
+                await self._send_stream(stream_id, incoming, response)
+                return
             body = response.body if response.status not in _NO_BODY_STATUS else b""
             fields = [(":status", str(response.status))]
             fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
@@ -176,7 +189,53 @@ class _ServerProtocol(H2Protocol):
             except h2.exceptions.ProtocolError as exc:
                 log.warning("cannot answer stream %d from %s: %s", stream_id, self.peername, exc)
         finally:
+            if response.stream is not None and incoming.pump is None:
+                await _close_stream(response)  # not sent (no body allowed, or no connection)
             self._finish(stream_id, incoming)
+
+    async def _send_stream(self, stream_id: int, incoming: _Incoming, response: Response) -> None:
+        """Headers without a length, then each chunk as the iterator yields it. The pump is a
+        task of its own so that a reset or a lost connection can stop it while it waits for
+        the producer's next chunk."""
+        assert response.stream is not None
+        fields = [(":status", str(response.status))]
+        fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
+
+        async def pump() -> None:
+            assert response.stream is not None
+            self.conn.send_headers(stream_id, fields)
+            self.flush()
+            async for chunk in response.stream:
+                if chunk:
+                    await self.send_chunk(stream_id, chunk)
+            self.end_stream(stream_id)
+
+        incoming.pump = self.loop.create_task(pump())
+        try:
+            await asyncio.wait([incoming.pump])
+        finally:
+            if not incoming.pump.done():  # we were cancelled (shutdown): stop the pump too
+                incoming.pump.cancel()
+                await asyncio.wait([incoming.pump])
+            await _close_stream(response)
+        if incoming.pump.cancelled():
+            return
+        exc = incoming.pump.exception()
+        if isinstance(exc, (StreamGone, h2.exceptions.StreamClosedError)):
+            return
+        if exc is not None:
+            log.error("streamed response on stream %d failed: %r", stream_id, exc, exc_info=exc)
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                if self.transport is not None:
+                    self.conn.reset_stream(stream_id, ErrorCodes.INTERNAL_ERROR)
+                    self.flush_soon()
+
+
+async def _close_stream(response: Response) -> None:
+    close = getattr(response.stream, "aclose", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            await close()
 
 
 class H2Server:

@@ -4,12 +4,15 @@
 :func:`~sdcp_fast.transport.h2server.serve`, with the peer taken from the verified client
 certificate the same way (:func:`~sdcp_fast.transport.tls.peer_of`); :class:`Http1Transport`
 is a matching client. Use them with HTTP/1.1 tools (``curl --http1.1``, a browser, a proxy
-that speaks no HTTP/2); build their contexts with ``alpn=("http/1.1",)``.
+that speaks no HTTP/2); build their contexts with ``alpn=("http/1.1",)``. A streamed
+response (``Response.stream``) goes out with chunked transfer encoding, each chunk as it is
+produced; when the client disconnects, the iterator is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl as ssl_module
 from collections.abc import Mapping
@@ -34,6 +37,43 @@ def _to_aiohttp(response: Response) -> web.Response:
     return web.Response(status=response.status, body=response.body, headers=headers)
 
 
+_LEFT_CHECK = 0.25  # seconds between checks for a client that left a streamed response
+
+
+async def _stream_out(request: web.Request, response: Response) -> web.StreamResponse:
+    assert response.stream is not None
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length"}}
+    out = web.StreamResponse(status=response.status, headers=headers)
+    out.enable_chunked_encoding()
+    chunks = response.stream.__aiter__()
+    try:
+        await out.prepare(request)
+        while True:
+            # aiohttp does not tell a handler that its client left (unless it cancels every
+            # handler, which SDCP's must not be); look at the socket while the producer waits.
+            following = asyncio.ensure_future(chunks.__anext__())
+            while not (await asyncio.wait([following], timeout=_LEFT_CHECK))[0]:
+                if request.transport is None or request.transport.is_closing():
+                    following.cancel()
+                    await asyncio.wait([following])
+                    raise ConnectionResetError("client left")
+            try:
+                chunk = following.result()
+            except StopAsyncIteration:
+                break
+            if chunk:
+                await out.write(chunk)  # raises once the client has gone
+        await out.write_eof()
+    except ConnectionError:  # aiohttp's ClientConnectionResetError is one
+        log.debug("client of /%s left a streamed response", request.path)
+    finally:
+        close = getattr(response.stream, "aclose", None)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                await close()
+    return out
+
+
 def make_app(handler: Handler, limits: Limits | None = None, base_path: str = "/") -> web.Application:
     """An aiohttp application that hands every request under ``base_path`` to ``handler``."""
     limits = limits or Limits()
@@ -55,6 +95,8 @@ def make_app(handler: Handler, limits: Limits | None = None, base_path: str = "/
         except Exception:
             log.exception("handler failed: %s /%s from %s", ours.method, ours.path, ours.peer)
             response = http_problem(500, INTERNAL_ERROR_DETAIL)
+        if response.stream is not None:
+            return await _stream_out(request, response)
         return _to_aiohttp(response)
 
     app = web.Application(client_max_size=limits.max_body)

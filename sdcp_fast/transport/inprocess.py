@@ -3,12 +3,14 @@
 Each caller gets its own view (:meth:`InProcessNetwork.transport`) bound to the identity it
 is configured with, which the handler receives as the request's peer, exactly as the
 network transport hands over the identity from the client certificate. Bodies stay bytes:
-roles encode and decode on this path as they do on the wire.
+roles encode and decode on this path as they do on the wire; a streamed body
+(``Response.stream``) is the handler's own iterator, passed through.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 
 from sdcp_fast.protocol.identity import Peer, same_instance
 from sdcp_fast.transport.base import Handler, Request, Response
@@ -64,5 +66,28 @@ class InProcessTransport:
                                      headers={k.lower(): v for k, v in (headers or {}).items()},
                                      peer=self.peer))
 
+    async def request_stream(
+        self,
+        base_uri: str,
+        method: str,
+        path: str,
+        *,
+        body: bytes = b"",
+        query: Mapping[str, str] | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> Response:
+        """:meth:`request` with the body always as ``Response.stream`` (as the HTTP/2 client's)."""
+        response = await self.request(base_uri, method, path, body=body, query=query, headers=headers,
+                                      timeout=timeout)
+        if response.stream is not None:
+            return response
+        return replace(response, body=b"", stream=_once(response.body))
+
     async def close(self) -> None:
         return None
+
+
+async def _once(body: bytes) -> AsyncIterator[bytes]:
+    if body:
+        yield body
