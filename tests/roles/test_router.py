@@ -1,0 +1,315 @@
+"""The router role through its handler and a real verifier: status reports from the instance
+itself, expiry, assignment order, idempotent events, events from the session's verifier only,
+verifier fail-over with the front end's output stream, random session ids."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.commitlog import open_commit_log
+from sdcp_fast.model.toy import ToyDrafter
+from sdcp_fast.protocol import (
+    Action,
+    Event,
+    Sampling,
+    SdcpProblem,
+    contract_digest,
+    extend_digest,
+    instance_path_id,
+    prefix_digest,
+)
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_SPECULATIVE
+from sdcp_fast.roles.drafter import DrafterRole
+from sdcp_fast.roles.router import RouterRole, SessionSpec
+from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.transport.base import Request, Response
+
+from .rolekit import (
+    DRAFTER,
+    OTHER,
+    PROMPT,
+    ROUTER,
+    ROUTER_PEER,
+    SCOPE,
+    TARGET,
+    TOKENIZER,
+    VERIFIER,
+    VERIFIER_PEER,
+    Clock,
+    Rig,
+    run,
+    sid,
+    status,
+    until,
+)
+
+S = sid(31)
+
+
+class StubDrafter:
+    """A drafter instance that records the assignments it is sent (and drafts nothing)."""
+
+    def __init__(self, uri: str, log: list[tuple[str, str, str]]):
+        self.uri = uri
+        self.log = log
+        self.assignments = []
+
+    async def handler(self, request: Request) -> Response:
+        from sdcp_fast.protocol import Assignment
+
+        self.assignments.append(Assignment.decode(request.body))
+        return Response(204)
+
+
+class Logged:
+    """The router's transport, logging every request it sends in order."""
+
+    def __init__(self, inner, log):
+        self.inner, self.log, self.peer = inner, log, inner.peer
+
+    async def request(self, base_uri, method, path, **kw):
+        self.log.append((base_uri, method, path.split("/")[-1]))
+        return await self.inner.request(base_uri, method, path, **kw)
+
+    async def close(self):
+        await self.inner.close()
+
+
+class RouterRig(Rig):
+    """A router (fake clock, no background sweeper) in front of the rig's verifier, with stub
+    drafters at DRAFTER and OTHER."""
+
+    def __init__(self, root: str, **kw):
+        super().__init__(root, **kw)
+        self.clock = Clock()
+        self.sent: list[tuple[str, str, str]] = []
+        self.router_role = RouterRole(
+            uri=ROUTER, mlc=self.mlc, transport=Logged(self.network.transport(ROUTER_PEER), self.sent),
+            target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, clock=self.clock,
+            drafter_models={DRAFTER: b"a" * 32, OTHER: b"b" * 32}, sweep_interval=0.01)
+        self.network.register(ROUTER, self.router_role.handler)
+        self.stubs = {uri: StubDrafter(uri, self.sent) for uri in (DRAFTER, OTHER)}
+        for uri, stub in self.stubs.items():
+            self.network.register(uri, stub.handler)
+
+    async def report(self, client, instance, role, **kw):
+        await client.status(ROUTER, status(instance, role, **kw))
+
+
+def test_status_is_accepted_only_from_the_instance_itself_in_its_role(tmp_path):
+    """§6.1 status reports; peer identity: an instance reports for itself, in the role its
+    certificate gives it (403 sdcp-forbidden otherwise); {id} is the instance's path id."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            answers = {}
+            cases = {
+                "other instance": (rig.drafter, OTHER, ROLE_DRAFTER),
+                "other role": (rig.drafter, DRAFTER, ROLE_VERIFIER),
+                "router peer": (rig.router, ROUTER, ROLE_VERIFIER),
+                "no role": (rig.client(Peer(DRAFTER, None)), DRAFTER, ROLE_DRAFTER),
+            }
+            for name, (client, instance, role) in cases.items():
+                with pytest.raises(SdcpProblem) as exc:
+                    await rig.report(client, instance, role)
+                answers[name] = (exc.value.suffix, exc.value.status)
+            # A path naming another instance than the body.
+            t = rig.network.transport(Peer(DRAFTER, PeerRole.DRAFTER))
+            wrong_path = await t.request(ROUTER, "PUT", f"instances/{instance_path_id(OTHER)}/status",
+                                         body=status(DRAFTER).encode(),
+                                         headers={"content-type": "application/sdcp+cbor"})
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            table = rig.router_role.table
+            now = rig.clock()
+            return answers, wrong_path.status, table.status(DRAFTER, now), table.status(VERIFIER, now), table, now
+
+    answers, wrong_path, drafter, verifier, table, now = run(scenario())
+    assert answers == {name: ("sdcp-forbidden", 403) for name in answers}
+    assert wrong_path == 400
+    assert drafter.instance == DRAFTER and verifier.instance == VERIFIER
+    assert table.status(OTHER, now) is None
+
+
+def test_no_assignment_to_an_expired_instance(tmp_path):
+    """§6.1: the router MUST NOT assign sessions to an instance whose status has expired;
+    §6.9: the sessions of a drafter whose status expired are reassigned."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER, ttl_ms=600_000)
+            # DRAFTER is the better choice (load 0) but its status lives 1 s; OTHER's 60 s.
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER, load=0, ttl_ms=1000)
+            await rig.report(rig.other, OTHER, ROLE_DRAFTER, load=90, ttl_ms=60_000)
+            rig.clock.advance(2.0)
+            first = await rig.router_role.open(SessionSpec(PROMPT, session=sid(32)))
+            rig.clock.advance(60.0)  # OTHER expires too: nobody may be assigned
+            second = await rig.router_role.open(SessionSpec(PROMPT, session=sid(33)))
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER, ttl_ms=1000)
+            await rig.router_role.sweep()  # first's drafter (OTHER) expired: reassigned to DRAFTER
+            return (first.drafter, second.drafter, rig.stubs[DRAFTER].assignments, rig.stubs[OTHER].assignments,
+                    rig.verifier.sessions.get(sid(32)).drafter)
+
+    first, second, to_drafter, to_other, at_verifier = run(scenario())
+    assert second is None
+    assert [a.session for a in to_other] == [sid(32)]
+    assert [a.session for a in to_drafter] == [sid(32)] and first == DRAFTER == at_verifier
+
+
+def test_the_verifier_is_informed_before_the_drafter(tmp_path):
+    """§6.1: PUT sessions/{id}/drafter to the verifier first, then POST assignments, carrying
+    the verifier's current round, committed length and digest."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            return rig.sent, rig.stubs[DRAFTER].assignments, routed
+
+    sent, assignments, routed = run(scenario())
+    assert [(m, p) for _, m, p in sent] == [("POST", "sessions"), ("PUT", "drafter"), ("POST", "assignments")]
+    assert sent[1][0] == VERIFIER and sent[2][0] == DRAFTER
+    [a] = assignments
+    d0 = prefix_digest(contract_digest(routed.contract), PROMPT)
+    assert (a.round, a.committed, a.digest, a.verifier, a.drafter) == (0, 0, d0, VERIFIER, DRAFTER)
+
+
+def test_events_are_idempotent_and_only_from_the_sessions_verifier(tmp_path):
+    """§6.5.2 switch, delivered twice, reassigns once (idempotent events); POST events is the
+    session's verifier's (403 sdcp-forbidden for a drafter or another verifier)."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            await rig.report(rig.other, OTHER, ROLE_DRAFTER, load=10)
+            routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            d0 = prefix_digest(contract_digest(routed.contract), PROMPT)
+            switch = Event(session=S, epoch=1, kind=Action.SWITCH, committed=0, digest=d0)
+            refused = []
+            for client in (rig.drafter, rig.client(Peer("inproc://verifier-2/", PeerRole.VERIFIER))):
+                with pytest.raises(SdcpProblem) as exc:
+                    await client.event(ROUTER, switch)
+                refused.append((exc.value.suffix, exc.value.status))
+            verifier = rig.client(VERIFIER_PEER)
+            await verifier.event(ROUTER, switch)
+            await verifier.event(ROUTER, switch)
+            return refused, rig.stubs, rig.verifier.sessions.get(S).drafter
+
+    refused, stubs, at_verifier = run(scenario())
+    assert refused == [("sdcp-forbidden", 403)] * 2
+    assert len(stubs[DRAFTER].assignments) == 1 and len(stubs[OTHER].assignments) == 1
+    assert at_verifier == OTHER
+
+
+def test_session_ids_are_random_when_the_spec_names_none(tmp_path):
+    """Session ids (§5.2, 16 bytes) come from 128 random bits at the router."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            return [(await rig.router_role.open(SessionSpec(PROMPT))).session for _ in range(3)]
+
+    ids = run(scenario())
+    assert len(set(ids)) == 3 and all(len(i) == 16 for i in ids)
+
+
+# -- verifier fail-over (§6.9) --------------------------------------------------------------
+
+ACTIVE = "inproc://verifier-a/"
+STANDBY = "inproc://verifier-b/"
+
+
+def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
+    """§6.9 Verifier failure: when the active verifier's status expires, the router fences the
+    log with the next epoch, reads the last commit record, opens the session at the standby
+    with resume and the current sampling policy (§6.6), and assigns the drafter again; the
+    front end's output stream continues without duplicates or gaps (§6.7)."""
+    from sdcp_fast.embedded import embedded
+    from sdcp_fast.model.toy import ToyTarget
+    from sdcp_fast.transport.inprocess import InProcessNetwork
+
+    clock = Clock()
+    network = InProcessNetwork()
+    mlc = embedded(str(tmp_path))
+    target = ToyTarget()
+    policy = Sampling(temperature_milli=500, top_k=8, seed=77)
+    killed_at = []
+
+    def kill_after_round_3(info):
+        if info.round == 3 and not killed_at:
+            killed_at.append(info)
+            network.unregister(ACTIVE)  # partitioned: it answers nobody from now on
+
+    def verifier(uri, on_round=None):
+        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                            output_wait=0.1, on_round=on_round)
+        network.register(uri, role.handler)
+        return role
+
+    async def scenario():
+        router = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
+                            tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
+                            drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
+        network.register(ROUTER, router.handler)
+        active, standby = verifier(ACTIVE, kill_after_round_3), verifier(STANDBY)
+        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
+                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
+        network.register(DRAFTER, drafter.handler)
+        roles = [active, drafter, standby]
+        for role in roles[:2]:
+            await role.start()  # each reports its status once now, then every ttl_ms / 3 (10 s)
+        try:
+            await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+            spec = SessionSpec(PROMPT, max_new=40, rule=RULE_SPECULATIVE, session=S,
+                               sampling=Sampling(temperature_milli=1000, seed=76))
+            routed = await router.open(spec)
+            assert routed.verifier == ACTIVE
+            await standby.start()  # the standby joins once the session is placed
+            await router.policy(S, 3, policy)  # from round 3 on (§6.6)
+            stream = asyncio.create_task(router.text(S))
+            await until(lambda: killed_at)
+            # The active verifier falls silent past its ttl_ms; the others keep reporting.
+            clock.advance(11.0)
+            await standby.report_status()
+            await drafter.report_status()
+            await router.sweep()
+            tokens, finish = await asyncio.wait_for(stream, 15.0)
+            at_standby = standby.sessions.get(S)
+            return (routed, tokens, finish, at_standby, at_standby.output(0).tokens,
+                    active.sessions.get(S).output(0).tokens, drafter.problems.get(S))
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        routed, tokens, finish, at_standby, final, before, problems = run(scenario(), timeout=30.0)
+        records = open_commit_log(object_uri(SCOPE, S, "commit_log"), mlc=mlc).read().records
+    finally:
+        mlc.close()
+    assert routed.verifier == STANDBY and routed.epoch == 2
+    assert at_standby.epoch == 2 and finish == Action.FINISH
+    # No duplicates, no gaps: the stream is the committed output, whose prefix the old epoch
+    # released, and the digest chain holds over all of it.
+    assert tokens == list(final) and len(tokens) == 40
+    assert list(before) == tokens[:len(before)] and before
+    d0 = prefix_digest(contract_digest(routed.contract), PROMPT)
+    assert extend_digest(d0, tokens) == at_standby.digest
+    # The log: epoch 1's rounds, the fence, then epoch 2's rounds continuing the numbering.
+    kinds = [(type(r).__name__, r.epoch) for r in records]
+    fence = kinds.index(("FenceRecord", 2))
+    assert all(k == ("CommitRecord", 1) for k in kinds[:fence])
+    assert all(k == ("CommitRecord", 2) for k in kinds[fence + 1:])
+    commits = [r for r in records if isinstance(r, CommitRecord)]
+    assert [r.round for r in commits] == list(range(1, len(commits) + 1))
+    assert isinstance(records[fence], FenceRecord)
+    # The standby applies the current sampling policy to the rounds it verifies.
+    assert at_standby.sampling_for(at_standby.round) == policy
+    assert problems in (None, ["sdcp-stale-epoch"])
