@@ -25,8 +25,9 @@ import secrets
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -333,6 +334,18 @@ class MLC:
             entry.leases.discard(lease_id)
             if entry.birth_lease == lease_id:
                 entry.birth_lease = None
+
+    @contextmanager
+    def held_if_free(self) -> Iterator[bool]:
+        """Hold the store's lock if nobody else does (True), without waiting. An event loop
+        runs a quick call inline only then: a worker thread copying a large object holds the
+        lock for a long time, and the loop must not wait for it."""
+        got = self._lock.acquire(blocking=False)
+        try:
+            yield got
+        finally:
+            if got:
+                self._lock.release()
 
     # -- stats ---------------------------------------------------------------------------
 

@@ -189,6 +189,16 @@ async def _offload(size: int, fn: Callable[[], Any]) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
+async def _store(mlc: MLC, fn: Callable[[], Any], size: int = 0) -> Any:
+    """Run a store call: inline when it is small and the store's lock is free, else on a
+    worker thread, so the event loop never waits behind a large copy holding the lock."""
+    if size <= INLINE_BYTES:
+        with mlc.held_if_free() as free:
+            if free:
+                return fn()
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
 def _name(request: web.Request, *, log: bool = False) -> tuple[str, ObjectName]:
     uri = SCHEME + request.match_info["name"]
     return uri, served_name(uri, log=log)
@@ -232,8 +242,8 @@ async def put_object(request: web.Request) -> web.Response:
             if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) for k in meta)):
                 raise BadRequest("meta must be a map with text keys")
         ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
-        stored = await _offload(len(data), lambda: mlc.put(uri, data, ttl, meta=meta,
-                                                           owner=policy.principal(peer), check=check))
+        stored = await _store(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
+                                                   check=check), len(data))
     finally:
         budget.give(len(body))
         _release(body)
@@ -271,9 +281,9 @@ async def get_object(request: web.Request) -> web.Response:
     check = policy.may_read(request_peer(request), name)
     spec = request.headers.get("Range")
     span = None if spec is None else _span(spec)
-    hint = mlc.head(uri).size  # only decides where to copy; the answer's head comes with the bytes
+    hint = (await _store(mlc, lambda: mlc.head(uri))).size  # where to copy; the answer's head comes with the bytes
     # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
-    head, view = await _offload(hint, lambda: mlc.read(uri, span, check=check))
+    head, view = await _store(mlc, lambda: mlc.read(uri, span, check=check), hint)
     headers = {"ETag": head.etag, "Accept-Ranges": "bytes", "MLC-Tier": head.tier}
     if span is not None:
         start, stop = span(head.size)
@@ -289,7 +299,9 @@ async def get_object(request: web.Request) -> web.Response:
 
 async def head_object(request: web.Request) -> web.Response:
     uri, name = _name(request)
-    head = request.app[MLC_KEY].head(uri, check=policy.may_read(request_peer(request), name))
+    mlc = request.app[MLC_KEY]
+    check = policy.may_read(request_peer(request), name)
+    head = await _store(mlc, lambda: mlc.head(uri, check=check))
     # aiohttp keeps an explicit Content-Length on a bodiless HEAD response.
     return web.Response(status=200, headers={
         "ETag": head.etag, "MLC-Tier": head.tier, "MLC-Leased": "1" if head.leased else "0",
@@ -299,7 +311,9 @@ async def head_object(request: web.Request) -> web.Response:
 
 async def delete_object(request: web.Request) -> web.Response:
     uri, name = _name(request)
-    request.app[MLC_KEY].delete(uri, check=policy.may_delete(request_peer(request), name))
+    mlc = request.app[MLC_KEY]
+    check = policy.may_delete(request_peer(request), name)
+    await _store(mlc, lambda: mlc.delete(uri, check=check))
     return web.Response(status=204)
 
 
@@ -318,18 +332,22 @@ async def create_lease(request: web.Request) -> web.Response:
     name = served_name(uri)
     ttl = _ttl(msg.get("ttl_ms"), "ttl_ms")
     peer = request_peer(request)
-    lease = request.app[MLC_KEY].lease(uri, ttl, holder=policy.principal(peer), check=policy.may_lease(peer, name))
+    mlc = request.app[MLC_KEY]
+    check = policy.may_lease(peer, name)
+    lease = await _store(mlc, lambda: mlc.lease(uri, ttl, holder=policy.principal(peer), check=check))
     return web.Response(status=201, body=cbor2.dumps({"lease": lease}), content_type=CBOR)
 
 
 async def renew_lease(request: web.Request) -> web.Response:
     ttl = _ttl((await _cbor_map(request)).get("ttl_ms"), "ttl_ms")
-    request.app[MLC_KEY].renew(request.match_info["lease"], ttl, check=policy.may_hold(request_peer(request)))
+    mlc, lease, check = request.app[MLC_KEY], request.match_info["lease"], policy.may_hold(request_peer(request))
+    await _store(mlc, lambda: mlc.renew(lease, ttl, check=check))
     return web.Response(status=204)
 
 
 async def release_lease(request: web.Request) -> web.Response:
-    request.app[MLC_KEY].release(request.match_info["lease"], check=policy.may_hold(request_peer(request)))
+    mlc, lease, check = request.app[MLC_KEY], request.match_info["lease"], policy.may_hold(request_peer(request))
+    await _store(mlc, lambda: mlc.release(lease, check=check))
     return web.Response(status=204)
 
 
@@ -374,7 +392,8 @@ async def append_log(request: web.Request) -> web.Response:
 
 async def stats(request: web.Request) -> web.Response:
     policy.may_see_stats(request_peer(request))
-    return web.Response(body=json.dumps(request.app[MLC_KEY].stats()), content_type="application/json")
+    mlc = request.app[MLC_KEY]
+    return web.Response(body=json.dumps(await _store(mlc, mlc.stats)), content_type="application/json")
 
 
 def prometheus_text(stats: dict[str, Any]) -> str:
@@ -402,7 +421,8 @@ def prometheus_text(stats: dict[str, Any]) -> str:
 
 async def metrics(request: web.Request) -> web.Response:
     policy.may_see_stats(request_peer(request))
-    text = prometheus_text(request.app[MLC_KEY].stats())
+    mlc = request.app[MLC_KEY]
+    text = prometheus_text(await _store(mlc, mlc.stats))
     return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"Cache-Control": "no-store"})
 
 

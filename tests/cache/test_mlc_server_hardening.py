@@ -251,6 +251,35 @@ def test_large_cbor_bodies_are_encoded_and_decoded_off_the_loop(server, monkeypa
     assert on_loop == [("decode", False), ("encode", False)]
 
 
+def test_the_loop_never_waits_behind_a_store_busy_with_a_large_copy(server):
+    base, mlc = server
+    mlc.put("mlc://" + name(12), b"small")
+    held, release = threading.Event(), threading.Event()
+
+    def long_copy() -> None:  # what a worker thread copying a large object does to the lock
+        with mlc._lock:
+            held.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=long_copy)
+    holder.start()
+    held.wait(5)
+    waiting = [threading.Thread(target=call, args=(base, method, f"/objects/{name(12)}"))
+               for method in ("GET", "HEAD")]
+    for t in waiting:
+        t.start()
+    try:
+        time.sleep(0.2)  # both requests are in the server now, waiting for the store
+        t0 = time.monotonic()
+        assert call(base, "GET", "/nothing-here")[0] == 404
+        assert time.monotonic() - t0 < 1.5, "another client waited for the store's lock"
+    finally:
+        release.set()
+        holder.join(10)
+        for t in waiting:
+            t.join(10)
+
+
 # -- 8. every field's type and range -------------------------------------------------------
 
 def _cbor(doc: object) -> dict[str, str]:
