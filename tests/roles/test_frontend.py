@@ -1,0 +1,293 @@
+"""The router's OpenAI-compatible front end: requests become sessions of the in-process roles
+(toy model), text is decoded piece by piece, errors are OpenAI-style; and the official
+``openai`` client streams a completion over HTTP/2 + mutual TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sdcp_fast.embedded import embedded
+from sdcp_fast.engine.inprocess import Deployment, Engine, model_digest
+from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
+from sdcp_fast.protocol import Sampling
+from sdcp_fast.protocol.identity import PeerRole
+from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.roles.frontend import Frontend, IncrementalDecoder, ToyWords, mount_frontend
+from sdcp_fast.roles.router import SessionSpec
+from sdcp_fast.transport import loop
+from sdcp_fast.transport.base import Request, Response
+
+PROMPT = "the verifier commits"
+
+
+def greedy(target: ToyTarget, prompt: Sequence[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        row = target.score([ScoreRequest(b"g" * 16, [*prompt, *out], [])])[0][0]
+        out.append(int(torch.argmax(row)))
+        if out[-1] == EOS:
+            break
+    return out
+
+
+@contextlib.asynccontextmanager
+async def deployment(tmp_path: Path) -> AsyncIterator[tuple[Deployment, Frontend, ToyTarget]]:
+    target = ToyTarget()
+    drafters = [ToyDrafter("good", target, 0.8), ToyDrafter("weak", target, 6.0, seed=3)]
+    engine = Engine(target, drafters, embedded(str(tmp_path)), target_digest=model_digest("t"),
+                    tokenizer_digest=model_digest("w"))
+    async with engine.deployment() as d:
+        frontend = mount_frontend(d.router, ToyWords(), stop=(EOS,), model="toy", max_tokens=12)
+        yield d, frontend, target
+
+
+def post(path: str, body: Any, headers: dict[str, str] | None = None) -> Request:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Request("POST", path, body=raw, headers=headers or {"content-type": "application/json"})
+
+
+async def events(response: Response) -> list[Any]:
+    assert response.stream is not None
+    raw = b"".join([chunk async for chunk in response.stream])
+    assert raw.endswith(b"data: [DONE]\n\n")
+    frames = raw.split(b"\n\n")[:-1]
+    assert all(f.startswith(b"data: ") for f in frames)
+    return [json.loads(f[6:]) if f != b"data: [DONE]" else "[DONE]" for f in frames]
+
+
+# -- incremental decoding -------------------------------------------------------------------
+
+class Bytes:
+    """A byte-level tokenizer: one token per UTF-8 byte."""
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(ids).decode("utf-8", errors="replace")
+
+    def chat(self, messages: Sequence[Any]) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 5])
+def test_multibyte_characters_split_across_tokens_come_out_whole(step: int) -> None:
+    text = "héllo € 𝄞 naïve"
+    ids = Bytes().encode(text)
+    decoder = IncrementalDecoder(Bytes())
+    pieces = [decoder.push(ids[i:i + step]) for i in range(0, len(ids), step)] + [decoder.flush()]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_word_pieces_keep_their_spaces_and_skip_stop_tokens() -> None:
+    ids = encode("the verifier commits .") + [EOS]
+    decoder = IncrementalDecoder(ToyWords(), skip=(EOS,))
+    pieces = [decoder.push([t]) for t in ids] + [decoder.flush()]
+    assert "".join(pieces) == "the verifier commits."
+
+
+# -- requests to sessions -------------------------------------------------------------------
+
+def test_request_fields_become_the_session_spec(tmp_path: Path) -> None:
+    frontend = Frontend(None, ToyWords(), stop=(EOS,), defaults=SessionSpec((), m_max=6), model="toy")  # type: ignore[arg-type]
+    job = frontend._job({"model": "toy", "prompt": PROMPT, "max_tokens": 7}, chat=False)
+    assert job.spec.prompt == tuple(encode(PROMPT)) and job.spec.max_new == 7 and job.spec.m_max == 6
+    assert job.spec.rule == RULE_GREEDY and job.spec.sampling is None and job.spec.stop == (EOS,)
+    assert frontend._job({"prompt": PROMPT, "temperature": 0}, chat=False).spec.rule == RULE_GREEDY
+    sampled = frontend._job({"prompt": PROMPT, "temperature": 0.7, "top_p": 0.9, "seed": 5, "stop": ["."]},
+                            chat=False).spec
+    assert sampled.rule == RULE_SPECULATIVE
+    assert sampled.sampling == Sampling(temperature_milli=700, top_p_milli=900, seed=5)
+    assert sampled.stop == (EOS, encode(".")[0])
+    chat = frontend._job({"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 3},
+                         chat=True).spec
+    assert chat.prompt == tuple(encode(PROMPT)) and chat.max_new == 3
+
+
+def test_completion_is_greedy_decoding_and_streams_the_same_text(tmp_path: Path) -> None:
+    async def scenario() -> tuple[Any, list[Any], list[int]]:
+        async with deployment(tmp_path) as (d, _, target):
+            plain = await d.router.handler(post("v1/completions", {"model": "toy", "prompt": PROMPT}))
+            assert plain.status == 200 and plain.content_type == "application/json"
+            streamed = await d.router.handler(post("v1/completions", {
+                "model": "toy", "prompt": PROMPT, "stream": True, "stream_options": {"include_usage": True}}))
+            assert streamed.status == 200 and streamed.content_type == "text/event-stream"
+            return json.loads(plain.body), await events(streamed), greedy(target, encode(PROMPT), 12)
+
+    body, frames, expected = loop.run(scenario())
+    text = body["choices"][0]["text"]
+    assert text == decode(expected)  # rule 1: the target's greedy continuation
+    assert body["object"] == "text_completion" and body["id"].startswith("cmpl-")
+    assert body["choices"][0]["finish_reason"] == ("stop" if expected[-1] == EOS else "length")
+    assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": len(expected),
+                             "total_tokens": 3 + len(expected)}
+    assert frames[-1] == "[DONE]"
+    chunks = [f for f in frames[:-1] if f["choices"]]
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text
+    assert [c["choices"][0]["finish_reason"] for c in chunks][-1] == body["choices"][0]["finish_reason"]
+    assert frames[-2]["usage"] == body["usage"]
+
+
+def test_chat_completion_streams_deltas(tmp_path: Path) -> None:
+    async def scenario() -> tuple[Any, list[Any]]:
+        async with deployment(tmp_path) as (d, _, _):
+            request = {"model": "toy", "messages": [{"role": "system", "content": "the"},
+                                                    {"role": "user", "content": "verifier commits"}]}
+            plain = await d.router.handler(post("v1/chat/completions", request))
+            streamed = await d.router.handler(post("v1/chat/completions", {**request, "stream": True}))
+            return json.loads(plain.body), await events(streamed)
+
+    body, frames = loop.run(scenario())
+    message = body["choices"][0]["message"]
+    assert body["object"] == "chat.completion" and message["role"] == "assistant" and message["content"]
+    chunks = frames[:-1]
+    assert all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == message["content"]
+    assert chunks[-1]["choices"][0]["finish_reason"] == body["choices"][0]["finish_reason"]
+
+
+def test_sampled_completion_runs_rule_2(tmp_path: Path) -> None:
+    async def scenario() -> tuple[Any, Any]:
+        async with deployment(tmp_path) as (d, _, _):
+            request = {"model": "toy", "prompt": PROMPT, "temperature": 0.8, "seed": 3, "max_tokens": 10}
+            first = json.loads((await d.router.handler(post("v1/completions", request))).body)
+            rules = {e.routed.contract.rule for e in d.router.sessions.values()}
+            return first, rules
+
+    body, rules = loop.run(scenario())
+    assert rules == {RULE_SPECULATIVE}
+    assert body["usage"]["completion_tokens"] >= 1
+
+
+def test_models_and_errors_are_openai_shaped(tmp_path: Path) -> None:
+    async def scenario() -> list[tuple[int, Any]]:
+        async with deployment(tmp_path) as (d, _, _):
+            requests = [
+                Request("GET", "v1/models"),
+                post("v1/completions", {"model": "gpt-4", "prompt": PROMPT}),
+                post("v1/completions", b"{not json"),
+                post("v1/completions", {"prompt": PROMPT, "temperature": 9}),
+                post("v1/completions", {"prompt": PROMPT, "stop": ["the verifier"]}),
+                post("v1/completions", {"prompt": "zebra"}),
+                post("v1/completions", {"prompt": PROMPT}, headers={"content-type": "text/plain"}),
+                Request("GET", "v1/completions"),
+                Request("GET", "v1/embeddings"),
+            ]
+            out = []
+            for request in requests:
+                response = await d.router.handler(request)
+                assert response.content_type == "application/json"
+                out.append((response.status, json.loads(response.body)))
+            return out
+
+    models, *errors = loop.run(scenario())
+    assert models == (200, {"object": "list", "data": [{"id": "toy", "object": "model", "created": 0,
+                                                         "owned_by": "sdcp-fast"}]})
+    assert [status for status, _ in errors] == [404, 400, 400, 400, 400, 415, 405, 404]
+    for _, body in errors:
+        assert set(body["error"]) == {"message", "type", "param", "code"} and body["error"]["message"]
+    assert errors[0][1]["error"]["code"] == "model_not_found"
+    assert errors[2][1]["error"]["param"] == "temperature"
+
+
+def test_no_live_verifier_is_a_server_error(tmp_path: Path) -> None:
+    async def scenario() -> tuple[int, Any]:
+        async with deployment(tmp_path) as (d, _, _):
+            d.router.table = type(d.router.table)()  # nobody has reported status
+            response = await d.router.handler(post("v1/completions", {"prompt": PROMPT}))
+            return response.status, json.loads(response.body)
+
+    status, body = loop.run(scenario())
+    assert status >= 400 and body["error"]["message"]
+
+
+def test_leaving_a_stream_stops_reading_the_session(tmp_path: Path) -> None:
+    async def scenario() -> None:
+        async with deployment(tmp_path) as (d, _, _):
+            response = await d.router.handler(post("v1/completions", {"prompt": PROMPT, "stream": True,
+                                                                       "max_tokens": 40}))
+            assert response.stream is not None
+            chunks = response.stream.__aiter__()
+            await chunks.__anext__()
+            await chunks.aclose()  # type: ignore[attr-defined]
+            # The generator ran its cleanup: nothing more is read for this client.
+            with pytest.raises(StopAsyncIteration):
+                await chunks.__anext__()
+
+    loop.run(scenario())
+
+
+# -- the official client over HTTP/2 + mutual TLS ---------------------------------------------
+
+def test_openai_client_streams_a_completion_over_h2_mtls(tmp_path: Path) -> None:
+    openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    # openai 3 runs on httpx2 (httpx's successor, same API); earlier versions on httpx.
+    httpx = pytest.importorskip("httpx2" if _has("httpx2") else "httpx", reason="openai's HTTP library is missing")
+    from sdcp_fast.transport.certs import InstanceSpec, write_certificates
+    from sdcp_fast.transport.h2server import serve
+    from sdcp_fast.transport.tls import client_context, server_context
+
+    write_certificates(tmp_path / "certs", [InstanceSpec("router", PeerRole.ROUTER, "https://127.0.0.1/"),
+                                            InstanceSpec("app", PeerRole.CLIENT)])
+    certs = tmp_path / "certs"
+
+    async def scenario() -> tuple[str, str, str, list[int], str | None]:
+        async with deployment(tmp_path) as (d, _, target):
+            ctx = server_context(str(certs / "router.pem"), str(certs / "router.key"), str(certs / "ca.pem"))
+            async with await serve(d.router.handler, "127.0.0.1", 0, ssl=ctx) as server:
+                tls = client_context(str(certs / "app.pem"), str(certs / "app.key"), str(certs / "ca.pem"))
+                http = httpx.AsyncClient(http2=True, verify=tls)
+                client = openai.AsyncOpenAI(api_key="unused", base_url=f"https://127.0.0.1:{server.port}/v1",
+                                            http_client=http, max_retries=0)
+                try:
+                    stream = await client.completions.create(model="toy", prompt=PROMPT, max_tokens=12,
+                                                             stream=True)
+                    pieces = [c.choices[0].text async for c in stream if c.choices]
+                    whole = await client.completions.create(model="toy", prompt=PROMPT, max_tokens=12)
+                    chat = await client.chat.completions.create(
+                        model="toy", messages=[{"role": "user", "content": PROMPT}], max_tokens=12, stream=True)
+                    said = [c.choices[0].delta.content or "" async for c in chat if c.choices]
+                    probe = await http.get(f"https://127.0.0.1:{server.port}/v1/models")
+                    version = probe.http_version
+                finally:
+                    await client.close()
+                    await http.aclose()
+            return "".join(pieces), whole.choices[0].text, "".join(said), greedy(target, encode(PROMPT), 12), \
+                version
+
+    streamed, whole, chat_text, expected, version = loop.run(scenario())
+    assert version == "HTTP/2"
+    assert streamed == whole == decode(expected)
+    assert chat_text == streamed  # the toy model's chat template is the words themselves
+
+
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+def test_a_cancelled_reader_leaves_the_router_serving(tmp_path: Path) -> None:
+    async def scenario() -> int:
+        async with deployment(tmp_path) as (d, _, _):
+            response = await d.router.handler(post("v1/completions", {"prompt": PROMPT, "stream": True}))
+            assert response.stream is not None
+            task = asyncio.ensure_future(response.stream.__anext__())
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                await task
+            again = await d.router.handler(post("v1/completions", {"prompt": PROMPT}))
+            return again.status
+
+    assert loop.run(scenario()) == 200
