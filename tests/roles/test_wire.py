@@ -1,0 +1,224 @@
+"""SDCP over a transport: the route table (errors as RFC 9457 problems, 204 for no body) and the
+typed client (Table 1's method and path for each call, problems matched by type suffix)."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+
+from sdcp_fast.protocol import (
+    MEDIA_TYPE,
+    Action,
+    BadRequest,
+    Event,
+    Output,
+    Policy,
+    Sampling,
+    SdcpProblem,
+    SessionState,
+    StaleBase,
+    instance_path_id,
+    session_path_id,
+)
+from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_MEDIA_TYPE, UnlistedProblem
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, problem_response
+from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.inprocess import InProcessNetwork
+
+from .rolekit import (
+    DRAFTER,
+    PROMPT,
+    ROUTER,
+    ROUTER_PEER,
+    VERIFIER,
+    assignment,
+    contract,
+    proposal,
+    run,
+    session_open,
+    sid,
+)
+
+S = sid(41)
+STATE = SessionState(session=S, epoch=1, round=0, committed=0, digest=b"\1" * 32)
+
+
+def routes() -> Routes:
+    table = Routes()
+
+    async def state(request, sid):
+        return STATE
+
+    async def nothing(request):
+        return None
+
+    async def raw(request):
+        return Response(202, b"x", {"content-type": "text/plain"})
+
+    async def bug(request):
+        raise KeyError("secret-key-material")
+
+    async def refuse(request):
+        raise StaleBase("behind", extra={"session_state": STATE.to_map()})
+
+    table.add("GET", r"sessions/(?P<sid>[^/]+)/state", state)
+    table.add("POST", r"nothing", nothing)
+    table.add("POST", r"raw", raw)
+    table.add("POST", r"bug", bug)
+    table.add("POST", r"refuse", refuse)
+    return table
+
+
+def call(method, path, **kw) -> Response:
+    return run(routes()(Request(method=method, path=path, **kw)))
+
+
+def test_routes_answer_messages_none_and_responses():
+    ok = call("GET", f"/sessions/{session_path_id(S)}/state")
+    assert ok.status == 200 and ok.content_type == MEDIA_TYPE and SessionState.decode(ok.body) == STATE
+    empty = call("POST", "nothing")
+    assert empty.status == 204 and empty.body == b""
+    assert call("POST", "raw").status == 202
+
+
+@pytest.mark.parametrize(("method", "path", "status"), [
+    ("GET", "nowhere", 404), ("GET", "sessions/x/state/more", 404), ("DELETE", "nothing", 405),
+    ("PUT", "sessions/x/state", 405)])
+def test_unknown_paths_404_and_wrong_methods_405_as_problems(method, path, status):
+    """§5.1: errors use Problem Details (RFC 9457)."""
+    response = call(method, path)
+    assert response.status == status and response.content_type == PROBLEM_MEDIA_TYPE
+    body = json.loads(response.body)
+    assert body["status"] == status and body["type"] and body["title"]
+
+
+def test_a_handler_bug_is_a_500_problem_without_a_traceback(caplog):
+    response = call("POST", "bug")
+    assert response.status == 500 and response.content_type == PROBLEM_MEDIA_TYPE
+    text = response.body.decode()
+    assert "secret" not in text and "Traceback" not in text and "KeyError" not in text
+    assert json.loads(text)["status"] == 500
+    assert "secret-key-material" in caplog.text  # logged on the server side instead
+
+
+def test_a_problem_keeps_its_type_status_and_members():
+    """Table 2: the 409 stale-base carries the current session-state (§6.3)."""
+    response = call("POST", "refuse")
+    body = json.loads(response.body)
+    assert response.status == 409 and body["type"].endswith("sdcp-stale-base")
+    assert SessionState.from_map({**body["session_state"], "session": S, "digest": b"\1" * 32}) == STATE
+
+
+def test_decode_body_needs_the_sdcp_media_type():
+    """§5.1: bodies are application/sdcp+cbor."""
+    body = STATE.encode()
+    assert decode_body(SessionState, Request("POST", "x", body=body, headers={"content-type": MEDIA_TYPE})) == STATE
+    with pytest.raises(BadRequest):
+        decode_body(SessionState, Request("POST", "x", body=body, headers={"content-type": "application/json"}))
+    with pytest.raises(BadRequest):
+        decode_body(SessionState, Request("POST", "x", body=b"\xff\x00", headers={"content-type": MEDIA_TYPE}))
+
+
+def test_instance_path_id_is_base64url_without_padding():
+    """The {id} of instances/{id} (docs/interpretations.md)."""
+    uri = "https://10.0.0.1:8443/sdcp/?a=b"
+    text = instance_path_id(uri)
+    assert "=" not in text and "/" not in text and "+" not in text
+    assert base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode() == uri
+
+
+def test_the_client_sends_each_resource_to_its_method_and_path():
+    """§5.1 Table 1 from the client's side: method, path ({id} base64url), media type."""
+    seen = []
+
+    async def record(request: Request) -> Response:
+        seen.append((request.method, request.path, request.query.get("from"), request.headers.get("content-type"),
+                     request.peer))
+        if request.path.endswith("output"):
+            return Response(200, Output(session=S, epoch=1, from_=2, tokens=(), final=False).encode(),
+                            {"content-type": MEDIA_TYPE})
+        if request.method in ("POST", "PUT") and request.path in ("assignments", "events") or "instances" in request.path:
+            return Response(204)
+        return Response(200, STATE.encode(), {"content-type": MEDIA_TYPE})
+
+    async def scenario():
+        network = InProcessNetwork()
+        network.register(VERIFIER, record)
+        network.register(DRAFTER, record)
+        network.register(ROUTER, record)
+        client = SdcpClient(network.transport(ROUTER_PEER))
+        opened = session_open(S, contract())
+        a = assignment(opened, STATE)
+        answers = [
+            await client.open_session(VERIFIER, opened),
+            await client.put_drafter(VERIFIER, a),
+            await client.policy(VERIFIER, Policy(session=S, from_round=2, sampling=Sampling(top_k=2))),
+            await client.output(VERIFIER, S, 2),
+            await client.assign(DRAFTER, a),
+            await client.status(ROUTER, proposal(STATE, PROMPT[:1]).status),
+            await client.event(ROUTER, Event(session=S, epoch=1, kind=Action.FINISH, committed=0,
+                                             digest=b"\1" * 32)),
+        ]
+        return answers
+
+    answers = run(scenario())
+    pid = session_path_id(S)
+    assert [(m, p) for m, p, *_ in seen] == [
+        ("POST", "sessions"), ("PUT", f"sessions/{pid}/drafter"), ("POST", f"sessions/{pid}/policy"),
+        ("GET", f"sessions/{pid}/output"), ("POST", "assignments"),
+        ("PUT", f"instances/{instance_path_id(DRAFTER)}/status"), ("POST", "events")]
+    assert seen[3][2] == "2" and seen[3][3] is None  # GET has no body, from=n in the query
+    assert all(ct == MEDIA_TYPE for m, p, _, ct, _ in seen if m != "GET")
+    assert all(peer == Peer(ROUTER, PeerRole.ROUTER) for *_, peer in seen)
+    assert answers[:3] == [STATE] * 3 and isinstance(answers[3], Output) and answers[4:] == [None] * 3
+
+
+@pytest.mark.parametrize("suffix", sorted(BY_SUFFIX))
+def test_the_client_raises_the_problem_it_received_by_type_suffix(suffix):
+    """Table 2 (and our own types): matched on the type URI's suffix, under any base."""
+    cls = BY_SUFFIX[suffix]
+
+    async def answer(request):
+        body = {"type": f"https://example.net/problems/{suffix}", "title": "t", "status": cls.status,
+                "detail": "d", "session_state": {"round": 1}}
+        return Response(cls.status, json.dumps(body).encode(), {"content-type": PROBLEM_MEDIA_TYPE})
+
+    async def scenario():
+        network = InProcessNetwork()
+        network.register(VERIFIER, answer)
+        client = SdcpClient(network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
+        with pytest.raises(SdcpProblem) as exc:
+            await client.propose(VERIFIER, proposal(STATE, [1]))
+        return exc.value
+
+    problem = run(scenario())
+    assert type(problem) is cls and problem.suffix == suffix and problem.extra == {"session_state": {"round": 1}}
+
+
+@pytest.mark.parametrize(("status", "body", "ctype"), [
+    (503, b"busy", "text/plain"), (418, b'{"type": "urn:x:unknown"}', PROBLEM_MEDIA_TYPE),
+    (502, b"not json", PROBLEM_MEDIA_TYPE)])
+def test_unlisted_answers_are_handled_by_status_class(status, body, ctype):
+    """§5.1: clients handle unlisted status codes by class (RFC 9110)."""
+
+    async def answer(request):
+        return Response(status, body, {"content-type": ctype})
+
+    async def scenario():
+        network = InProcessNetwork()
+        network.register(VERIFIER, answer)
+        with pytest.raises(SdcpProblem) as exc:
+            await SdcpClient(network.transport(ROUTER_PEER)).output(VERIFIER, S, 0)
+        return exc.value
+
+    problem = run(scenario())
+    assert isinstance(problem, UnlistedProblem) and problem.status == status
+
+
+def test_problem_response_renders_rfc9457():
+    response = problem_response(BadRequest("no"))
+    assert response.status == 400 and response.content_type == PROBLEM_MEDIA_TYPE
+    assert json.loads(response.body)["detail"] == "no"
