@@ -76,6 +76,7 @@ class Routes:
     def __init__(self) -> None:
         self._routes: list[tuple[str, re.Pattern[str], Endpoint]] = []
         self.add("GET", "health", _healthy)  # liveness for supervisors and load balancers: 204
+        self.on_problem: Callable[[SdcpProblem], None] | None = None  # counts problems (roles/metrics.py)
 
     def add(self, method: str, pattern: str, endpoint: Endpoint) -> None:
         self._routes.append((method, re.compile(pattern + r"\Z"), endpoint))
@@ -86,10 +87,15 @@ class Routes:
             result = await endpoint(request, **groups)
             return result if isinstance(result, Response) else message_response(result)
         except SdcpProblem as problem:
-            return problem_response(problem)
+            return self._problem(problem)
         except Exception:  # a bug: logged here, never a traceback on the wire
             log.exception("%s %s failed", request.method, request.path)
-            return problem_response(InternalError())
+            return self._problem(InternalError())
+
+    def _problem(self, problem: SdcpProblem) -> Response:
+        if self.on_problem is not None:
+            self.on_problem(problem)
+        return problem_response(problem)
 
     def _match(self, request: Request) -> tuple[Endpoint, dict[str, str]]:
         path = request.path.lstrip("/")

@@ -1,0 +1,124 @@
+"""Prometheus metrics of the roles (``GET metrics`` on each role's routes).
+
+Every role instance has its own :class:`~prometheus_client.CollectorRegistry`, so several
+roles in one process (the in-process engine, tests) keep separate counts and never collide
+in the global registry. The roles call one hook per event; this module knows the names.
+
+Names (all prefixed ``sdcp_``):
+
+- every role: ``problems_total{type}`` (problems answered, by Table 2 suffix)
+- verifier: ``rounds_total``, ``proposed_tokens_total``, ``accepted_tokens_total``,
+  ``emitted_tokens_total``, ``self_decoded_rounds_total``, ``escalations_total{action}``,
+  ``verdict_latency_seconds`` (histogram: proposal received to verdict released),
+  ``batch_size`` (histogram: sessions per scoring pass), ``mlc_q_rows_total{result="hit"|"miss"}``
+- drafter: ``proposals_total``, ``proposal_retries_total``, ``drafted_tokens_total``
+- router: ``sessions_opened_total``, ``assignments_total``, ``failovers_total``
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from sdcp_fast.protocol import Action, SdcpProblem
+from sdcp_fast.transport.base import Request, Response
+
+# Verdict latency: from a fraction of a millisecond (trivial scorer) to seconds (a large
+# target on a busy GPU).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class RoleMetrics:
+    """The metrics every role has; :meth:`mount` serves them at ``GET metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.problems = Counter("sdcp_problems", "Problems answered, by type (Table 2 suffix)", ["type"],
+                                registry=self.registry)
+
+    @classmethod
+    def mount(cls, routes: Any) -> Any:
+        """A new instance, served from ``routes`` (a :class:`~sdcp_fast.roles.wire.Routes`),
+        which also reports to it every problem it answers."""
+        metrics = cls()
+        routes.add("GET", r"metrics", metrics.expose)
+        if hasattr(routes, "on_problem"):
+            routes.on_problem = metrics.problem
+        return metrics
+
+    def problem(self, problem: SdcpProblem) -> None:
+        self.problems.labels(problem.suffix).inc()
+
+    async def expose(self, request: Request) -> Response:
+        return Response(200, generate_latest(self.registry), {"content-type": CONTENT_TYPE_LATEST})
+
+    def text(self) -> str:
+        return generate_latest(self.registry).decode()
+
+
+class VerifierMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.rounds = Counter("sdcp_rounds", "Rounds committed", registry=r)
+        self.self_decoded = Counter("sdcp_self_decoded_rounds", "Rounds the verifier decoded itself", registry=r)
+        self.proposed = Counter("sdcp_proposed_tokens", "Draft tokens proposed in committed rounds", registry=r)
+        self.accepted = Counter("sdcp_accepted_tokens", "Draft tokens accepted", registry=r)
+        self.emitted = Counter("sdcp_emitted_tokens", "Tokens committed (accepted plus the verifier's)",
+                               registry=r)
+        self.escalations = Counter("sdcp_escalations", "Verdicts whose action is not continue, by action",
+                                   ["action"], registry=r)
+        self.latency = Histogram("sdcp_verdict_latency_seconds", "Proposal received to verdict released",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.batch_size = Histogram("sdcp_batch_size", "Sessions per scoring pass", buckets=BATCH_BUCKETS,
+                                    registry=r)
+        self.q_rows = Counter("sdcp_mlc_q_rows", "Draft-row reads from the MLC, by result", ["result"],
+                              registry=r)
+
+    def round(self, verdict: Any, proposed: int, started: float | None) -> None:
+        """A committed round; ``started`` (perf_counter) is None for a self-decoded one."""
+        self.rounds.inc()
+        self.emitted.inc(len(verdict.emitted))
+        action = Action.parse(int(verdict.action))
+        if action not in (Action.CONTINUE, Action.FINISH):
+            self.escalations.labels(action.name.lower()).inc()
+        if started is None:
+            self.self_decoded.inc()
+            return
+        self.proposed.inc(proposed)
+        self.accepted.inc(verdict.accepted)
+        self.latency.observe(time.perf_counter() - started)
+
+    def batch(self, size: int) -> None:
+        self.batch_size.observe(size)
+
+    def q_read(self, hit: bool) -> None:
+        self.q_rows.labels("hit" if hit else "miss").inc()
+
+
+class DrafterMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.proposals = Counter("sdcp_proposals", "Proposals sent (first tries)", registry=r)
+        self.retries = Counter("sdcp_proposal_retries", "Proposals sent again (§6.9 lost messages)", registry=r)
+        self.drafted = Counter("sdcp_drafted_tokens", "Draft tokens proposed", registry=r)
+
+    def proposal(self, tokens: int, attempt: int) -> None:
+        if attempt:
+            self.retries.inc()
+        else:
+            self.proposals.inc()
+            self.drafted.inc(tokens)
+
+
+class RouterMetrics(RoleMetrics):
+    def __init__(self) -> None:
+        super().__init__()
+        r = self.registry
+        self.sessions = Counter("sdcp_sessions_opened", "Sessions opened", registry=r)
+        self.assignments = Counter("sdcp_assignments", "Drafter assignments made", registry=r)
+        self.failovers = Counter("sdcp_failovers", "Verifier fail-overs (§6.9)", registry=r)
