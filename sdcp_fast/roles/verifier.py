@@ -49,6 +49,7 @@ from sdcp_fast.protocol.messages import ROLE_VERIFIER
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import Pending, RoundDone, ScoreNeeded, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
+from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects, pack_tokens
 from sdcp_fast.roles.scoring import Scored, verify_batch
 from sdcp_fast.roles.wire import InternalError, Routes, SdcpClient, decode_body
@@ -91,6 +92,7 @@ class _Item(Scored):
     live: _Live | None = None
     future: asyncio.Future[Verdict] | None = None  # None for a self-decoded round
     drafter: str | None = None
+    started: float = field(default_factory=time.perf_counter)  # for the verdict latency
 
 
 class VerifierRole:
@@ -144,6 +146,7 @@ class VerifierRole:
         self._tasks: list[asyncio.Task[None]] = []
         self._background: set[asyncio.Task[Any]] = set()
         self.routes = Routes()
+        self.metrics = VerifierMetrics.mount(self.routes)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         self.routes.add("POST", r"proposals", self._post_proposal)
@@ -312,6 +315,7 @@ class VerifierRole:
             raw = None
         finally:
             self._fetching -= 1
+        self.metrics.q_read(raw is not None)
         if raw is not None and len(raw) != 4 * vocab * len(proposal.tokens):
             live.session.provide_q(q_rows=None, vocab=vocab)  # raises QUnavailable, round dropped
             raise QUnavailable("draft rows object has the wrong size")  # pragma: no cover
@@ -384,6 +388,7 @@ class VerifierRole:
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
         self.progress = self.clock()
         self.load.batch(len(batch))
+        self.metrics.batch(len(batch))
         logits = await self.objects.call(self.scorer.score, requests) if self._executor else \
             self.scorer.score(requests)
         self.target_passes += 1
@@ -436,6 +441,7 @@ class VerifierRole:
         live.changed = asyncio.Event()
         for event in done.events:
             self._spawn(self._send_event(event))
+        self.metrics.round(done.verdict, len(item.work.proposed), item.started if item.future else None)
         if self.on_round is not None:
             v = done.verdict
             self.on_round(RoundInfo(session=v.session, round=v.round, drafter=item.drafter if item.future else None,
