@@ -41,6 +41,7 @@ from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession, stat
 from sdcp_fast.protocol.identity import PeerRole, require_role
 from sdcp_fast.protocol.messages import ROLE_DRAFTER
 from sdcp_fast.roles.load import BusyMeter
+from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.transport.base import Request, Transport
@@ -102,6 +103,7 @@ class DrafterRole:
         self._waiting = 0  # sessions ready to draft, not drafting
         self._tasks: list[asyncio.Task[None]] = []
         self.routes = Routes()
+        self.metrics = DrafterMetrics.mount(self.routes)
         self.routes.add("POST", r"assignments", self._post_assignment)
 
     @property
@@ -261,6 +263,7 @@ class DrafterRole:
         verifier = record.assignment.verifier
         for attempt in range(self.retries + 1):
             t0 = self.clock()
+            self.metrics.proposal(len(proposal.tokens), attempt)
             try:
                 verdict = await self.client.propose(verifier, proposal)
             except SdcpProblem as problem:
