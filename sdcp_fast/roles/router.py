@@ -52,6 +52,7 @@ from sdcp_fast.protocol.router import (
     policy_update,
     reassign_expired,
 )
+from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.transport.base import Request, Transport
@@ -115,6 +116,7 @@ class RouterRole:
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # one reassignment or fail-over at a time
         self.routes = Routes()
+        self.metrics = RouterMetrics.mount(self.routes)
         self.routes.add("PUT", r"instances/(?P<iid>[^/]+)/status", self._put_status)
         self.routes.add("POST", r"events", self._post_event)
 
@@ -194,6 +196,7 @@ class RouterRole:
         )
         state = await self.client.open_session(verifier, open_message(routed))
         self.sessions[session] = _Routed(routed)
+        self.metrics.sessions.inc()
         async with self._lock:
             assignment = after_open(routed, state, self.table, self.clock())
             if assignment is not None:
@@ -250,6 +253,7 @@ class RouterRole:
     async def _assign(self, routed: RoutedSession, assignment: Assignment) -> None:
         """Inform the verifier, then the drafter, with the verifier's current state (§6.1)."""
         state = await self.client.put_drafter(routed.verifier, assignment)
+        self.metrics.assignments.inc()
         try:
             await self.client.assign(assignment.drafter, confirmed(routed, state))
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
@@ -288,6 +292,7 @@ class RouterRole:
         view = await self.objects.call(log_.read)
         last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
         plan = plan_failover(routed, target, last, committed_tokens=routed.committed_tokens)
+        self.metrics.failovers.inc()
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex()[:8], old, target, routed.epoch)
         state = await self.client.open_session(target, plan.open)
