@@ -150,10 +150,9 @@ class RemoteStore:
         self.mlc = RemoteMLC(self.base_url, ssl=self._ssl)
 
     def commit_log(self, name: str) -> Any:
-        from sdcp_fast.cache.uri import SCHEME
         from sdcp_fast.commitlog.http import HttpCommitLog
 
-        return HttpCommitLog(f"{self.base_url}/logs/{name.removeprefix(SCHEME)}", ssl=self._ssl)
+        return HttpCommitLog.on_server(self.base_url, name, ssl=self._ssl)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.mlc, attr)
