@@ -257,7 +257,7 @@ class RouterRole:
         try:
             await self.client.assign(assignment.drafter, confirmed(routed, state))
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
-            log.warning("assignment to %s failed: %s", assignment.drafter, exc)
+            log.warning("session %s: assignment to %s failed: %s", assignment.session.hex()[:8], assignment.drafter, exc)
 
     async def _sweeper(self) -> None:
         while True:

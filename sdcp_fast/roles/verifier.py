@@ -412,7 +412,7 @@ class VerifierRole:
         except Fenced:
             etag = None
         except Exception as exc:  # no answer: the log read again says what happened (§6.8)
-            log.warning("commit-log append failed: %s", exc)
+            log.warning("session %s: commit-log append failed: %s", item.work.session.hex()[:8], exc)
             try:
                 if str((await self.objects.call(live.log.read)).etag) == str(live.etag):
                     raise ConnectionError("the log is as we left it: nothing was appended")
@@ -481,10 +481,10 @@ class VerifierRole:
                 return
             except SdcpProblem as problem:
                 if problem.status < 500:
-                    log.warning("router refused event: %s", problem.detail)
+                    log.warning("session %s: router refused event: %s", event.session.hex()[:8], problem.detail)
                     return
             except Exception as exc:
-                log.warning("event to %s failed: %s", self.router, exc)
+                log.warning("session %s: event to %s failed: %s", event.session.hex()[:8], self.router, exc)
             await asyncio.sleep(0.05 * 2 ** attempt)
 
     def _spawn(self, coro: Any) -> None:
