@@ -291,3 +291,73 @@ def test_a_cancelled_reader_leaves_the_router_serving(tmp_path: Path) -> None:
             return again.status
 
     assert loop.run(scenario()) == 200
+
+
+# -- fail-over mid-stream ---------------------------------------------------------------------
+
+def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> None:
+    """The active verifier falls silent after round 3 of a streamed rule-1 completion; the
+    router fails the session over to the standby (epoch 2). The client's text is the target's
+    greedy continuation: no piece repeated, none missing."""
+    from sdcp_fast.protocol.identity import Peer
+    from sdcp_fast.roles.drafter import DrafterRole
+    from sdcp_fast.roles.router import RouterRole
+    from sdcp_fast.roles.verifier import VerifierRole
+    from sdcp_fast.transport.inprocess import InProcessNetwork
+
+    from .rolekit import DRAFTER, ROUTER, ROUTER_PEER, SCOPE, TARGET, TOKENIZER, Clock, until
+
+    active_uri, standby_uri = "inproc://verifier-a/", "inproc://verifier-b/"
+    clock, network, mlc, target = Clock(), InProcessNetwork(), embedded(str(tmp_path)), ToyTarget()
+    killed: list[object] = []
+
+    def kill_after_round_3(info: Any) -> None:
+        if info.round == 3 and not killed:
+            killed.append(info)
+            network.unregister(active_uri)
+
+    def verifier(uri: str, on_round: Any = None) -> VerifierRole:
+        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                            output_wait=0.1, on_round=on_round)
+        network.register(uri, role.handler)
+        return role
+
+    async def scenario() -> tuple[list[Any], int, list[int]]:
+        router = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
+                            tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
+                            drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
+        network.register(ROUTER, router.handler)
+        mount_frontend(router, ToyWords(), stop=(), model="toy", defaults=SessionSpec((), m_max=3, m_init=3))
+        active, standby = verifier(active_uri, kill_after_round_3), verifier(standby_uri)
+        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
+                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
+        network.register(DRAFTER, drafter.handler)
+        roles = [active, drafter, standby]
+        for role in roles[:2]:
+            await role.start()
+        try:
+            await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+            response = await router.handler(post("v1/completions", {"prompt": PROMPT, "max_tokens": 30,
+                                                                   "stream": True}))
+            await standby.start()
+            reading = asyncio.create_task(events(response))
+            await until(lambda: killed)
+            clock.advance(11.0)  # past the silent verifier's ttl_ms; the others report again
+            await standby.report_status()
+            await drafter.report_status()
+            await router.sweep()
+            frames = await asyncio.wait_for(reading, 15.0)
+            (entry,) = router.sessions.values()
+            return frames, entry.routed.epoch, greedy(target, encode(PROMPT), 30)
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        frames, epoch, expected = loop.run(scenario())
+    finally:
+        mlc.close()
+    assert epoch == 2 and killed
+    text = "".join(f["choices"][0]["text"] for f in frames[:-1])
+    assert text == decode(expected) and frames[-2]["choices"][0]["finish_reason"] == "length"
