@@ -66,12 +66,11 @@ async def _serve(args: argparse.Namespace, target: object, models: dict[str, byt
         transport=client_transport(security, Peer(args.uri, PeerRole.ROUTER)),  # type: ignore[arg-type]
         target_digest=target.digest, tokenizer_digest=target.tokenizer_digest,  # type: ignore[attr-defined]
         drafter_models=models, scope=scope)
-    try:
-        from sdcp_fast.roles.frontend import mount_frontend
-    except ImportError:
-        mount_frontend = None
-    if mount_frontend is not None:
-        mount_frontend(role, target)
+    from sdcp_fast.roles.frontend import HFTokenizer, ToyWords, mount_frontend
+
+    loaded = target.loaded  # type: ignore[attr-defined]
+    tokenizer = ToyWords() if loaded is None else HFTokenizer(loaded.tokenizer)
+    mount_frontend(role, tokenizer, stop=target.stop, model=target.name)  # type: ignore[attr-defined]
     await serve_role(role, host=host, port=port, security=security,  # type: ignore[arg-type]
                      ready=f"sdcp-fast router ({len(models)} drafters registered)")
     return 0
