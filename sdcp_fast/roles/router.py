@@ -41,6 +41,7 @@ from sdcp_fast.protocol.router import (
     RoutedSession,
     StatusTable,
     after_open,
+    assign,
     choose_verifier,
     confirmed,
     expired_verifiers,
@@ -276,6 +277,12 @@ class RouterRole:
                 routed = self.sessions[assignment.session].routed
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                     await self._assign(routed, assignment)
+            for routed in open_:
+                # No drafter was live when it opened (§6.1): assign one once one reports.
+                late = assign(routed, self.table, now) if routed.drafter is None else None
+                if late is not None:
+                    with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+                        await self._assign(routed, late)
             for routed in expired_verifiers(open_, self.table, now):
                 await self._failover(routed)
 
