@@ -150,15 +150,39 @@ def test_no_assignment_to_an_expired_instance(tmp_path):
             first = await rig.router_role.open(SessionSpec(PROMPT, session=sid(32)))
             rig.clock.advance(60.0)  # OTHER expires too: nobody may be assigned
             second = await rig.router_role.open(SessionSpec(PROMPT, session=sid(33)))
+            unassigned = second.drafter
+            await rig.router_role.sweep()  # nobody is live: nothing is assigned
+            assert not rig.stubs[DRAFTER].assignments and len(rig.stubs[OTHER].assignments) == 1
             await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER, ttl_ms=1000)
             await rig.router_role.sweep()  # first's drafter (OTHER) expired: reassigned to DRAFTER
-            return (first.drafter, second.drafter, rig.stubs[DRAFTER].assignments, rig.stubs[OTHER].assignments,
+            return (first.drafter, unassigned, rig.stubs[DRAFTER].assignments, rig.stubs[OTHER].assignments,
                     rig.verifier.sessions.get(sid(32)).drafter)
 
-    first, second, to_drafter, to_other, at_verifier = run(scenario())
-    assert second is None
+    first, unassigned, to_drafter, to_other, at_verifier = run(scenario())
+    assert unassigned is None
     assert [a.session for a in to_other] == [sid(32)]
-    assert [a.session for a in to_drafter] == [sid(32)] and first == DRAFTER == at_verifier
+    assert sorted(a.session for a in to_drafter) == sorted([sid(32), sid(33)])
+    assert first == DRAFTER == at_verifier
+
+
+def test_a_session_opened_with_no_live_drafter_is_assigned_once_one_reports(tmp_path):
+    """§6.1: the router selects a drafter for every session; one opened while none was live
+    gets the first that reports (at the next sweep), informing the verifier first."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            unassigned = routed.drafter
+            await rig.router_role.sweep()
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            await rig.router_role.sweep()
+            await rig.router_role.sweep()  # assigned once
+            return unassigned, routed.drafter, rig.stubs[DRAFTER].assignments, rig.sent
+
+    unassigned, drafter, assignments, sent = run(scenario())
+    assert unassigned is None and drafter == DRAFTER and len(assignments) == 1
+    assert [p for _, _, p in sent][-2:] == ["drafter", "assignments"]
 
 
 def test_the_verifier_is_informed_before_the_drafter(tmp_path):
