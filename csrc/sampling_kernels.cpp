@@ -15,6 +15,11 @@
 #include <numeric>
 #include <vector>
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define SDCP_AVX2 1
+#endif
+
 // Wide vectors where the build targets AVX-512 (-march=native); no effect elsewhere.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 8 && defined(__x86_64__)
 #pragma GCC target("prefer-vector-width=512")
@@ -68,6 +73,76 @@ inline float fast_exp(float x) {
     y = y * r + 5.0000001201e-1f;
     y = y * r * r + r + 1.0f;
     return as_float(as_int(y * as_float((n + 127) << 23)) & keep);
+}
+
+#ifdef SDCP_AVX2
+// fast_exp on 8 lanes (same reduction and polynomial, with FMAs and a hardware rounding of
+// n, so not bit-identical to it): the exp of every id of a target row is the CPU's main cost.
+inline __m256 exp8(__m256 x) {
+    const __m256 keep = _mm256_cmp_ps(x, _mm256_set1_ps(-87.0f), _CMP_GE_OQ);  // false for NaN
+    x = _mm256_and_ps(x, keep);
+    const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(e)), keep);
+}
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+    const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+#endif
+
+// Max of x[0..n).
+template <class T>
+float block_max(const T* x, int64_t n) {
+    float m = -std::numeric_limits<float>::infinity();
+    int64_t i = 0;
+#ifdef SDCP_AVX2
+    __m256 mv = _mm256_set1_ps(m);
+    for (; i + 8 <= n; i += 8) mv = _mm256_max_ps(mv, load8(x + i));
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, mv);
+    for (float v : lanes) m = std::max(m, v);
+#endif
+    for (; i < n; ++i) m = std::max(m, load(x, i));
+    return m;
+}
+
+// Sum over i < n of exp((x[i] - m) * inv_temp) in float64, each exp stored to w[i] when w is
+// not null: the block is in L1 from block_max, so a row costs one read of memory.
+template <class T>
+double exp_sum(const T* x, int64_t n, float m, float inv_temp, float* w) {
+    int64_t i = 0;
+    double acc = 0.0;
+#ifdef SDCP_AVX2
+    const __m256 mv = _mm256_set1_ps(m), tv = _mm256_set1_ps(inv_temp);
+    __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
+    for (; i + 8 <= n; i += 8) {
+        const __m256 e = exp8(_mm256_mul_ps(_mm256_sub_ps(load8(x + i), mv), tv));
+        if (w != nullptr) _mm256_storeu_ps(w + i, e);
+        a0 = _mm256_add_pd(a0, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+        a1 = _mm256_add_pd(a1, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+    }
+    alignas(32) double lanes[4];
+    _mm256_store_pd(lanes, _mm256_add_pd(a0, a1));
+    acc = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+    for (; i < n; ++i) {
+        const float e = fast_exp((load(x, i) - m) * inv_temp);
+        if (w != nullptr) w[i] = e;
+        acc += double(e);
+    }
+    return acc;
 }
 
 // Runs body(k) for each block k; in parallel only when no enclosing region is (sessions
@@ -132,18 +207,10 @@ void max_and_norm(const T* row, int64_t vocab, Stats& s, float* keep_exps) {
     for_blocks(nb, [&](int64_t k) {
         int64_t j0 = k * kBlock, n = std::min(vocab, j0 + kBlock) - j0;
         const T* x = row + j0;
-        float m = -std::numeric_limits<float>::infinity();
-#pragma omp simd reduction(max : m)
-        for (int64_t i = 0; i < n; ++i) m = std::max(m, load(x, i));
-        float local[kBlock];
-        float* w = keep_exps != nullptr ? keep_exps + j0 : local;
-#pragma omp simd
-        for (int64_t i = 0; i < n; ++i) w[i] = fast_exp((load(x, i) - m) * inv_temp);
-        double acc = 0.0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < n; ++i) acc += double(w[i]);
+        const float m = block_max(x, n);
         part_max[k] = m;
-        part_sum[k] = acc;
+        // an all -inf block gives NaN arguments, hence exps of 0 (the cached ones too)
+        part_sum[k] = exp_sum(x, n, m, inv_temp, keep_exps != nullptr ? keep_exps + j0 : nullptr);
     });
     float lmax = -std::numeric_limits<float>::infinity();
     for (float m : part_max) lmax = std::max(lmax, m);
