@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import ssl as ssl_module
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import cast
 from urllib.parse import quote, urlsplit
 
@@ -156,6 +156,43 @@ class Http1Transport:
     async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
                       query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
                       timeout: float | None = None) -> Response:
+        url = self._url(base_uri, path)
+        limit = timeout if timeout is not None else self.timeout
+        try:
+            async with self._client().request(method, url, data=body or None, params=query, headers=headers,
+                                              timeout=aiohttp.ClientTimeout(total=limit)) as reply:
+                data = await reply.read()
+                return Response(reply.status, data, {k.lower(): v for k, v in reply.headers.items()})
+        except asyncio.TimeoutError as exc:
+            raise TransportTimeout(f"{method} {url}: no response within {limit} s") from exc
+        except aiohttp.ClientError as exc:
+            raise TransportError(f"{method} {url}: {exc}") from exc
+
+    async def request_stream(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
+                             query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                             timeout: float | None = None) -> Response:
+        """Like :meth:`request`, returning at the headers with the body in ``Response.stream``
+        (as :meth:`H2Transport.request_stream`); ``timeout`` bounds the wait for the headers."""
+        url = self._url(base_uri, path)
+        limit = timeout if timeout is not None else self.timeout
+        try:
+            reply = await asyncio.wait_for(self._client().request(
+                method, url, data=body or None, params=query, headers=headers,
+                timeout=aiohttp.ClientTimeout(total=None, sock_read=None)), limit)
+        except asyncio.TimeoutError as exc:
+            raise TransportTimeout(f"{method} {url}: no response within {limit} s") from exc
+        except aiohttp.ClientError as exc:
+            raise TransportError(f"{method} {url}: {exc}") from exc
+        return Response(reply.status, b"", {k.lower(): v for k, v in reply.headers.items()},
+                        stream=_read_chunks(reply, f"{method} {url}"))
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
+                ssl=self.ssl if self.ssl is not None else False, limit_per_host=self._limit))
+        return self._session
+
+    def _url(self, base_uri: str, path: str) -> str:
         parts = urlsplit(base_uri)
         if parts.scheme == "http":
             if not self.insecure:
@@ -164,20 +201,7 @@ class Http1Transport:
                 check_insecure(parts.hostname or "", "HTTP/1.1 client connection to")
             except ValueError as exc:
                 raise TransportError(str(exc)) from None
-        if self._session is None:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(
-                ssl=self.ssl if self.ssl is not None else False, limit_per_host=self._limit))
-        url = base_uri.rstrip("/") + "/" + quote(path.lstrip("/"), safe="/:@!$&'()*+,;=~")
-        limit = timeout if timeout is not None else self.timeout
-        try:
-            async with self._session.request(method, url, data=body or None, params=query, headers=headers,
-                                             timeout=aiohttp.ClientTimeout(total=limit)) as reply:
-                data = await reply.read()
-                return Response(reply.status, data, {k.lower(): v for k, v in reply.headers.items()})
-        except asyncio.TimeoutError as exc:
-            raise TransportTimeout(f"{method} {url}: no response within {limit} s") from exc
-        except aiohttp.ClientError as exc:
-            raise TransportError(f"{method} {url}: {exc}") from exc
+        return base_uri.rstrip("/") + "/" + quote(path.lstrip("/"), safe="/:@!$&'()*+,;=~")
 
     async def close(self) -> None:
         if self._session is not None:
@@ -189,3 +213,14 @@ class Http1Transport:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+async def _read_chunks(reply: aiohttp.ClientResponse, what: str) -> AsyncIterator[bytes]:
+    """A streamed reply's body as it arrives; leaving early closes the connection."""
+    try:
+        async for chunk in reply.content.iter_any():
+            yield chunk
+    except aiohttp.ClientError as exc:
+        raise TransportError(f"{what}: {exc}") from exc
+    finally:
+        reply.close()

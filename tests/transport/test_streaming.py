@@ -15,7 +15,7 @@ from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve
-from sdcp_fast.transport.http1 import serve_http1
+from sdcp_fast.transport.http1 import Http1Transport, serve_http1
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from sdcp_fast.transport.tls import client_context, server_context
 
@@ -146,6 +146,23 @@ def test_http1_streams_chunked(certs: Certs) -> None:
                     assert line == f"data: {i}\n\n".encode()
             # Leaving the response drops the connection; the producer is closed.
             await asyncio.wait_for(producer.closed.wait(), 5)
+
+    run(scenario())
+
+
+def test_http1_client_reads_a_stream_incrementally(certs: Certs) -> None:
+    async def scenario() -> None:
+        producer = Producer()
+        server_ctx, client_ctx = _contexts(certs, alpn=("http/1.1",))
+        async with await serve_http1(producer, "127.0.0.1", 0, ssl=server_ctx) as server, \
+                Http1Transport(client_ctx) as client:
+            response = await client.request_stream(f"https://127.0.0.1:{server.port}/", "GET", "ticks")
+            assert response.status == 200 and response.stream is not None
+            chunks = response.stream.__aiter__()
+            await producer.gate.put(b"first")
+            assert await asyncio.wait_for(chunks.__anext__(), 5) == b"first"
+            await producer.gate.put(None)
+            assert [c async for c in chunks] == []
 
     run(scenario())
 
