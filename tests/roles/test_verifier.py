@@ -560,3 +560,22 @@ def test_a_prompt_by_reference_is_read_from_the_mlc(tmp_path):
     state, expected, missing = run(scenario())
     assert state.digest == expected
     assert missing[:2] == ("sdcp-bad-request", 400)
+
+
+def test_status_reports_measured_batch_occupancy_and_queue(tmp_path):
+    """§5.2 status and the verdict's load: the verifier's load is measured (batch occupancy of
+    recent passes, its queue; the GPU where NVML is present), not a constant."""
+
+    async def scenario():
+        async with Rig(str(tmp_path), max_batch=2) as rig:
+            idle = rig.verifier.status()
+            _, state = await rig.open(S, contract(max_new=12), m_init=3)
+            verdict = state
+            while verdict.committed < 12:
+                verdict = await rig.drafter.propose(VERIFIER, proposal(verdict, rig.greedy_after(verdict, 3)))
+            return idle, rig.verifier.status(), verdict, rig.verifier.load.gpu.why == ""
+
+    idle, busy, verdict, nvml = run(scenario())
+    assert (idle.load == 0 or nvml) and idle.queue == 0 and idle.instance == VERIFIER
+    assert busy.load >= 30 and busy.queue == 0  # every pass held 1 of 2 sessions
+    assert 0 < verdict.load <= 100
