@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from sdcp_fast.protocol.acceptance import greedy, profile_distribution, speculative
+from sdcp_fast.protocol.acceptance import greedy, inverse_cdf, profile_distribution, speculative
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.messages import Assignment, Contract, Proposal, Sampling, SessionOpen, Status
 from sdcp_fast.protocol.problems import SdcpProblem
@@ -189,8 +189,29 @@ PROFILES: list[tuple[str, Sampling]] = [
 ]
 
 
+# Wrong residuals a rule-2 implementation could use (STYLE.md, "Statistical tests for sampling").
+BIASED_RESIDUALS = {
+    "p": lambda a, b: a,
+    "|p - q|": lambda a, b: abs(a - b),
+    "max(p - 0.9q, 0)": lambda a, b: max(0.0, a - 0.9 * b),
+}
+
+
+def residual_draw_is_telling(p: list[list[float]], q: list[list[float]], proposed: Sequence[int],
+                             uniform: Any) -> bool:
+    """True if the round rejects a position and each biased residual would draw another token there."""
+    for i, x in enumerate(proposed, start=1):
+        if uniform(i, 0) < min(1.0, p[i - 1][x] / q[i - 1][x]):
+            continue
+        u = uniform(i, 1)
+        exact = inverse_cdf([max(0.0, a - b) for a, b in zip(p[i - 1], q[i - 1], strict=True)], u)
+        return all(inverse_cdf([f(a, b) for a, b in zip(p[i - 1], q[i - 1], strict=True)], u) != exact
+                   for f in BIASED_RESIDUALS.values())
+    return False
+
+
 def rule2_round(rng: random.Random, session: VerifierSession, sampling: Sampling, m: int,
-                proposer_bias: float) -> dict[str, Any]:
+                proposer_bias: float, telling: bool = False) -> dict[str, Any]:
     rnd = VerifierRandom(sampling.seed, session.session)
     round_no = session.round + 1
     for _ in range(1000):
@@ -208,6 +229,8 @@ def rule2_round(rng: random.Random, session: VerifierSession, sampling: Sampling
             return rnd.uniform(round_no, i, purpose)
 
         if rule2_margin(p, q, proposed, uniform) < MARGIN:
+            continue
+        if telling and not residual_draw_is_telling(p, q, proposed, uniform):
             continue
         result = speculative(p, q, proposed, uniform)
         vec, uniforms = run_round(session, proposed, result.accepted, result.next_token,
@@ -233,6 +256,18 @@ def rule2_vectors() -> dict[str, Any]:
                       "sampling": jsonable(sampling.to_map()), "contract": jsonable(contract.to_map()),
                       "contract_digest": contract_digest(contract).hex(), "d0": session.digest0.hex(),
                       "rounds": rounds})
+    # Rounds whose additional token each biased residual would change, so that an
+    # implementation drawing from p, |p - q| or max(p - 0.9q, 0) fails these vectors.
+    sampling = Sampling(seed=6)
+    contract = Contract(target=TARGET, tokenizer=TOKENIZER, rule=2, m_max=4, max_new=64, stop=(),
+                        low_rounds=3, fallback=(1, 2, 5), sampling=sampling)
+    sid = b"rule-2-residual!"
+    session = open_session(contract, sid, (9, 8, 7))
+    rounds = [rule2_round(rng, session, sampling, m, bias, telling=True) for m, bias in ((1, 0.9), (2, 0.8), (3, 0.95))]
+    cases.append({"note": "residual draws: p, |p - q| and max(p - 0.9q, 0) would each emit another token",
+                  "session": sid.hex(), "prompt": [9, 8, 7], "sampling": jsonable(sampling.to_map()),
+                  "contract": jsonable(contract.to_map()), "contract_digest": contract_digest(contract).hex(),
+                  "d0": session.digest0.hex(), "rounds": rounds})
     # A zero q(x[i]) is refused before any random value is drawn.
     contract = Contract(target=TARGET, tokenizer=TOKENIZER, rule=2, m_max=4, max_new=64, stop=(),
                         low_rounds=3, fallback=(1,), sampling=Sampling(seed=9))
