@@ -411,11 +411,15 @@ def test_policy_update_changes_sampling_from_its_round(tmp_path):
 class FlakyLog:
     """A commit log whose next append fails as an unreachable store's would."""
 
-    def __init__(self, log):
+    def __init__(self, log, released=None):
         self.log = log
         self.fail_next = False
+        self.released = released  # what the verifier has released, looked at as each append starts
+        self.seen_at_append = []
 
     def append(self, record, etag):
+        if self.released is not None:
+            self.seen_at_append.append((record.committed - len(record.emitted), len(self.released())))
         if self.fail_next:
             self.fail_next = False
             raise OSError("store unreachable")
@@ -436,7 +440,7 @@ def test_commit_record_precedes_the_verdict_and_committed_tokens_follow_output(t
             real = rig.mlc.commit_log
 
             def commit_log(name):
-                logs.append(FlakyLog(real(name)))
+                logs.append(FlakyLog(real(name), released=lambda: rig.output_of(S)))
                 return logs[-1]
 
             rig.mlc.commit_log = commit_log
@@ -460,6 +464,9 @@ def test_commit_record_precedes_the_verdict_and_committed_tokens_follow_output(t
                 assert unpack_tokens(rig.mlc.get(tokens_ref)) == tuple(output)
                 assert rig.mlc.get(tokens_ref).tobytes() == pack_tokens(output)
                 assert [t for x in records for t in x.emitted] == output
+            # Each append started with only the earlier rounds released: nothing before its record.
+            assert all(before == released for before, released in logs[0].seen_at_append)
+            assert len(logs[0].seen_at_append) == 5
             return checks
 
     [(_, status, output, records)] = run(scenario())
