@@ -18,7 +18,7 @@ import hashlib
 import hmac
 import math
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # -- deterministic CBOR (RFC 8949 §4.2.1), for the contract digest and the verdict --------------
@@ -145,12 +145,18 @@ def rule1(logits: Sequence[Sequence[float]], proposed: Sequence[int]) -> tuple[i
     return a, argmax(logits[a])
 
 
+def exact_residual(a: float, b: float) -> float:
+    return max(0.0, a - b)
+
+
 def rule2(p: Sequence[Sequence[float]], q: Sequence[Sequence[float]], proposed: Sequence[int],
-          u: Sequence[Sequence[float]]) -> tuple[int, int]:
-    """(accepted, additional token); u[i-1] = (acceptance uniform, drawing uniform) of position i."""
+          u: Sequence[Sequence[float]], residual_of: Callable[[float, float], float] = exact_residual,
+          ) -> tuple[int, int]:
+    """(accepted, additional token); u[i-1] = (acceptance uniform, drawing uniform) of position i.
+    ``residual_of`` is there for the tests that check the vectors catch a wrong residual."""
     for i, x in enumerate(proposed):
         if not u[i][0] < min(1.0, p[i][x] / q[i][x]):
-            residual = [max(0.0, a - b) for a, b in zip(p[i], q[i], strict=True)]
+            residual = [residual_of(a, b) for a, b in zip(p[i], q[i], strict=True)]
             return i, draw(residual if math.fsum(residual) > 0 else p[i], u[i][1])
     m = len(proposed)
     return m, draw(p[m], u[m][1])

@@ -64,6 +64,26 @@ def test_round_vectors_follow_the_draft(name: str, index: int) -> None:
         _check_verdict(case, rnd, out, committed, digest)
 
 
+BIASED_RESIDUALS = {
+    "p": lambda a, b: a,
+    "|p - q|": lambda a, b: abs(a - b),
+    "max(p - 0.9q, 0)": lambda a, b: max(0.0, a - 0.9 * b),
+}
+
+
+@pytest.mark.parametrize("residual", list(BIASED_RESIDUALS))
+def test_vectors_catch_a_biased_residual(residual: str) -> None:
+    """An implementation drawing the additional token from a wrong residual fails the rule-2
+    vectors (the "residual draws" session exists for this)."""
+    changed = []
+    for case in FILES["rounds_rule2.json"]["sessions"]:
+        for rnd in case["rounds"]:
+            got = ind.rule2(rnd["p"], rnd["q"], rnd["proposed"], rnd["uniforms"], BIASED_RESIDUALS[residual])
+            if got != (rnd["accepted"], rnd["next_token"]):
+                changed.append((case["note"], rnd["round"]))
+    assert changed
+
+
 def test_zero_q_is_refused_before_any_draw() -> None:
     for refused in FILES["rounds_rule2.json"]["refused"]:
         zero = [refused["q"][i][x] == 0 for i, x in enumerate(refused["proposed"])]
