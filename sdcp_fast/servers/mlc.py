@@ -26,11 +26,13 @@ import json
 import logging
 import re
 import ssl
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
 import cbor2
 from aiohttp import web
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sdcp_fast.cache import policy
 from sdcp_fast.cache.errors import BadRange
@@ -396,27 +398,38 @@ async def stats(request: web.Request) -> web.Response:
     return web.Response(body=json.dumps(await _store(mlc, mlc.stats)), content_type="application/json")
 
 
+class _StatsCollector:
+    """One scrape's accounting as Prometheus families (prometheus-client writes the text)."""
+
+    _FIELDS = {"bytes": "gauge", "objects": "gauge", "hits": "counter", "misses": "counter", "evictions": "counter"}
+
+    def __init__(self, stats: dict[str, Any]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self.stats
+        for field, kind in self._FIELDS.items():
+            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
+                f"sdcp_mlc_{field}", f"MLC {field} per scope and tier", labels=["scope", "tier"])
+            for scope, tiers in stats["scopes"].items():
+                for tier, counters in tiers.items():
+                    family.add_metric([scope, tier], counters[field])
+            yield family
+        for key in ("used", "capacity"):
+            family = GaugeMetricFamily(f"sdcp_mlc_tier_{key}_bytes", f"bytes {key} per tier", labels=["tier"])
+            for tier in stats["tiers"]:
+                family.add_metric([tier["name"]], tier[key])
+            yield family
+        yield GaugeMetricFamily("sdcp_mlc_leases", "leases held", value=stats["leases"])
+        yield GaugeMetricFamily("sdcp_mlc_index_objects", "objects in the index", value=stats["index"]["objects"])
+        yield GaugeMetricFamily("sdcp_mlc_index_bytes", "bytes in the index", value=stats["index"]["bytes"])
+
+
 def prometheus_text(stats: dict[str, Any]) -> str:
-    """The accounting in Prometheus' text exposition format (one gauge or counter per field)."""
-    lines = []
-    kinds = {"bytes": "gauge", "objects": "gauge", "hits": "counter", "misses": "counter", "evictions": "counter"}
-    for field, kind in kinds.items():
-        metric = f"sdcp_mlc_{field}" + ("_total" if kind == "counter" else "")
-        lines.append(f"# TYPE {metric} {kind}")
-        for scope, tiers in stats["scopes"].items():
-            for tier, counters in tiers.items():
-                lines.append(f'{metric}{{scope="{scope}",tier="{tier}"}} {counters[field]}')
-    lines.append("# TYPE sdcp_mlc_tier_used_bytes gauge")
-    lines += [f'sdcp_mlc_tier_used_bytes{{tier="{t["name"]}"}} {t["used"]}' for t in stats["tiers"]]
-    lines.append("# TYPE sdcp_mlc_tier_capacity_bytes gauge")
-    lines += [f'sdcp_mlc_tier_capacity_bytes{{tier="{t["name"]}"}} {t["capacity"]}' for t in stats["tiers"]]
-    lines.append("# TYPE sdcp_mlc_leases gauge")
-    lines.append(f"sdcp_mlc_leases {stats['leases']}")
-    lines.append("# TYPE sdcp_mlc_index_objects gauge")
-    lines.append(f"sdcp_mlc_index_objects {stats['index']['objects']}")
-    lines.append("# TYPE sdcp_mlc_index_bytes gauge")
-    lines.append(f"sdcp_mlc_index_bytes {stats['index']['bytes']}")
-    return "\n".join(lines) + "\n"
+    """The accounting in Prometheus' text exposition format, written by prometheus-client."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_StatsCollector(stats))
+    return generate_latest(registry).decode()
 
 
 async def metrics(request: web.Request) -> web.Response:
