@@ -4,7 +4,7 @@ A kind is one pair of rows (p at position 1, q the draft row) plus the row p2 at
 on a 5-token vocabulary built from three groups of tokens: tokens where p > q (the correct
 residual max(p - q, 0) lives there), tokens where p is just below q (the residual is 0 there,
 but ``max(p - 0.9q, 0)`` is not), and tokens where p = 0 < q (``|p - q|`` puts mass there).
-That is what lets a few thousand samples tell the residual from each biased one; random rows
+That is what lets 7,000-12,000 sessions tell the residual from each biased one; random rows
 of a large vocabulary cannot (the audit found ``|p - q|`` passing a chi-squared test at V=1000).
 
 Every statistic here states its false-rejection probability; ``tests/kernels/test_verify_statistics.py``
@@ -57,7 +57,7 @@ KINDS = {
     # beta 0.40: q never proposes p's second token and puts 40% of its mass where p is 0
     "far": Kind("far", (0.60, 0.40, 0.0, 0.0, 0.0), (0.605, 0.0, 0.245, 0.15, 0.0),
                 (0.25, 0.25, 0.25, 0.0, 0.25), 12000),
-    # beta 0.40: q has no mass on p's most likely token and most of it where p is 0
+    # beta 0.40: q has no mass on p's most likely token and 40% of it where p is 0
     "disjoint": Kind("disjoint", (0.40, 0.35, 0.25, 0.0, 0.0), (0.0, 0.351, 0.2508, 0.22, 0.1782),
                      (0.0, 0.0, 0.5, 0.5, 0.0), 11500),
 }

@@ -55,6 +55,7 @@ def test_emitted_tokens_follow_p(backend: str, kind: str) -> None:
     acceptance rate against sum(min(p, q)) (stat_support.failures)."""
     _skip_interpreted(backend)
     accepted, emitted = _sample(backend, kind)
+    # False rejection of an exact kernel: <= 5 statistics x ALPHA = 5e-5 (seeded: fixed per run).
     assert S.failures(S.KINDS[kind], accepted, emitted) == []
 
 
@@ -66,6 +67,8 @@ def test_grid_of_uniforms_walks_the_rule(backend: str, kind: str) -> None:
     k = S.KINDS[kind]
     tokens, u, _ = S.grid_inputs(k)
     accepted, emitted = _verify(backend, k, tokens, u)
+    # False rejection: 0 (deterministic bounds; only a uniform within 1e-6 of a CDF step could
+    # flip, and S.grid_is_clear rules that out).
     assert S.grid_failures(k, tokens, accepted, emitted) == []
 
 
@@ -75,6 +78,7 @@ def test_grid_of_uniforms_walks_the_rule(backend: str, kind: str) -> None:
 def test_exact_sampler_passes(kind: str) -> None:
     """The biased sampler with the exact residual passes: what fails below is the residual."""
     k = S.KINDS[kind]
+    # False rejection: <= 5e-5, as for the kernels (same statistics, same seeded inputs).
     assert S.failures(k, *S.biased_verify(k, *S.draws(k, k.sessions, SEED[kind]))) == []
     tokens, u, _ = S.grid_inputs(k)
     assert S.grid_is_clear(k)
@@ -88,6 +92,7 @@ def test_every_statistic_rejects_biased_residuals(kind: str, mutant: str) -> Non
     max(p - 0.9q, 0) fails every statistic that involves the residual (the acceptance rate and
     position 2 do not), and the grid test."""
     k, residual = S.KINDS[kind], S.MUTANTS[mutant]
+    # Missed rejection: <= ALPHA per statistic (test_sample_size_gives_the_power); grid: 0.
     failed = S.failures(k, *S.biased_verify(k, *S.draws(k, k.sessions, SEED[kind]), residual))
     for statistic in ("chi2(position 1, p)", "chi2(position 1 | rejected, residual)",
                       "TV(position 1 | rejected, residual)"):
