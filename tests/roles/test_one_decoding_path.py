@@ -5,6 +5,7 @@ randoms (§6.4) from the contract's seed and the session id."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import hashlib
 import json
@@ -29,6 +30,14 @@ PROMPT = encode(demo_module.TOY_PROMPTS[0])
 # The demo's contract: its toy digests and the in-process scope.
 TARGET, TOKENIZER = model_digest("toy-target"), model_digest("toy-words")
 SCOPE = hashlib.sha256(b"sdcp-fast-inprocess").digest()[:16]
+
+
+def in_process_flag() -> list[str]:
+    """The demo's in-process mode: ``--inprocess`` where the demo defaults to the services."""
+    parser = argparse.ArgumentParser()
+    demo_module.add_arguments(parser)
+    _, unknown = parser.parse_known_args(["--inprocess"])
+    return [] if unknown else ["--inprocess"]
 
 
 def sampling() -> Sampling:
@@ -73,7 +82,7 @@ async def direct(root: str) -> tuple[list[int], bytes]:
 def test_generate_the_demo_and_the_roles_give_the_same_seeded_rule2_text(tmp_path, capsys):
     """§6.4 rule 2 with a seed: the same text on every path into the roles (the demo given the
     one drafter generate is given)."""
-    code = main(["demo", "--model", "toy", "--drafters", "toy-good", "--rule", "2", "--seed", str(SEED),
+    code = main(["demo", *in_process_flag(), "--model", "toy", "--drafters", "toy-good", "--rule", "2", "--seed", str(SEED),
                  "--m", str(M), "--json", "--sessions", "1", "--max-new", str(MAX_NEW), "--temperature", str(TEMPERATURE / 1000),
                  "--no-baseline"])
     report = json.loads(capsys.readouterr().out)
