@@ -1,8 +1,11 @@
-"""``sdcp-fast demo``: the embedded default, end to end in one process.
+"""``sdcp-fast demo``: the embedded default, end to end.
 
-Sessions are opened by the router, drafted, verified by the protocol core with the kernel
-library, committed to a fenced file commit log in the embedded MLC, and escalated when
-their drafter keeps being rejected. Prints each round, the text, and the figures, with the
+By default it starts ``sdcp-fast up`` (every role its own process, HTTP/2 + mutual TLS),
+sends the prompts through the router's OpenAI-compatible front end and streams the text
+(``_services_demo.py``). ``--inprocess`` runs the same roles in this process: sessions are
+opened by the router, drafted, verified by the protocol core with the kernel library,
+committed to a fenced file commit log in the embedded MLC, and escalated when their drafter
+keeps being rejected, with a line per round. Both print the text and the figures, with the
 speedup over target-only decoding measured in the same run.
 """
 
@@ -16,7 +19,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-HELP = "run SDCP sessions in-process on the embedded default and print text, rounds and figures"
+HELP = "run SDCP sessions on the embedded default (sdcp-fast up, or --inprocess) and print text and figures"
 
 DEFAULT_DRAFTERS = "ngram,model:smollm2-draft"
 TOY_PROMPTS = ("the verifier commits", "a drafter proposes tokens", "every session is", "the router")
@@ -42,6 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only run (no speedup figure)")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
+    p.add_argument("--inprocess", action="store_true",
+                   help="run the roles in this process (in-process transport) instead of starting sdcp-fast up")
 
 
 @dataclass
@@ -50,6 +55,7 @@ class Setup:
     scorer: Any
     drafters: list[Any]
     prompts: list[list[int]]
+    texts: list[str]  # the prompts as text, chat template applied (what a front end is sent)
     labels: list[str]
     decode: Callable[[Sequence[int]], str]
     target_digest: bytes
@@ -85,7 +91,8 @@ def _setup(args: argparse.Namespace, model: str) -> Setup:
         chosen = [texts[i % len(texts)] for i in range(args.sessions)]
     return Setup(
         describe=target.describe, scorer=target.scorer, drafters=drafters,
-        prompts=[target.prompt(t) for t in chosen], labels=[t.splitlines()[0][:60] for t in chosen],
+        prompts=[target.prompt(t) for t in chosen], texts=[t if target.chat is None else target.chat(t) for t in chosen],
+        labels=[t.splitlines()[0][:60] for t in chosen],
         decode=target.decode, target_digest=target.digest, tokenizer_digest=target.tokenizer_digest,
         drafter_digests=digests, stop=target.stop, weak=drafters[-1].name if len(drafters) > 1 else None,
     )
@@ -125,6 +132,10 @@ def run(args: argparse.Namespace) -> int:
     except (FileNotFoundError, ValueError) as exc:
         print(f"sdcp-fast demo: {exc}", file=sys.stderr)
         return 2
+    if not args.inprocess:
+        from sdcp_fast.cli._services_demo import run_services
+
+        return run_services(args, model, setup)
 
     specs = []
     for i, prompt in enumerate(setup.prompts):

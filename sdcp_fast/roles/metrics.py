@@ -83,7 +83,8 @@ class VerifierMetrics(RoleMetrics):
         self.rounds.inc()
         self.emitted.inc(len(verdict.emitted))
         action = Action.parse(int(verdict.action))
-        if action not in (Action.CONTINUE, Action.FINISH):
+        # A self-decoded round's verdict says self_decode while the period goes on: not an escalation.
+        if action not in (Action.CONTINUE, Action.FINISH) and started is not None:
             self.escalations.labels(action.name.lower()).inc()
         if started is None:
             self.self_decoded.inc()

@@ -6,7 +6,7 @@ from sdcp_fast.cli import main
 
 
 def test_demo_json_runs_sessions_to_the_end(capsys):
-    assert main(["demo", "--model", "toy", "--json", "--sessions", "3", "--max-new", "12"]) == 0
+    assert main(["demo", "--inprocess", "--model", "toy", "--json", "--sessions", "3", "--max-new", "12"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert len(report["sessions"]) == 3
     assert all(s["chain_ok"] and s["finish"] == "finish" for s in report["sessions"])
@@ -15,7 +15,7 @@ def test_demo_json_runs_sessions_to_the_end(capsys):
 
 
 def test_demo_prints_rounds_and_figures(capsys):
-    assert main(["demo", "--model", "toy", "--sessions", "2", "--max-new", "8", "--rule", "2"]) == 0
+    assert main(["demo", "--inprocess", "--model", "toy", "--sessions", "2", "--max-new", "8", "--rule", "2"]) == 0
     out = capsys.readouterr().out
     assert "digest chain verified" in out and "tokens/s" in out and " r1 " in out and "speedup" in out
 
@@ -28,11 +28,22 @@ def test_demo_on_smollm2_equals_target_only_greedy_decoding(capsys):
         smollm2_path()
     except ModelNotFound as exc:
         pytest.skip(str(exc))
-    assert main(["demo", "--model", "smollm2", "--json", "--sessions", "2", "--max-new", "12",
+    assert main(["demo", "--inprocess", "--model", "smollm2", "--json", "--sessions", "2", "--max-new", "12",
                  "--drafters", "ngram"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert all(report["baseline"]["identical_output"])
     assert all(s["chain_ok"] for s in report["sessions"])
+
+
+@pytest.mark.services
+def test_demo_across_processes_streams_through_the_front_end(capsys):
+    """The README's main job: sdcp-fast up, prompts through the front end, figures."""
+    assert main(["demo", "--model", "toy", "--json", "--sessions", "3", "--max-new", "16"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["mode"] == "services" and len(report["sessions"]) == 3
+    assert all(s["tokens"] == 16 and s["text"] for s in report["sessions"])
+    assert report["tokens_per_pass"] > 1 and report["acceptance"] is not None
+    assert all(report["baseline"]["identical_output"])
 
 
 def test_unknown_model_is_a_clear_error(capsys):

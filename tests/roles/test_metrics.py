@@ -71,7 +71,8 @@ def test_each_role_counts_its_work(tmp_path: Path) -> None:
     assert value(v, "sdcp_batch_size_count") == passes
     assert value(v, "sdcp_batch_size_sum") == sum(1 for _ in rounds)  # every round was in one pass
     for action in (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE):
-        expected = sum(1 for x in rounds if Action.parse(int(x.action)) == action)
+        # Escalations are verdicts of proposed rounds; a self-decoded round's says the period goes on.
+        expected = sum(1 for x in drafted if Action.parse(int(x.action)) == action)
         assert value(v, "sdcp_escalations_total", action=action.name.lower()) == expected
     assert value(v, "sdcp_escalations_total", action="reduce") >= 1  # the weak drafter escalates
     rule2_rounds = [x for x in drafted if x.session == engine._spec(specs[2], 2).session]
