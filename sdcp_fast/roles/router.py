@@ -207,7 +207,13 @@ class RouterRole:
     async def policy(self, session: bytes, from_round: int, sampling: Sampling) -> None:
         """A sampling update from ``from_round`` on (§6.6)."""
         routed = self.sessions[session].routed
-        await self.client.policy(routed.verifier, policy_update(routed, from_round, sampling))
+        before = routed.sampling, list(routed.policies)
+        try:
+            await self.client.policy(routed.verifier, policy_update(routed, from_round, sampling))
+        except SdcpProblem as problem:
+            if problem.status < 500:  # refused, so never in effect: later assignments and a fail-over must not carry it
+                routed.sampling, routed.policies = before
+            raise
 
     async def output(self, session: bytes, *, poll: float | None = None) -> AsyncIterator[Output]:
         """The session's committed output as it grows, by index, across fail-overs: output of
