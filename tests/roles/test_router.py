@@ -232,6 +232,33 @@ def test_events_are_idempotent_and_only_from_the_sessions_verifier(tmp_path):
     assert at_verifier == OTHER
 
 
+def test_a_policy_the_verifier_refused_is_not_carried_on(tmp_path):
+    """§6.6: the router includes a policy in later assignments (and a fail-over re-sends it);
+    one the verifier refused (from_round not after the current round) was never in effect, so
+    neither carries it; an accepted one is carried."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            await rig.report(rig.other, OTHER, ROLE_DRAFTER, load=10)
+            routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            with pytest.raises(SdcpProblem) as refused:
+                await rig.router_role.policy(S, 0, Sampling(top_k=3))
+            kept = routed.sampling, list(routed.policies)
+            d0 = prefix_digest(contract_digest(routed.contract), PROMPT)
+            await rig.client(VERIFIER_PEER).event(
+                ROUTER, Event(session=S, epoch=1, kind=Action.SWITCH, committed=0, digest=d0))
+            await rig.router_role.policy(S, 2, Sampling(top_k=4))
+            return refused.value, kept, rig.stubs[OTHER].assignments, routed.sampling
+
+    refused, kept, to_other, sampling = run(scenario())
+    assert (refused.suffix, refused.status) == ("sdcp-bad-request", 400)
+    assert kept == (None, [])
+    assert [a.sampling for a in to_other] == [None]
+    assert sampling == Sampling(top_k=4)
+
+
 def test_session_ids_are_random_when_the_spec_names_none(tmp_path):
     """Session ids (§5.2, 16 bytes) come from 128 random bits at the router."""
 
