@@ -250,8 +250,7 @@ struct Cut {
 // stop(above, mass_above, count_in_bin, mass_in_bin): the walk ends in this bin. If it never
 // says so (rounding), the lowest non-empty bin is taken.
 template <class Stop>
-Cut radix_cut(const uint32_t* keys, const float* w, std::vector<int32_t> cand, Stop&& stop) {
-    Cut c;
+Cut radix_cut(const uint32_t* keys, const float* w, std::vector<int32_t> cand, Stop&& stop, Cut c = Cut()) {
     for (int shift = 24; shift >= 0; shift -= 8) {
         int64_t cnt[256] = {0};
         double mass[256] = {0.0};
@@ -279,33 +278,68 @@ Cut radix_cut(const uint32_t* keys, const float* w, std::vector<int32_t> cand, S
     return c;
 }
 
+// The walk's first level: 256 bins of 1/16 of a unit of (lmax - l) / T below the row max
+// (the last bin holds the rest). Ordered like the key, and fine where the cuts of top-k and
+// top-p fall, so the key levels that follow see few candidates.
+struct Coarse {
+    int64_t cnt[256] = {0};
+    double mass[256] = {0.0};
+};
+
+template <class Stop>
+Cut kept_cut(int64_t vocab, const uint32_t* keys, const float* w, const uint8_t* bins, const Coarse& h, Stop&& stop) {
+    const int64_t* cnt = h.cnt;
+    const double* mass = h.mass;
+    int last = 255;
+    while (cnt[last] == 0) --last;
+    Cut c;
+    int bin = 0;
+    for (; bin < last; ++bin) {
+        if (cnt[bin] == 0) continue;
+        if (stop(c.above, c.mass_above, cnt[bin], mass[bin])) break;
+        c.above += cnt[bin];
+        c.mass_above += mass[bin];
+    }
+    std::vector<int32_t> cand;
+    cand.reserve(size_t(cnt[bin]));
+    for (int64_t j = 0; j < vocab; ++j)
+        if (bins[j] == bin) cand.push_back(int32_t(j));
+    return radix_cut(keys, w, std::move(cand), stop, c);
+}
+
 template <class T>
 void select_kept(const T* row, int64_t vocab, Stats& s, int64_t top_k, int64_t top_p) {
     std::vector<uint32_t> keys(vocab);
     std::vector<float> w(vocab);
+    std::vector<uint8_t> bins(vocab);
     const float lmax = s.lmax, inv_temp = s.inv_temp;
     float* wp = w.data();
-#pragma omp simd
-    for (int64_t j = 0; j < vocab; ++j) wp[j] = fast_exp((load(row, j) - lmax) * inv_temp);
-    for (int64_t j = 0; j < vocab; ++j) keys[j] = order_key(load(row, j));
-    std::vector<int32_t> all(vocab);
-    std::iota(all.begin(), all.end(), 0);
+    const double total = exp_sum(row, vocab, lmax, inv_temp, wp);
+    for (int64_t j = 0; j < vocab; ++j) {
+        const float l = load(row, j);
+        keys[j] = order_key(l);
+        const float d = (lmax - l) * inv_temp * 16.0f;  // +inf for -inf logits
+        bins[j] = d < 255.0f ? uint8_t(d) : uint8_t(255);
+    }
+    Coarse h;  // shared by both walks
+    for (int64_t j = 0; j < vocab; ++j) {
+        h.cnt[bins[j]] += 1;
+        h.mass[bins[j]] += double(wp[j]);
+    }
     // top-k: the cut key is the k-th ranked; c of its ties are kept
     Cut cut;
     int64_t c = 0;
-    double mass = 0.0;
+    double mass = total;
     if (top_k > 0) {
-        cut = radix_cut(keys.data(), wp, all, [&](int64_t above, double, int64_t n, double) {
+        cut = kept_cut(vocab, keys.data(), wp, bins.data(), h, [&](int64_t above, double, int64_t n, double) {
             return above + n >= top_k;
         });
         c = top_k - cut.above;
         mass = cut.mass_above + double(c) * double(w[cut.ties[0]]);
-    } else {
-        for (int64_t j = 0; j < vocab; ++j) mass += double(wp[j]);
     }
     if (top_p > 0) {
         const double limit = double(top_p) / 1000.0 * mass;
-        Cut p = radix_cut(keys.data(), wp, std::move(all), [&](int64_t, double mass_above, int64_t, double m) {
+        Cut p = kept_cut(vocab, keys.data(), wp, bins.data(), h, [&](int64_t, double mass_above, int64_t, double m) {
             return mass_above + m >= limit;
         });
         // the i-th tie (0-based) is kept iff mass_above + i * w < limit
