@@ -34,6 +34,7 @@ from sdcp_fast.protocol import (
 from sdcp_fast.protocol.messages import instance_path_id
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, problem_from_response
 from sdcp_fast.transport.base import Request, Response, Transport
+from sdcp_fast.transport.errors import TransportError
 
 log = logging.getLogger("sdcp_fast.roles")
 
@@ -133,8 +134,14 @@ class SdcpClient:
                     query: Mapping[str, str] | None = None, timeout: float | None = None) -> M | None:
         body = b"" if message is None else message.encode()
         headers = {"content-type": MEDIA_TYPE} if message is not None else {}
-        response = await self.transport.request(base, method, path, body=body, query=query, headers=headers,
-                                                timeout=timeout or self.timeout)
+        try:
+            response = await self.transport.request(base, method, path, body=body, query=query, headers=headers,
+                                                    timeout=timeout or self.timeout)
+        except TransportError as exc:
+            if isinstance(exc, TimeoutError):
+                raise
+            # No response: to the roles, as to the in-process transport, an unreachable peer (§6.9).
+            raise ConnectionError(str(exc)) from exc
         if 200 <= response.status < 300:
             if answer is None or response.status == 204:
                 return None
