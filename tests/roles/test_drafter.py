@@ -15,6 +15,7 @@ from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.roles.objects import pack_tokens
 from sdcp_fast.roles.router import RouterRole
 from sdcp_fast.transport.base import Response
+from sdcp_fast.transport.errors import TransportError
 
 from .rolekit import (
     DRAFTER,
@@ -204,6 +205,9 @@ class Recording:
             if self.lose == "request":
                 self.lose = None
                 raise ConnectionError("connection reset before the request was sent")
+            if self.lose == "refused":  # the HTTP/2 transport's own error for the same
+                self.lose = None
+                raise TransportError("cannot connect to the verifier")
             response = await self.inner.request(base_uri, method, path, body=body, **kw)
             if self.lose == "answer":
                 self.lose = None
@@ -216,7 +220,7 @@ class Recording:
         await self.inner.close()
 
 
-@pytest.mark.parametrize("lose", ["request", "answer"])
+@pytest.mark.parametrize("lose", ["request", "answer", "refused"])
 def test_a_lost_message_is_retried_with_the_same_proposal(tmp_path, lose):
     """§6.9 Lost messages: the drafter sends the same proposal again; proposals are idempotent
     per round, so a lost answer is answered from the recorded verdict, scored once."""

@@ -26,6 +26,7 @@ from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_MEDIA_TYPE, UnlistedProblem
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, problem_response
 from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
 from .rolekit import (
@@ -222,3 +223,23 @@ def test_problem_response_renders_rfc9457():
     response = problem_response(BadRequest("no"))
     assert response.status == 400 and response.content_type == PROBLEM_MEDIA_TYPE
     assert json.loads(response.body)["detail"] == "no"
+
+
+@pytest.mark.parametrize(("raised", "expected"), [
+    (TransportError("stream reset"), ConnectionError), (TransportError("refused", retryable=True), ConnectionError),
+    (TransportTimeout("no response within 1 s"), TimeoutError)])
+def test_no_response_from_the_network_transport_is_a_connection_error(raised, expected):
+    """§6.9: every caller treats "no response" alike on every transport: the network
+    transport's errors reach the roles as ConnectionError (TimeoutError for a timeout), the
+    errors they retry or fail over on, as the in-process transport's Unreachable does."""
+
+    class Failing:
+        async def request(self, *args, **kw):
+            raise raised
+
+    async def scenario():
+        with pytest.raises(expected) as exc:
+            await SdcpClient(Failing()).output(VERIFIER, S, 0)
+        return exc.value
+
+    assert isinstance(run(scenario()), expected)
