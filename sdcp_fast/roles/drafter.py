@@ -56,6 +56,16 @@ class Resync(Exception):
 
 
 @dataclass
+class _Prepared:
+    """A next proposal drafted while the verifier checked the last one (§6.2 MAY)."""
+
+    guess: int  # the target's extra token, as this drafter guesses it
+    tokens: list[int]
+    q_rows: Any
+    confirmed: bool = False  # the verdict emitted exactly the proposal plus the guess
+
+
+@dataclass
 class _Assigned:
     record: DrafterSession
     prompt: tuple[int, ...]
@@ -77,6 +87,7 @@ class DrafterRole:
         status_ttl_ms: int = 10_000,
         offload: bool = False,
         retries: int = 8,
+        speculate: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.drafter = drafter
@@ -88,6 +99,9 @@ class DrafterRole:
         self.fixed_m = fixed_m
         self.status_ttl_ms = status_ttl_ms
         self.retries = retries
+        # Preparing the next proposal pays only where drafting runs beside the event loop.
+        self.speculate = offload if speculate is None else speculate
+        self.speculation = {"prepared": 0, "used": 0}  # next proposals drafted ahead, and sent
         self.clock = clock
         self.client = SdcpClient(transport)
         # Drafting leaves the event loop in a service (one thread: a model's per-session
@@ -195,17 +209,34 @@ class DrafterRole:
     async def _run(self, assigned: _Assigned) -> None:
         record = assigned.record
         session = record.session
+        prepared: _Prepared | None = None
+        sending: asyncio.Task[Verdict | None] | None = None
         try:
             while record.stopped is None:
-                proposal, lease = await self._draft(assigned)
+                if prepared is not None and prepared.confirmed:
+                    self.speculation["used"] += 1
+                    proposal, lease = await self._publish(assigned, prepared.tokens, prepared.q_rows)
+                else:
+                    proposal, lease = await self._draft(assigned)
+                sending = asyncio.create_task(self._send(assigned, proposal))
+                prepared = None
+                if self.speculate:
+                    # While the verifier works: the next proposal, assuming this one is accepted
+                    # whole and the target's extra token is our own next guess (§6.2).
+                    try:
+                        prepared = await self._prepare(assigned, proposal)
+                        self.speculation["prepared"] += prepared is not None
+                    except Exception as exc:
+                        log.debug("session %s: speculative draft failed: %s", session.hex()[:8], exc)
                 try:
-                    outcome = await self._send(assigned, proposal)
+                    verdict = await sending
                 finally:
                     if lease is not None:
                         with contextlib.suppress(Exception):
                             await self.objects.release(lease)
-                if outcome is None:
-                    continue
+                if prepared is not None:
+                    prepared.confirmed = verdict is not None and record.stopped is None and \
+                        verdict.emitted == (*proposal.tokens, prepared.guess)
         except asyncio.CancelledError:
             raise
         except Resync as exc:
@@ -213,6 +244,8 @@ class DrafterRole:
         except Exception:
             log.exception("session %s failed at the drafter", session.hex()[:8])
         finally:
+            if sending is not None and not sending.done():
+                sending.cancel()
             current = self._sessions.get(session)
             if current is assigned:
                 del self._sessions[session]
@@ -224,38 +257,69 @@ class DrafterRole:
                              + round_.to_bytes(8, "big")).digest()
         return torch.Generator().manual_seed(int.from_bytes(key[:8], "big") >> 1)
 
-    async def _draft(self, assigned: _Assigned) -> tuple[Proposal, str | None]:
+    def _choose_m(self, assigned: _Assigned, after: int = 0) -> int:
         record = assigned.record
-        contract = record.assignment.contract
         if self.fixed_m is not None:
             m = max(1, min(self.fixed_m, record.limit))
         else:
             m = record.choose_m(self._t_draft, self._t_verify)
-        m = max(1, min(m, contract.max_new - len(assigned.output)))
+        return max(1, min(m, record.assignment.contract.max_new - len(assigned.output) - after))
+
+    async def _compute(self, assigned: _Assigned, context: tuple[int, ...], m: int, round_: int) -> Any:
+        """Draft ``m`` tokens after ``context`` with the randoms of ``round_``."""
+        record = assigned.record
+        contract = record.assignment.contract
         sampling = record.assignment.sampling or contract.sampling or Sampling()
-        committed = (*assigned.prompt, *assigned.output)
-        generator = self._generator(record.session, record.round + 1)
+        generator = self._generator(record.session, round_)
 
         def draft() -> Any:
             return self.drafter.propose(
-                record.session, committed, m, rule=contract.rule, temperature_milli=sampling.temperature_milli,
+                record.session, context, m, rule=contract.rule, temperature_milli=sampling.temperature_milli,
                 top_k=sampling.top_k, top_p_milli=sampling.top_p_milli, generator=generator)
 
         t0 = self.clock()
         self._waiting += 1
         try:
-            result = await self.objects.call(draft) if self._executor is not None else draft()
+            if self._executor is None:
+                result = draft()
+            else:
+                result = await asyncio.get_running_loop().run_in_executor(self._executor, draft)
         finally:
             self._waiting -= 1
         t1 = self.clock()
         self.busy.add(t0, t1)
         self._t_draft = 0.8 * self._t_draft + 0.2 * (t1 - t0) / max(1, len(result.tokens))
+        return result
+
+    async def _draft(self, assigned: _Assigned) -> tuple[Proposal, str | None]:
+        record = assigned.record
+        m = self._choose_m(assigned)
+        result = await self._compute(assigned, (*assigned.prompt, *assigned.output), m, record.round + 1)
+        return await self._publish(assigned, list(result.tokens), result.q_rows)
+
+    async def _prepare(self, assigned: _Assigned, proposal: Proposal) -> _Prepared | None:
+        """The guess of the extra token, then the next round's tokens after it."""
+        m = self._choose_m(assigned, after=len(proposal.tokens) + 1)
+        if len(assigned.output) + len(proposal.tokens) + 1 >= assigned.record.assignment.contract.max_new:
+            return None  # the session ends with this round if it is accepted whole
+        context = (*assigned.prompt, *assigned.output, *proposal.tokens)
+        result = await self._compute(assigned, context, m + 1, proposal.round + 1)
+        if len(result.tokens) < 2:
+            return None
+        q = None if result.q_rows is None else result.q_rows[1:]
+        return _Prepared(guess=result.tokens[0], tokens=list(result.tokens[1:]), q_rows=q)
+
+    async def _publish(self, assigned: _Assigned, tokens: list[int], q_rows: Any) -> tuple[Proposal, str | None]:
+        record = assigned.record
+        limit = record.limit  # a prepared draft may be longer than the latest m_cap allows
+        tokens = tokens[:limit]
         q_ref, lease = None, None
-        if result.q_rows is not None:
+        if q_rows is not None:
             # The rows stay in the MLC under our lease until the verdict (§6.2).
-            q_ref = object_uri(contract.scope or bytes(16), record.session, "q_rows", record.round + 1)
-            lease = await self.objects.put(q_ref, result.q_rows.contiguous(), LEASE_TTL)
-        return record.propose(result.tokens, self.status(), q_rows=q_ref), lease
+            q_ref = object_uri(record.assignment.contract.scope or bytes(16), record.session, "q_rows",
+                               record.round + 1)
+            lease = await self.objects.put(q_ref, q_rows[: len(tokens)].contiguous(), LEASE_TTL)
+        return record.propose(tokens, self.status(), q_rows=q_ref), lease
 
     async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
         """Propose until a verdict or a problem answers; None when the round produced no verdict."""

@@ -1,0 +1,55 @@
+"""§6.2: a drafter MAY prepare its next proposal assuming full acceptance, and sends it only
+after the verdict confirms that assumption."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sdcp_fast.embedded import embedded
+from sdcp_fast.engine.inprocess import Engine, model_digest
+from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
+from sdcp_fast.roles.router import SessionSpec
+
+
+def greedy(target: ToyTarget, prompt: list[int], n: int) -> list[int]:
+    out: list[int] = []
+    for _ in range(n):
+        out.append(int(target.score([ScoreRequest(b"g" * 16, [*prompt, *out], [])])[0][0].argmax()))
+    return out
+
+
+def run(tmp_path, drafter_noise: float, speculate: bool) -> tuple[list[int], dict[str, int], list[int]]:
+    target = ToyTarget()
+    engine = Engine(target, [ToyDrafter("d", target, drafter_noise)], embedded(str(tmp_path)),
+                    target_digest=model_digest("t"), tokenizer_digest=model_digest("w"), fixed_m=3)
+    prompt = encode("the verifier commits")
+
+    async def scenario() -> tuple[list[int], dict[str, int]]:
+        async with engine.deployment() as d:
+            role = d.drafters["d"]
+            role.speculate = speculate
+            routed = await d.router.open(engine._spec(SessionSpec(prompt, max_new=30), 0))
+            tokens, _ = await d.router.text(routed.session)
+            return tokens, dict(role.speculation)
+
+    tokens, counts = asyncio.run(scenario())
+    return tokens, counts, greedy(target, prompt, 30)
+
+
+def test_prepared_proposals_are_sent_only_when_the_verdict_confirms_them(tmp_path) -> None:
+    tokens, counts, expected = run(tmp_path, 0.0, speculate=True)  # the drafter is the target: all accepted
+    assert tokens == expected
+    assert counts["prepared"] > 0 and counts["used"] > 0
+
+
+def test_a_wrong_guess_costs_a_redraft_never_a_wrong_token(tmp_path) -> None:
+    tokens, counts, expected = run(tmp_path, 6.0, speculate=True)  # a weak drafter: most guesses fail
+    # Rule 1: what is committed is the target's greedy decoding (the ladder may end the session early).
+    assert tokens and tokens == expected[: len(tokens)]
+    assert counts["prepared"] > counts["used"]
+
+
+def test_without_speculation_nothing_is_prepared(tmp_path) -> None:
+    tokens, counts, expected = run(tmp_path, 0.8, speculate=False)
+    assert tokens == expected and counts == {"prepared": 0, "used": 0}
