@@ -3,7 +3,8 @@
 
 A request becomes a :class:`~sdcp_fast.roles.router.SessionSpec` (``max_tokens`` -> max_new;
 ``temperature`` > 0 -> rule 2 with its sampling profile, absent or 0 -> rule 1; the model's
-stop tokens, plus ``stop`` strings that are one token each), opened with
+stop tokens, plus ``stop`` strings that are one token each; ``sdcp_session``, 32 hex digits,
+fixes the session id so that a seeded rule-2 request repeats exactly), opened with
 :meth:`RouterRole.open`; the text is decoded incrementally from
 :meth:`RouterRole.output`, which reads committed output by index and drops output of an epoch
 lower than one already seen, so across a verifier fail-over a client never sees a token twice
@@ -285,9 +286,24 @@ class Frontend:
             raise ApiError(400, "stream must be a boolean", param="stream")
         options = body.get("stream_options") or {}
         spec = replace(self.defaults, prompt=tuple(prompt), max_new=max_new, stop=self._stops(body.get("stop")),
-                       session=None, **self._rule(body))
+                       session=self._session(body.get("sdcp_session")), **self._rule(body))
         return _Job(spec, stream, bool(isinstance(options, dict) and options.get("include_usage")),
                     int(time.time()))
+
+    def _session(self, value: Any) -> bytes | None:
+        """``sdcp_session`` (ours, 32 hex digits): the session id, so that a seeded rule-2
+        request repeats exactly (§6.4's randoms depend on it); absent: 128 random bits."""
+        if value is None:
+            return None
+        try:
+            session = bytes.fromhex(value) if isinstance(value, str) else b""
+        except ValueError:
+            session = b""
+        if len(session) != 16:
+            raise ApiError(400, "sdcp_session must be 32 hex digits", param="sdcp_session")
+        if session in self.router.sessions:
+            raise ApiError(409, "sdcp_session names a session this router already has", param="sdcp_session")
+        return session
 
     def _prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
