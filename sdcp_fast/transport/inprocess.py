@@ -9,6 +9,7 @@ roles encode and decode on this path as they do on the wire; a streamed body
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 
@@ -62,9 +63,12 @@ class InProcessTransport:
         timeout: float | None = None,
     ) -> Response:
         handler = self.network.handler(base_uri)
-        return await handler(Request(method=method, path=path, query=dict(query or {}), body=bytes(body),
-                                     headers={k.lower(): v for k, v in (headers or {}).items()},
-                                     peer=self.peer))
+        call = handler(Request(method=method, path=path, query=dict(query or {}), body=bytes(body),
+                               headers={k.lower(): v for k, v in (headers or {}).items()}, peer=self.peer))
+        if timeout is None:
+            return await call
+        # As over the network: no response in time is a TimeoutError and the handler is cancelled.
+        return await asyncio.wait_for(call, timeout)
 
     async def request_stream(
         self,

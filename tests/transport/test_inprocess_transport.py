@@ -90,3 +90,29 @@ def test_request_stream_gives_the_body_as_a_stream():
         return await chunks(response.stream)
 
     assert run(scenario()) == b"olleh"
+
+
+def test_a_timeout_bounds_the_wait_as_over_the_network():
+    """The Transport interface's ``timeout``: no response in time is a TimeoutError and the
+    handler is cancelled, as the HTTP/2 client resets the stream."""
+    network = InProcessNetwork()
+    cancelled = asyncio.Event()
+
+    async def stuck(request: Request) -> Response:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+        raise AssertionError("unreachable")
+
+    network.register(VERIFIER, stuck)
+    network.register("inproc://fast/", Echo())
+
+    async def scenario():
+        t = network.transport(DRAFTER)
+        with pytest.raises(TimeoutError):
+            await t.request(VERIFIER, "GET", "x", timeout=0.02)
+        fast = await t.request("inproc://fast/", "POST", "x", body=b"ab", timeout=5.0)
+        return cancelled.is_set(), fast.body
+
+    assert run(scenario()) == (True, b"ba")
