@@ -8,6 +8,7 @@ so a reader can check the object against a digest it already trusts.
 from __future__ import annotations
 
 import asyncio
+import struct
 from collections.abc import Sequence
 from concurrent.futures import Executor
 from typing import Any
@@ -17,8 +18,8 @@ from sdcp_fast.protocol import BadRequest
 
 def pack_tokens(tokens: Sequence[int]) -> bytes:
     try:
-        return b"".join(int(t).to_bytes(4, "big") for t in tokens)
-    except OverflowError:
+        return struct.pack(f">{len(tokens)}I", *tokens)
+    except struct.error:
         raise BadRequest("a token does not fit in uint32") from None
 
 
@@ -26,7 +27,7 @@ def unpack_tokens(data: bytes | bytearray | memoryview) -> tuple[int, ...]:
     raw = bytes(data)
     if len(raw) % 4:
         raise BadRequest("a token object's length is not a multiple of 4")
-    return tuple(int.from_bytes(raw[i:i + 4], "big") for i in range(0, len(raw), 4))
+    return struct.unpack(f">{len(raw) // 4}I", raw)
 
 
 class Objects:
