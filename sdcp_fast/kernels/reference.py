@@ -148,3 +148,31 @@ def gather_slots(block_table: torch.Tensor, seq_lens: torch.Tensor, block_size: 
 def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
     flat = cache.view(-1, *cache.shape[2:])
     return flat[gather_slots(block_table, seq_lens, cache.shape[1])]
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float) -> torch.Tensor:
+    """Causal attention of each session's query rows over its cached keys, in float32 (the definition).
+
+    Query row i of session b (rows cu_q[b]..cu_q[b+1]) sits at position
+    ``seq_lens[b] - q_len_b + i`` and attends to positions 0..that position. Query head h
+    reads KV head ``h // (H / H_kv)``.
+    """
+    out = torch.empty_like(q)
+    heads, kv_heads = q.shape[1], k_cache.shape[2]
+    flat_k = k_cache.view(-1, *k_cache.shape[2:])
+    flat_v = v_cache.view(-1, *v_cache.shape[2:])
+    for b in range(block_table.shape[0]):
+        q0, q1, n = int(cu_q[b]), int(cu_q[b + 1]), int(seq_lens[b])
+        if q1 == q0:
+            continue
+        slots = gather_slots(block_table[b : b + 1], seq_lens[b : b + 1], k_cache.shape[1])
+        k = flat_k[slots].float().repeat_interleave(heads // kv_heads, dim=1)  # [n, H, D]
+        v = flat_v[slots].float().repeat_interleave(heads // kv_heads, dim=1)
+        rows = q[q0:q1].float()  # [t, H, D]
+        scores = torch.einsum("thd,nhd->htn", rows, k) * scale
+        pos = n - (q1 - q0) + torch.arange(q1 - q0, device=q.device)
+        visible = torch.arange(n, device=q.device)[None, :] <= pos[:, None]  # [t, n]
+        p = torch.softmax(scores.masked_fill(~visible[None], float("-inf")), dim=2)
+        out[q0:q1] = torch.einsum("htn,nhd->thd", p, v).to(q.dtype)
+    return out

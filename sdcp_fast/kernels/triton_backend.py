@@ -175,3 +175,24 @@ def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
         block = min(1024, triton.next_power_of_2(row))
         kv_kernels.gather_kernel[(slots.numel(), triton.cdiv(row, block))](cache, slots, out, row, BLOCK=block)
     return out
+
+
+def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                    seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float) -> torch.Tensor:
+    from sdcp_fast.triton_kernels import attention as attn_kernels
+
+    dev = q.device
+    rows, heads, dim = q.shape
+    kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    batch = block_table.shape[0]
+    out = torch.empty_like(q)
+    if rows == 0:
+        return out
+    table = _on(block_table, dev).contiguous()
+    group = heads // kv_heads
+    attn_kernels.paged_attention_kernel[(rows, kv_heads)](
+        q, k_cache, v_cache, table, _on(seq_lens, dev), _on(cu_q, dev), out, scale, batch, table.shape[1],
+        heads, kv_heads, dim, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
+        D_P2=triton.next_power_of_2(dim), BS=block_size, BS_P2=triton.next_power_of_2(block_size),
+        LOG_B=max(1, batch.bit_length()))
+    return out

@@ -32,9 +32,9 @@ import json, sys
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from sdcp_fast.triton_kernels import paged_kv, sampling
+from sdcp_fast.triton_kernels import attention, paged_kv, sampling
 for name, signature, constexprs in json.loads(sys.stdin.read()):
-    module = sampling if hasattr(sampling, name) else paged_kv
+    module = next(m for m in (sampling, attention, paged_kv) if hasattr(m, name))
     triton.compile(ASTSource(fn=getattr(module, name), signature=signature, constexprs=constexprs),
                    target=GPUTarget("cuda", 90, 32))
     print("compiled", name, flush=True)
@@ -50,7 +50,7 @@ def _ptxas() -> bool:
 
 
 def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str], dict[str, Any]]]:
-    from sdcp_fast.triton_kernels import sampling
+    from sdcp_fast.triton_kernels import attention, sampling
 
     seen: list[tuple[str, dict[str, str], dict[str, Any]]] = []
 
@@ -88,6 +88,8 @@ def _record(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str], 
     for name in ("row_partials_kernel", "profile_write_kernel", "sample_kernel", "greedy_kernel",
                  "speculative_kernel"):
         monkeypatch.setattr(sampling, name, Recorder(name, getattr(sampling, name)))
+    monkeypatch.setattr(attention, "paged_attention_kernel",
+                        Recorder("paged_attention_kernel", attention.paged_attention_kernel))
     return seen
 
 
@@ -109,8 +111,13 @@ def test_every_launch_compiles_for_sm90(backend: str, monkeypatch: pytest.Monkey
     probs = call(K.apply_sampling_profile, x, 700, 20, 900, backend=backend)
     call(K.apply_sampling_profile, x, backend=backend)
     call(K.sample_from_probs, probs, torch.rand(x.shape[0], dtype=torch.float64), backend=backend)
+    for dtype in (torch.float32, torch.bfloat16):  # a Llama-3.2-1B-shaped layer: 32 heads on 8, D = 64
+        cache = torch.zeros(4, 16, 8, 64, dtype=dtype)
+        call(K.paged_attention, torch.zeros(3, 32, 64, dtype=dtype), cache, cache,
+             torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([20, 5], dtype=torch.int32),
+             torch.tensor([0, 2, 3]), backend=backend)
     assert {name for name, _, _ in seen} == {"row_partials_kernel", "profile_write_kernel", "sample_kernel",
-                                             "greedy_kernel", "speculative_kernel"}
+                                             "greedy_kernel", "speculative_kernel", "paged_attention_kernel"}
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     done = subprocess.run([sys.executable, "-c", _COMPILE], input=json.dumps(seen), capture_output=True, text=True,
                           env=env, timeout=900, check=False)
