@@ -5,6 +5,7 @@ verifier must read (see ``must_read_bytes``), the achieved GB/s, its ratio to th
 machine's copy bandwidth measured in the same run, and the speed-up over the reference
 backend. Every row also times ``vllm_style`` (bench/vllm_style.py: vLLM V1's rejection
 sampler written from its published algorithm: Triton on CUDA, torch on CPU) as a backend,
+and on CUDA ``triton_graph`` (the same triton call captured in a CUDA graph and replayed),
 and on CUDA FlashInfer's ``chain_speculative_sampling`` when importable (handed ready
 probabilities, and with the softmax it needs). Nothing is asserted: targets are printed
 next to the figures.
@@ -85,7 +86,7 @@ def make_batch(b: int, m: int, vocab: int, device: torch.device, seed: int = 0) 
     q = torch.softmax(q, dim=1)
     tokens = torch.multinomial(q, 1, generator=gen).squeeze(1)
     u = torch.rand(b, m + 1, 2, generator=gen, dtype=torch.float64, device=device)
-    cu = torch.arange(0, b * m + 1, m)
+    cu = torch.arange(0, b * m + 1, m, device=device)  # on the device: the triton call then reads nothing back
     return dict(target_logits=logits, temperature_milli=None, top_k=None, top_p_milli=None,
                 q_probs=q, draft_tokens=tokens, cu_draft=cu, uniforms=u)
 
@@ -124,6 +125,19 @@ def flashinfer_timer(args: dict[str, Any], b: int, m: int, device: torch.device)
     return alone, with_softmax
 
 
+def graph_of(fn: Callable[[], Any]) -> Callable[[], Any]:
+    """fn captured in a CUDA graph (after a warm-up that compiles): what a serving loop replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay
+
+
 def run(device: torch.device, cases: list[tuple[int, int, int]], backends: list[str],
         max_input_gb: float) -> list[dict[str, Any]]:
     results = []
@@ -149,6 +163,10 @@ def run(device: torch.device, cases: list[tuple[int, int, int]], backends: list[
         seconds = timeit(lambda peer=peer: vllm_style.verify(**peer), device, reps=50)
         row["backends"]["vllm_style"] = dict(seconds=seconds, GBps=nbytes / seconds / 1e9)
         del peer
+        if device.type == "cuda" and "triton" in backends:
+            seconds = timeit(graph_of(lambda args=args: kernels.verify_speculative(**args, backend="triton")),
+                             device, reps=50)
+            row["backends"]["triton_graph"] = dict(seconds=seconds, GBps=nbytes / seconds / 1e9)
         fi = flashinfer_timer(args, b, m, device) if device.type == "cuda" else None
         if fi is not None:
             row["flashinfer_chain_seconds"], row["flashinfer_softmax_chain_seconds"] = fi
@@ -222,6 +240,8 @@ def summary(results: list[dict[str, Any]], device: torch.device) -> list[str]:
         if r is None:
             continue
         line = f"B={row['B']} M={row['M']} V={row['V']}: {fast} {r['seconds'] * 1e6:.0f} us"
+        if "triton_graph" in row["backends"]:
+            line += f" ({row['backends']['triton_graph']['seconds'] * 1e6:.0f} us replayed from a CUDA graph)"
         peer = row["backends"].get("vllm_style")
         if peer is not None:
             line += f", {peer['seconds'] / r['seconds']:.2f}x vllm_style's speed"
