@@ -586,3 +586,29 @@ def test_status_reports_measured_batch_occupancy_and_queue(tmp_path):
     assert (idle.load == 0 or nvml) and idle.queue == 0 and idle.instance == VERIFIER
     assert busy.load >= 30 and busy.queue == 0  # every pass held 1 of 2 sessions
     assert 0 < verdict.load <= 100
+
+
+def test_malformed_requests_are_400_not_500(tmp_path):
+    """§5.1/§5.2: a path id that is not base64url of 16 bytes, a body that is not
+    application/sdcp+cbor or not a message, and a message for another session than its path
+    are the client's errors (400 sdcp-bad-request), never a 500."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            opened, state = await rig.open(sid(2))
+            t = rig.network.transport(ROUTER_PEER)
+            cbor = {"content-type": MEDIA_TYPE}
+            elsewhere = assignment(session_open(S, contract()), state)
+            return [
+                await t.request(VERIFIER, "GET", "sessions/not*base64/output"),
+                await t.request(VERIFIER, "GET", f"sessions/{session_path_id(S)[:-2]}/output"),
+                await t.request(VERIFIER, "POST", "sessions", body=opened.encode(),
+                                headers={"content-type": "application/json"}),
+                await t.request(VERIFIER, "POST", "sessions", body=b"\xa1\x00", headers=cbor),
+                await t.request(VERIFIER, "PUT", f"sessions/{session_path_id(sid(2))}/drafter",
+                                body=elsewhere.encode(), headers=cbor),
+            ]
+
+    responses = run(scenario())
+    assert [r.status for r in responses] == [400] * 5
+    assert all(json.loads(r.body)["type"].endswith("sdcp-bad-request") for r in responses)
