@@ -1,10 +1,11 @@
-"""HTTP API of the MLC (a KVSP-like object API) and of its commit logs.
+"""HTTP API of the MLC (a KVSP-like object API) and of its commit logs, independent of the
+server that carries it.
 
 Objects (``<name>`` is an ``mlc://<scope>/<session>/<kind>[/<round>]`` URI without its scheme):
   PUT    /objects/<name>[?lease_ms=N]   raw body, or application/cbor {data, ? lease_ms, ? meta}
   GET    /objects/<name>                raw bytes; ``Range: bytes=a-b`` gives 206;
                                         ``Accept: application/cbor`` gives {data, etag, meta}
-  HEAD   /objects/<name>                Content-Length, ETag, MLC-Tier, MLC-Leased
+  HEAD   /objects/<name>                Content-Length (and MLC-Size), ETag, MLC-Tier, MLC-Leased
   DELETE /objects/<name>
 Leases: POST /leases {uri, ttl_ms} -> {lease}; PUT /leases/<id> {ttl_ms}; DELETE /leases/<id>
 Commit logs: GET /logs/<name>?from=n (application/cbor-seq of records, ETag of the log; 404
@@ -12,10 +13,13 @@ Commit logs: GET /logs/<name>?from=n (application/cbor-seq of records, ETag of t
   a stale tag, 409 sdcp-stale-epoch when fenced, 413 over the record limit).
 Metrics: GET /stats (JSON), GET /metrics (Prometheus text).
 
-Errors are RFC 9457 problem details, never tracebacks. With client certificates (mTLS) every
-request is authorized by :mod:`sdcp_fast.cache.policy` (docs/security.md). Bodies are read
-in chunks against their limit (a declared Content-Length over it is refused unread) and
-released as soon as the request ends, also when the client goes away mid-body; large
+:class:`MLCService` holds the routes; each runs on a :class:`Call` (a request as the routes
+see it) and returns a transport :class:`~sdcp_fast.transport.base.Response`. Two servers
+carry it: :func:`serve` on the project's HTTP/2 + mutual TLS transport (the default,
+``sdcp-fast mlc``), and the aiohttp HTTP/1.1 application of :mod:`.mlc_http1` (``--http1``,
+for debugging), which streams bodies in against their limit. Errors are RFC 9457 problem
+details, never tracebacks. With client certificates every request is authorized by
+:mod:`sdcp_fast.cache.policy` (docs/security.md), before the store is touched. Large
 bodies are encoded, decoded and copied on worker threads, never on the event loop.
 """
 
@@ -26,11 +30,10 @@ import json
 import logging
 import re
 import ssl
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import cbor2
-from aiohttp import web
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -43,11 +46,11 @@ from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record, encode_record
-from sdcp_fast.protocol.identity import Peer, peer_from_uris
+from sdcp_fast.protocol.identity import Peer
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, SdcpProblem
+from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.problem import http_problem
 
-MLC_KEY = web.AppKey("mlc", MLC)
-LOGS_KEY = web.AppKey("logs", LogDirectory)
 CBOR = "application/cbor"
 CBOR_SEQ = "application/cbor-seq"
 OCTETS = "application/octet-stream"
@@ -61,7 +64,6 @@ MAX_LEASE_MS = int(MAX_LEASE_TTL * 1000)
 MAX_INFLIGHT = 2 << 30
 
 log = logging.getLogger(__name__)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class InternalError(SdcpProblem):
@@ -82,6 +84,12 @@ class Busy(SdcpProblem):
     title = "Too many upload bytes in flight; retry later"
 
 
+class Incomplete(SdcpProblem):
+    suffix = "mlc-incomplete-body"
+    status = 400
+    title = "The request body ended early"
+
+
 class UploadBudget:
     """Bytes of object bodies held by uploads in flight (the event loop is the only user)."""
 
@@ -98,87 +106,57 @@ class UploadBudget:
         self.used -= n
 
 
-BUDGET_KEY = web.AppKey("upload_budget", UploadBudget)
+class Call:
+    """One request as the routes see it. ``path`` is relative to the server's root, without
+    a leading slash; ``headers`` have lower-case names. A server whose transport hands over
+    the whole body (HTTP/2) uses this class; one that streams bodies in overrides
+    :meth:`body` to read against the limit as bytes arrive (HTTP/1.1)."""
 
+    def __init__(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str],
+                 peer: Peer | None, body: bytes = b"") -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.peer = peer
+        self._body = body
 
-class Incomplete(SdcpProblem):
-    suffix = "mlc-incomplete-body"
-    status = 400
-    title = "The request body ended early"
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
-
-def problem_response(problem: SdcpProblem) -> web.Response:
-    return web.Response(status=problem.status, body=problem.render(), content_type=PROBLEM_MEDIA_TYPE)
-
-
-@web.middleware
-async def problems(request: web.Request, handler: Handler) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except SdcpProblem as p:
-        resp = problem_response(p)
-    except ValueError as exc:
-        resp = problem_response(BadRequest(str(exc)))
-    except ConnectionError as exc:
-        # The client went away mid-request: nobody reads an answer, and it is no server fault.
-        log.debug("MLC client left during %s %s: %s", request.method, request.path, exc)
-        resp = problem_response(Incomplete(str(exc)))
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        # aiohttp's own refusals (no such route, wrong method, ...) as problem details too.
-        body = json.dumps({"type": "about:blank", "title": exc.reason, "status": exc.status}).encode()
-        resp = web.Response(status=exc.status, body=body, content_type=PROBLEM_MEDIA_TYPE,
-                            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"})
-    except Exception:
-        log.exception("MLC request failed: %s %s", request.method, request.path)
-        resp = problem_response(InternalError())
-    if not request.content.is_eof():
-        # A refused body is neither read nor drained (aiohttp would linger up to 10 s
-        # reading it): answer, then close the connection.
-        resp.force_close()
-        await resp.prepare(request)
-        await resp.write_eof()
-        request.protocol.force_close()
-    return resp
-
-
-def request_peer(request: web.Request) -> Peer | None:
-    """The peer of a client certificate's URI SANs; None when TLS authenticated nobody."""
-    ssl_obj = request.transport.get_extra_info("ssl_object") if request.transport is not None else None
-    cert = ssl_obj.getpeercert() if ssl_obj is not None else None
-    if not cert:
-        return None
-    return peer_from_uris(value for kind, value in cert.get("subjectAltName", ()) if kind == "URI")
-
-
-async def read_body(request: web.Request, limit: int, budget: UploadBudget | None = None) -> bytearray:
-    """The body, at most ``limit`` bytes; a declared length over it is refused unread. Bytes
-    are taken from ``budget`` as they arrive (the caller gives ``len(body)`` back when done).
-    On any failure (client gone, over a limit) the bytes read so far are freed and given back
-    at once rather than left to whatever keeps the failed frame alive."""
-    declared = request.content_length
-    if declared is not None and declared > limit:
-        raise BodyTooLarge(f"body of {declared} bytes; this route takes at most {limit}", extra={"limit": limit})
-    buf = bytearray()
-    try:
-        async for chunk in request.content.iter_any():
-            if len(buf) + len(chunk) > limit:
-                raise BodyTooLarge(f"body over {limit} bytes", extra={"limit": limit})
-            if budget is not None:
-                budget.take(len(chunk))
-            buf += chunk
-    except BaseException:
+    async def body(self, limit: int, budget: UploadBudget | None = None) -> bytearray | bytes:
+        """The body, at most ``limit`` bytes, taken from ``budget`` (the caller gives
+        ``len(body)`` back when done)."""
+        declared = self.headers.get("content-length")
+        if len(self._body) > limit or (declared is not None and declared.isdigit() and int(declared) > limit):
+            raise BodyTooLarge(f"body over {limit} bytes; this route takes at most {limit}", extra={"limit": limit})
         if budget is not None:
-            budget.give(len(buf))
-        del buf[:]
-        raise
-    if declared is not None and len(buf) != declared:
-        raise Incomplete(f"{len(buf)} of {declared} bytes")
-    return buf
+            budget.take(len(self._body))
+        return self._body
 
 
-def _release(buf: bytearray) -> None:
+def problem_response(problem: SdcpProblem) -> Response:
+    return Response(problem.status, problem.render(), {"content-type": PROBLEM_MEDIA_TYPE})
+
+
+def answer_for(exc: Exception, method: str, path: str) -> Response:
+    """The problem document a route's exception becomes; unknown failures are logged here."""
+    if isinstance(exc, SdcpProblem):
+        return problem_response(exc)
+    if isinstance(exc, ValueError):
+        return problem_response(BadRequest(str(exc)))
+    if isinstance(exc, ConnectionError):
+        # The client went away mid-request: nobody reads an answer, and it is no server fault.
+        log.debug("MLC client left during %s %s: %s", method, path, exc)
+        return problem_response(Incomplete(str(exc)))
+    log.error("MLC request failed: %s %s", method, path, exc_info=exc)
+    return problem_response(InternalError())
+
+
+def _release(buf: bytearray | bytes) -> None:
+    if not isinstance(buf, bytearray):
+        return  # immutable: freed with the request that holds it
     try:
         del buf[:]
     except BufferError:
@@ -201,8 +179,8 @@ async def _store(mlc: MLC, fn: Callable[[], Any], size: int = 0) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
-def _name(request: web.Request, *, log: bool = False) -> tuple[str, ObjectName]:
-    uri = SCHEME + request.match_info["name"]
+def _name(name: str, *, log: bool = False) -> tuple[str, ObjectName]:
+    uri = SCHEME + name
     return uri, served_name(uri, log=log)
 
 
@@ -214,45 +192,13 @@ def _ttl(value: Any, field: str) -> float:
     return value / 1000.0
 
 
-def _query_uint(request: web.Request, field: str, digits: int) -> int | None:
-    text = request.query.get(field)
+def _query_uint(call: Call, field: str, digits: int) -> int | None:
+    text = call.query.get(field)
     if text is None:
         return None
     if not re.fullmatch(rf"\d{{1,{digits}}}", text):
         raise BadRequest(f"{field} must be a decimal uint of at most {digits} digits")
     return int(text)
-
-
-async def put_object(request: web.Request) -> web.Response:
-    mlc = request.app[MLC_KEY]
-    uri, name = _name(request)
-    peer = request_peer(request)
-    check = policy.may_put(peer, name)  # refused before the body is read
-    lease_ms: Any = _query_uint(request, "lease_ms", 10)
-    budget = request.app[BUDGET_KEY]
-    body = await read_body(request, MAX_BODY, budget)
-    try:
-        meta = None
-        data: Any = body
-        if request.content_type == CBOR:
-            # Untrusted input: the strict decoder only raises BadRequest.
-            msg = await _offload(len(body), lambda: cbor.decode(body))
-            if not isinstance(msg, dict) or not isinstance(msg.get("data"), bytes):
-                raise BadRequest("CBOR object body is {data: bstr, ? lease_ms: uint, ? meta: map}")
-            data, meta = msg["data"], msg.get("meta")
-            lease_ms = msg.get("lease_ms", lease_ms)
-            if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) for k in meta)):
-                raise BadRequest("meta must be a map with text keys")
-        ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
-        stored = await _store(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
-                                                   check=check), len(data))
-    finally:
-        budget.give(len(body))
-        _release(body)
-    out = {"etag": stored.etag, "tier": stored.tier}
-    if stored.lease is not None:
-        out["lease"] = stored.lease
-    return web.Response(status=201, body=cbor2.dumps(out), content_type=CBOR, headers={"ETag": stored.etag})
 
 
 _RANGE = re.compile(r"^bytes=(\d{0,19})-(\d{0,19})$")
@@ -277,125 +223,208 @@ def _span(spec: str) -> Callable[[int], tuple[int, int]]:
     return span
 
 
-async def get_object(request: web.Request) -> web.Response:
-    mlc = request.app[MLC_KEY]
-    uri, name = _name(request)
-    check = policy.may_read(request_peer(request), name)
-    spec = request.headers.get("Range")
-    span = None if spec is None else _span(spec)
-    hint = (await _store(mlc, lambda: mlc.head(uri))).size  # where to copy; the answer's head comes with the bytes
-    # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
-    head, view = await _store(mlc, lambda: mlc.read(uri, span, check=check), hint)
-    headers = {"ETag": head.etag, "Accept-Ranges": "bytes", "MLC-Tier": head.tier}
-    if span is not None:
-        start, stop = span(head.size)
-        headers["Content-Range"] = f"bytes {start}-{stop - 1}/{head.size}"
-        return web.Response(status=206, body=view, content_type=OCTETS, headers=headers)
-    if CBOR in request.headers.get("Accept", ""):
-        # The CBOR form carries the metadata too (dtype/shape of a tensor put).
-        body = await _offload(head.size, lambda: cbor2.dumps({"data": bytes(view), "etag": head.etag,
-                                                               "meta": head.meta}))
-        return web.Response(body=body, content_type=CBOR, headers=headers)
-    return web.Response(body=view, content_type=OCTETS, headers=headers)
+def _cbor_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(status, cbor2.dumps(doc), {"content-type": CBOR, **(headers or {})})
 
 
-async def head_object(request: web.Request) -> web.Response:
-    uri, name = _name(request)
-    mlc = request.app[MLC_KEY]
-    check = policy.may_read(request_peer(request), name)
-    head = await _store(mlc, lambda: mlc.head(uri, check=check))
-    # aiohttp keeps an explicit Content-Length on a bodiless HEAD response.
-    return web.Response(status=200, headers={
-        "ETag": head.etag, "MLC-Tier": head.tier, "MLC-Leased": "1" if head.leased else "0",
-        "Content-Type": OCTETS, "Content-Length": str(head.size),
-    })
+# method -> route name, per path prefix; a path matching no prefix is 404, a method the
+# prefix does not list 405.
+_ROUTES: list[tuple[re.Pattern[str], dict[str, str]]] = [
+    (re.compile(r"objects/(?P<name>.+)"),
+     {"PUT": "put_object", "GET": "get_object", "HEAD": "head_object", "DELETE": "delete_object"}),
+    (re.compile(r"leases"), {"POST": "create_lease"}),
+    (re.compile(r"leases/(?P<lease>[^/]+)"), {"PUT": "renew_lease", "DELETE": "release_lease"}),
+    (re.compile(r"logs/(?P<name>.+)"), {"GET": "read_log", "POST": "append_log"}),
+    (re.compile(r"stats"), {"GET": "stats"}),
+    (re.compile(r"metrics"), {"GET": "metrics"}),
+]
 
 
-async def delete_object(request: web.Request) -> web.Response:
-    uri, name = _name(request)
-    mlc = request.app[MLC_KEY]
-    check = policy.may_delete(request_peer(request), name)
-    await _store(mlc, lambda: mlc.delete(uri, check=check))
-    return web.Response(status=204)
+class MLCService:
+    """The MLC's routes over ``mlc`` (objects, leases) and ``logs`` (commit logs; none when
+    None), holding at most ``inflight_bytes`` of object bodies at once."""
 
+    def __init__(self, mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = MAX_INFLIGHT) -> None:
+        self.mlc = mlc
+        self.logs = logs
+        self.budget = UploadBudget(inflight_bytes)
 
-async def _cbor_map(request: web.Request) -> dict[str, Any]:
-    msg = cbor.decode(bytes(await read_body(request, MAX_SMALL_BODY)))
-    if not isinstance(msg, dict):
-        raise BadRequest("body must be a CBOR map")
-    return msg
+    # -- the transport Handler (HTTP/2) -----------------------------------------------------
 
+    async def handler(self, request: Request) -> Response:
+        """:data:`~sdcp_fast.transport.base.Handler`: route ``request``; problems, never raises."""
+        call = Call(request.method, request.path, request.query, request.headers, request.peer, request.body)
+        try:
+            return await self.dispatch(call)
+        except Exception as exc:
+            return answer_for(exc, request.method, "/" + request.path)
 
-async def create_lease(request: web.Request) -> web.Response:
-    msg = await _cbor_map(request)
-    uri = msg.get("uri")
-    if not isinstance(uri, str):
-        raise BadRequest("lease body is {uri: tstr, ttl_ms: uint}")
-    name = served_name(uri)
-    ttl = _ttl(msg.get("ttl_ms"), "ttl_ms")
-    peer = request_peer(request)
-    mlc = request.app[MLC_KEY]
-    check = policy.may_lease(peer, name)
-    lease = await _store(mlc, lambda: mlc.lease(uri, ttl, holder=policy.principal(peer), check=check))
-    return web.Response(status=201, body=cbor2.dumps({"lease": lease}), content_type=CBOR)
+    async def dispatch(self, call: Call) -> Response:
+        for pattern, methods in _ROUTES:
+            m = pattern.fullmatch(call.path)
+            if m is None:
+                continue
+            route = methods.get(call.method)
+            if route is None:
+                allowed = ", ".join(methods)
+                response = http_problem(405, f"{call.method} /{call.path}: allowed {allowed}")
+                return Response(405, response.body, {**response.headers, "allow": allowed})
+            out: Response = await getattr(self, route)(call, **m.groupdict())
+            return out
+        return http_problem(404, f"no route for /{call.path}")
 
+    # -- objects ------------------------------------------------------------------------------
 
-async def renew_lease(request: web.Request) -> web.Response:
-    ttl = _ttl((await _cbor_map(request)).get("ttl_ms"), "ttl_ms")
-    mlc, lease, check = request.app[MLC_KEY], request.match_info["lease"], policy.may_hold(request_peer(request))
-    await _store(mlc, lambda: mlc.renew(lease, ttl, check=check))
-    return web.Response(status=204)
+    async def put_object(self, call: Call, name: str) -> Response:
+        mlc, budget = self.mlc, self.budget
+        uri, parsed = _name(name)
+        peer = call.peer
+        check = policy.may_put(peer, parsed)  # refused before the body is read
+        lease_ms: Any = _query_uint(call, "lease_ms", 10)
+        body = await call.body(MAX_BODY, budget)
+        try:
+            meta = None
+            data: Any = body
+            if call.content_type == CBOR:
+                # Untrusted input: the strict decoder only raises BadRequest.
+                msg = await _offload(len(body), lambda: cbor.decode(body))
+                if not isinstance(msg, dict) or not isinstance(msg.get("data"), bytes):
+                    raise BadRequest("CBOR object body is {data: bstr, ? lease_ms: uint, ? meta: map}")
+                data, meta = msg["data"], msg.get("meta")
+                lease_ms = msg.get("lease_ms", lease_ms)
+                if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) for k in meta)):
+                    raise BadRequest("meta must be a map with text keys")
+            ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
+            stored = await _store(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
+                                                       check=check), len(data))
+        finally:
+            budget.give(len(body))
+            _release(body)
+        out = {"etag": stored.etag, "tier": stored.tier}
+        if stored.lease is not None:
+            out["lease"] = stored.lease
+        return _cbor_response(out, 201, {"etag": stored.etag})
 
+    async def get_object(self, call: Call, name: str) -> Response:
+        mlc = self.mlc
+        uri, parsed = _name(name)
+        check = policy.may_read(call.peer, parsed)
+        spec = call.headers.get("range")
+        span = None if spec is None else _span(spec)
+        hint = (await _store(mlc, lambda: mlc.head(uri))).size  # where to copy; the answer's head comes with the bytes
+        # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
+        head, view = await _store(mlc, lambda: mlc.read(uri, span, check=check), hint)
+        headers = {"etag": head.etag, "accept-ranges": "bytes", "mlc-tier": head.tier}
+        if span is not None:
+            start, stop = span(head.size)
+            headers["content-range"] = f"bytes {start}-{stop - 1}/{head.size}"
+            return Response(206, view, {**headers, "content-type": OCTETS})
+        if CBOR in call.headers.get("accept", ""):
+            # The CBOR form carries the metadata too (dtype/shape of a tensor put).
+            body = await _offload(head.size, lambda: cbor2.dumps({"data": bytes(view), "etag": head.etag,
+                                                                   "meta": head.meta}))
+            return Response(200, body, {**headers, "content-type": CBOR})
+        return Response(200, view, {**headers, "content-type": OCTETS})
 
-async def release_lease(request: web.Request) -> web.Response:
-    mlc, lease, check = request.app[MLC_KEY], request.match_info["lease"], policy.may_hold(request_peer(request))
-    await _store(mlc, lambda: mlc.release(lease, check=check))
-    return web.Response(status=204)
+    async def head_object(self, call: Call, name: str) -> Response:
+        uri, parsed = _name(name)
+        mlc = self.mlc
+        check = policy.may_read(call.peer, parsed)
+        head = await _store(mlc, lambda: mlc.head(uri, check=check))
+        # MLC-Size: an HTTP/2 server may give a bodiless answer Content-Length 0.
+        return Response(200, b"", {
+            "etag": head.etag, "mlc-tier": head.tier, "mlc-leased": "1" if head.leased else "0",
+            "content-type": OCTETS, "content-length": str(head.size), "mlc-size": str(head.size),
+        })
 
+    async def delete_object(self, call: Call, name: str) -> Response:
+        uri, parsed = _name(name)
+        mlc = self.mlc
+        check = policy.may_delete(call.peer, parsed)
+        await _store(mlc, lambda: mlc.delete(uri, check=check))
+        return Response(204)
 
-def _logs(request: web.Request) -> LogDirectory:
-    logs = request.app.get(LOGS_KEY)
-    if logs is None:
-        raise UnknownLog("this MLC serves no commit logs")
-    return logs
+    # -- leases -------------------------------------------------------------------------------
 
+    async def _cbor_map(self, call: Call) -> dict[str, Any]:
+        msg = cbor.decode(bytes(await call.body(MAX_SMALL_BODY)))
+        if not isinstance(msg, dict):
+            raise BadRequest("body must be a CBOR map")
+        return msg
 
-async def read_log(request: web.Request) -> web.Response:
-    uri, _ = _name(request, log=True)
-    policy.may_read_log(request_peer(request))
-    start = _query_uint(request, "from", 18) or 0
-    logs = _logs(request)
-    if not logs.exists(uri):
-        raise UnknownLog(f"no record was ever appended to {uri}")
+    async def create_lease(self, call: Call) -> Response:
+        msg = await self._cbor_map(call)
+        uri = msg.get("uri")
+        if not isinstance(uri, str):
+            raise BadRequest("lease body is {uri: tstr, ttl_ms: uint}")
+        parsed = served_name(uri)
+        ttl = _ttl(msg.get("ttl_ms"), "ttl_ms")
+        peer, mlc = call.peer, self.mlc
+        check = policy.may_lease(peer, parsed)
+        lease = await _store(mlc, lambda: mlc.lease(uri, ttl, holder=policy.principal(peer), check=check))
+        return _cbor_response({"lease": lease}, 201)
 
-    def read() -> tuple[str, bytes]:
-        view = logs.log(uri).read(start)
-        return view.etag, b"".join(encode_record(r) for r in view.records)
+    async def renew_lease(self, call: Call, lease: str) -> Response:
+        ttl = _ttl((await self._cbor_map(call)).get("ttl_ms"), "ttl_ms")
+        mlc, check = self.mlc, policy.may_hold(call.peer)
+        await _store(mlc, lambda: mlc.renew(lease, ttl, check=check))
+        return Response(204)
 
-    etag, body = await asyncio.get_running_loop().run_in_executor(None, read)
-    return web.Response(body=body, content_type=CBOR_SEQ, headers={"ETag": etag, "Log-Start": str(start)})
+    async def release_lease(self, call: Call, lease: str) -> Response:
+        mlc, check = self.mlc, policy.may_hold(call.peer)
+        await _store(mlc, lambda: mlc.release(lease, check=check))
+        return Response(204)
 
+    # -- commit logs --------------------------------------------------------------------------
 
-async def append_log(request: web.Request) -> web.Response:
-    uri, _ = _name(request, log=True)
-    peer = request_peer(request)
-    policy.may_append_some(peer)  # refused before the body is read
-    log_ = _logs(request).log(uri)
-    try:
-        body = await read_body(request, MAX_RECORD)
-    except BodyTooLarge as exc:
-        raise RecordTooLarge(exc.detail, extra=exc.extra) from None  # what every log backend says
-    record = decode_record(bytes(body))
-    policy.may_append(peer, record)
-    if_match = request.headers.get("If-Match")
-    etag = await asyncio.get_running_loop().run_in_executor(None, log_.append, record, if_match)
-    return web.Response(status=201, headers={"ETag": etag})
+    def _logs(self) -> LogDirectory:
+        if self.logs is None:
+            raise UnknownLog("this MLC serves no commit logs")
+        return self.logs
 
+    async def read_log(self, call: Call, name: str) -> Response:
+        uri, _ = _name(name, log=True)
+        policy.may_read_log(call.peer)
+        start = _query_uint(call, "from", 18) or 0
+        logs = self._logs()
+        if not logs.exists(uri):
+            raise UnknownLog(f"no record was ever appended to {uri}")
 
-async def stats(request: web.Request) -> web.Response:
-    policy.may_see_stats(request_peer(request))
-    mlc = request.app[MLC_KEY]
-    return web.Response(body=json.dumps(await _store(mlc, mlc.stats)), content_type="application/json")
+        def read() -> tuple[str, bytes]:
+            view = logs.log(uri).read(start)
+            return view.etag, b"".join(encode_record(r) for r in view.records)
+
+        etag, body = await asyncio.get_running_loop().run_in_executor(None, read)
+        return Response(200, body, {"content-type": CBOR_SEQ, "etag": etag, "log-start": str(start)})
+
+    async def append_log(self, call: Call, name: str) -> Response:
+        uri, _ = _name(name, log=True)
+        peer = call.peer
+        policy.may_append_some(peer)  # refused before the body is read
+        log_ = self._logs().log(uri)
+        try:
+            body = await call.body(MAX_RECORD)
+        except BodyTooLarge as exc:
+            raise RecordTooLarge(exc.detail, extra=exc.extra) from None  # what every log backend says
+        record = decode_record(bytes(body))
+        policy.may_append(peer, record)
+        if_match = call.headers.get("if-match")
+        etag = await asyncio.get_running_loop().run_in_executor(None, log_.append, record, if_match)
+        return Response(201, b"", {"etag": etag})
+
+    # -- accounting ---------------------------------------------------------------------------
+
+    async def stats(self, call: Call) -> Response:
+        policy.may_see_stats(call.peer)
+        mlc = self.mlc
+        body = json.dumps(await _store(mlc, mlc.stats)).encode()
+        return Response(200, body, {"content-type": "application/json"})
+
+    async def metrics(self, call: Call) -> Response:
+        policy.may_see_stats(call.peer)
+        mlc = self.mlc
+        text = prometheus_text(await _store(mlc, mlc.stats))
+        return Response(200, text.encode(), {"content-type": "text/plain; charset=utf-8", "cache-control": "no-store"})
 
 
 class _StatsCollector:
@@ -432,46 +461,33 @@ def prometheus_text(stats: dict[str, Any]) -> str:
     return generate_latest(registry).decode()
 
 
-async def metrics(request: web.Request) -> web.Response:
-    policy.may_see_stats(request_peer(request))
-    mlc = request.app[MLC_KEY]
-    text = prometheus_text(await _store(mlc, mlc.stats))
-    return web.Response(text=text, content_type="text/plain", charset="utf-8", headers={"Cache-Control": "no-store"})
+def limits() -> Any:
+    """The HTTP/2 server's bounds for the MLC: a request body up to an object's limit."""
+    from sdcp_fast.transport.h2conn import Limits
+
+    return Limits(max_body=MAX_BODY)
+
+
+async def serve(service: MLCService, host: str, port: int, *, ssl: ssl.SSLContext | None,
+                insecure: bool = False) -> Any:
+    """Serve ``service`` over HTTP/2 (``ssl``: a :func:`~sdcp_fast.transport.tls.server_context`,
+    client certificates required); returns the :class:`~sdcp_fast.transport.h2server.H2Server`."""
+    from sdcp_fast.transport.h2server import serve as serve_h2
+
+    return await serve_h2(service.handler, host, port, ssl=ssl, insecure=insecure, limits=limits())
 
 
 def init_app(mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = MAX_INFLIGHT,
-             on_close: Callable[[], None] | None = None) -> web.Application:
-    """The MLC's application: objects and leases of ``mlc``, commit logs of ``logs`` (none
-    when None), at most ``inflight_bytes`` of object bodies held at once; ``on_close`` runs
-    at clean-up (e.g. ``EmbeddedStore.close``)."""
-    app = web.Application(middlewares=[problems], client_max_size=MAX_BODY)
-    app[MLC_KEY] = mlc
-    app[BUDGET_KEY] = UploadBudget(inflight_bytes)
-    if logs is not None:
-        app[LOGS_KEY] = logs
-    obj = "/objects/{name:.+}"
-    app.router.add_put(obj, put_object)
-    app.router.add_get(obj, get_object, allow_head=False)
-    app.router.add_route("HEAD", obj, head_object)
-    app.router.add_delete(obj, delete_object)
-    app.router.add_post("/leases", create_lease)
-    app.router.add_put("/leases/{lease}", renew_lease)
-    app.router.add_delete("/leases/{lease}", release_lease)
-    app.router.add_get("/logs/{name:.+}", read_log)
-    app.router.add_post("/logs/{name:.+}", append_log)
-    app.router.add_get("/stats", stats)
-    app.router.add_get("/metrics", metrics)
-    if on_close is not None:
-        async def closing(app: web.Application) -> Any:
-            yield
-            on_close()
+             on_close: Callable[[], None] | None = None) -> Any:
+    """The HTTP/1.1 (aiohttp) application: see :func:`sdcp_fast.servers.mlc_http1.init_app`."""
+    from sdcp_fast.servers.mlc_http1 import init_app as make
 
-        app.cleanup_ctx.append(closing)
-    return app
+    return make(mlc, logs, inflight_bytes=inflight_bytes, on_close=on_close)
 
 
 def server_ssl(cert: str, key: str, ca: str | None = None) -> ssl.SSLContext:
-    """TLS 1.3 server context; with ``ca`` a client certificate signed by it is required (mTLS)."""
+    """TLS 1.3 server context for the HTTP/1.1 server; with ``ca`` a client certificate
+    signed by it is required (mTLS)."""
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     ctx.load_cert_chain(cert, key)

@@ -13,7 +13,7 @@ from aiohttp import web
 
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
-from sdcp_fast.servers.mlc import init_app
+from sdcp_fast.servers.mlc_http1 import init_app
 
 
 class Served(str):
