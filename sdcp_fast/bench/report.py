@@ -1,0 +1,104 @@
+"""The report: ``report.json`` (settings, environment, raw samples, figures), the summary
+table, and the differences between two reports (``--compare``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SCHEMA = "sdcp-fast/bench/1"
+
+
+def write(path: Path, report: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+
+
+def load(path: Path) -> dict[str, Any]:
+    report = json.loads(Path(path).read_text())
+    if report.get("schema") != SCHEMA:
+        raise ValueError(f"{path}: not a bench report ({SCHEMA})")
+    return report  # type: ignore[no-any-return]
+
+
+def _f(value: Any, fmt: str = ".1f", scale: float = 1.0) -> str:
+    return "-" if value is None else format(value * scale, fmt)
+
+
+COLUMNS = (
+    ("config", 26), ("sess", 4), ("tok/s", 7), ("spread", 13), ("x", 5), ("bound", 5), ("ttft p50/p99 ms", 15),
+    ("itl p50/p99 ms", 14), ("accept", 6), ("acc/rd", 6), ("tok/pass", 8), ("batch", 5), ("esc", 4), ("prob", 4),
+)
+
+
+def rows(summary: dict[str, dict[str, dict[str, Any]]]) -> list[list[str]]:
+    out = []
+    for name, levels in summary.items():
+        for level, f in levels.items():
+            t = f["tokens_per_s"]
+            out.append([
+                name, str(level), _f(t["median"]), f"{_f(t['min'])}-{_f(t['max'])} n{t['n']}",
+                _f(f.get("speedup"), ".2f"), _f(f.get("speedup_bound"), ".2f"),
+                f"{_f(f['ttft_s']['p50'], '.0f', 1e3)}/{_f(f['ttft_s']['p99'], '.0f', 1e3)}",
+                f"{_f(f['itl_s']['p50'], '.1f', 1e3)}/{_f(f['itl_s']['p99'], '.1f', 1e3)}",
+                _f(f["acceptance"], ".3f"), _f(f["accepted_per_round"], ".2f"), _f(f["tokens_per_pass"], ".2f"),
+                _f(f["mean_batch"], ".1f"), str(sum(f["escalations"].values())), str(sum(f["problems"].values())),
+            ])
+    return out
+
+
+def table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
+    lines = ["  ".join(h.ljust(w) for h, w in COLUMNS)]
+    for row in rows(summary):
+        lines.append("  ".join(c.ljust(w) for c, (_, w) in zip(row, COLUMNS, strict=True)))
+    return "\n".join(lines)
+
+
+def breakdown_table(summary: dict[str, dict[str, dict[str, Any]]]) -> str:
+    lines = ["time per committed round, ms (in process: the parts add up to the wall time; remote: the verifier's "
+             "verdict latency and the rest of a session's time)"]
+    for name, levels in summary.items():
+        for level, f in levels.items():
+            b = f.get("breakdown_s_per_round")
+            if b:
+                parts = "  ".join(f"{k} {v * 1e3:.2f}" for k, v in b.items())
+                lines.append(f"  {name} @{level}: {parts}")
+    return "\n".join(lines)
+
+
+def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
+    """Per configuration and level present in both: the main figures of A, of B, and B/A."""
+    keys = (("tokens/s", ("tokens_per_s", "median")), ("ttft p50 s", ("ttft_s", "p50")),
+            ("itl p50 s", ("itl_s", "p50")), ("acceptance", ("acceptance",)),
+            ("tokens/pass", ("tokens_per_pass",)), ("speedup", ("speedup",)))
+
+    def get(f: dict[str, Any], path: tuple[str, ...]) -> float | None:
+        v: Any = f
+        for p in path:
+            v = v.get(p) if isinstance(v, dict) else None
+        return v if isinstance(v, int | float) else None
+
+    lines = [f"A: {a['environment']['git']['commit'] or '?'} {a['started']}  ({a['command']})",
+             f"B: {b['environment']['git']['commit'] or '?'} {b['started']}  ({b['command']})",
+             f"{'config':26} {'sess':>4} {'figure':12} {'A':>10} {'B':>10} {'B/A':>7}"]
+    common = 0
+    for name, levels in a["summary"].items():
+        for level, fa in levels.items():
+            fb = b["summary"].get(name, {}).get(level)
+            if fb is None:
+                continue
+            common += 1
+            for label, path in keys:
+                va, vb = get(fa, path), get(fb, path)
+                if va is None and vb is None:
+                    continue
+                ratio = f"{vb / va:.2f}" if va and vb is not None else "-"
+                lines.append(f"{name:26} {level:>4} {label:12} {_f(va, '.4g'):>10} {_f(vb, '.4g'):>10} {ratio:>7}")
+    only = sorted({f"{n}@{lv}" for n, ls in a["summary"].items() for lv in ls} ^
+                  {f"{n}@{lv}" for n, ls in b["summary"].items() for lv in ls})
+    if only:
+        lines.append("in one report only: " + ", ".join(only))
+    if not common:
+        lines.append("no configuration in common")
+    return "\n".join(lines)

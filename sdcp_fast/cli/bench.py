@@ -1,0 +1,150 @@
+"""``sdcp-fast bench``: tokens/s, latency percentiles, acceptance and speedup of SDCP decoding,
+in process, against the embedded deployment (``sdcp-fast up`` on loopback) or a running one,
+with a report (``report.json`` with the raw samples and the environment) and plots.
+docs/benchmarks.md says what each figure means."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+HELP = "measure tokens/s, latency, acceptance and speedup (in process, sdcp-fast up, or a remote deployment)"
+
+REAL_DRAFTERS = "ngram,model:smollm2-draft"
+TOY_DRAFTERS = "toy-good,toy-weak"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--embedded", action="store_true",
+                       help="also start sdcp-fast up (every role its own process, HTTP/2 + mTLS on loopback) and "
+                            "measure it next to the in-process configurations (the default)")
+    where.add_argument("--inprocess", action="store_true", help="only the in-process configurations")
+    where.add_argument("--router", metavar="URL", help="measure a running deployment through its front end")
+    p.add_argument("--ca", help="CA certificate of the deployment (--router)")
+    p.add_argument("--cert", help="client certificate (--router)")
+    p.add_argument("--key", help="client key (--router)")
+    p.add_argument("--metrics", action="append", default=[], metavar="URL",
+                   help="a verifier's base URI whose GET metrics gives rounds and acceptance (--router; repeatable)")
+    p.add_argument("--model", default=None,
+                   help="target: toy, smollm2, a GGUF or HF directory (default: auto = smollm2 when installed; "
+                        "with --router: none, so no in-process target-only figure)")
+    p.add_argument("--drafters", default=None,
+                   help=f"comma-separated drafter specs (default {REAL_DRAFTERS}; toy: {TOY_DRAFTERS})")
+    p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1,4,16)")
+    p.add_argument("--prompts", default=None,
+                   help="number of built-in prompts per run (default 12), or a FILE.jsonl of {\"text\", \"kind\"}")
+    p.add_argument("--max-new", type=int, default=None, help="output tokens per session (default 48)")
+    p.add_argument("--rule", type=int, choices=(1, 2), default=1, help="acceptance rule (default 1, greedy)")
+    p.add_argument("--profile", default="sample", help="rule 2 sampling profile: sample, nucleus, topk")
+    p.add_argument("--rate", type=float, default=None,
+                   help="open loop: sessions arrive as a Poisson process at this rate per second (default: closed "
+                        "loop, each level's sessions all in flight)")
+    p.add_argument("--repeats", type=int, default=None, help="measured repeats per configuration and level (default 3)")
+    p.add_argument("--m", type=int, default=4, help="the fixed M of the fixed-M configurations (default 4)")
+    p.add_argument("--no-variants", action="store_true", help="skip adaptive M and no-batching")
+    p.add_argument("--no-hf", action="store_true", help="skip HF transformers assisted generation")
+    p.add_argument("--quick", action="store_true", help="about a minute: fewer prompts, tokens, levels, repeats")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (target and drafters on a GPU where present)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration and level at most")
+    p.add_argument("--out", type=Path, default=None, help="folder for report.json and the PNGs "
+                                                          "(default bench/results/<time>)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--compare", nargs=2, type=Path, metavar=("A.json", "B.json"),
+                   help="print the differences between two reports, run nothing")
+
+
+def run(args: argparse.Namespace) -> int:
+    from sdcp_fast.bench import report as reports
+
+    if args.compare:
+        try:
+            a, b = (reports.load(p) for p in args.compare)
+        except (OSError, ValueError) as exc:
+            print(f"sdcp-fast bench: {exc}", file=sys.stderr)
+            return 2
+        print(reports.compare(a, b))
+        return 0
+    try:
+        plan = _plan(args)
+    except ValueError as exc:
+        print(f"sdcp-fast bench: {exc}", file=sys.stderr)
+        return 2
+    from sdcp_fast.bench.runner import finish
+    from sdcp_fast.bench.runner import run as run_plan
+
+    out = args.out or Path("bench/results") / time.strftime("%Y%m%d-%H%M%S")
+    print(f"sdcp-fast bench: {plan.model or 'remote'}, {plan.workload.describe()}, sessions "
+          f"{','.join(map(str, plan.levels))}, {plan.repeats} repeats, warm-up excluded", flush=True)
+    report = run_plan(plan)
+    written = finish(report, out, plots=not args.no_plots)
+    print()
+    print(reports.table(report["summary"]))
+    print()
+    print(reports.breakdown_table(report["summary"]))
+    for note in report["notes"]:
+        print(f"note: {note}")
+    la = report["environment"]["load_average"]
+    if la:
+        print(f"machine: {report['environment']['cpu_count']} CPUs, load average {la[0]:.1f} at the end "
+              "(figures on a shared machine vary: see the spread)")
+    print("written: " + ", ".join(str(p) for p in written))
+    return 0
+
+
+def _plan(args: argparse.Namespace) -> object:
+    from sdcp_fast.bench import workload as wl
+    from sdcp_fast.bench.remote import Remote
+    from sdcp_fast.bench.runner import Plan
+    from sdcp_fast.services.models import resolve
+
+    remote = None
+    if args.router:
+        if not (args.ca and args.cert and args.key):
+            raise ValueError("--router needs --ca, --cert and --key")
+        remote = Remote(args.router, args.ca, args.cert, args.key, list(args.metrics))
+    model = resolve(args.model or "auto") if (args.model or not remote) else None
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    toy = model == "toy" or (model is None and remote is not None)
+    drafters = [d.strip() for d in (args.drafters or (TOY_DRAFTERS if toy else REAL_DRAFTERS)).split(",") if d.strip()]
+    if model == "smollm2" and "model:smollm2-draft" in drafters:
+        from sdcp_fast.model.loader import shipped_path
+
+        if not shipped_path("smollm2-draft").is_dir():
+            drafters.remove("model:smollm2-draft")
+    quick = args.quick
+    levels = [int(x) for x in (args.sessions or ("1,4" if quick else "1,4,16")).split(",")]
+    repeats = args.repeats or (2 if quick else 3)
+    max_new = args.max_new or (24 if quick else 48)
+    if args.prompts and Path(args.prompts).is_file():
+        prompts = wl.from_file(Path(args.prompts))
+    else:
+        n = int(args.prompts) if args.prompts else (4 if quick else 12)
+        prompts = list(wl.take(wl.builtin(toy), n))
+    if args.rule == 2 and args.profile not in wl.PROFILES:
+        raise ValueError(f"unknown profile {args.profile!r} (expected {', '.join(wl.PROFILES)})")
+    workload = wl.Workload(tuple(prompts), max_new, rule=args.rule, profile=args.profile if args.rule == 2 else None,
+                           rate=args.rate, seed=args.seed)
+    if quick and not args.drafters and not toy:
+        drafters = drafters[:1]
+    if remote is not None and not args.drafters:
+        drafters = []  # in process only the target-only baseline, beside the deployment
+    command = ("sdcp-fast bench " + shlex.join(sys.argv[2:])) if sys.argv[1:2] == ["bench"] else \
+        "sdcp-fast bench (from Python) " + shlex.join(f"--{k}={v}" for k, v in sorted(vars(args).items())
+                                                      if v not in (None, False, []) and not k.startswith("_"))
+    return Plan(
+        model=model or "", drafters=drafters, levels=levels, repeats=repeats, workload=workload,
+        inprocess=model is not None, embedded=not args.inprocess and remote is None, remote=remote,
+        m=args.m, variants=not args.no_variants, hf=not args.no_hf, backend=args.backend,
+        timeout=args.timeout, progress=not args.no_progress, command=command, device=args.device,
+    )
