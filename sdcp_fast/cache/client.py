@@ -1,16 +1,28 @@
-"""Synchronous client of an ``sdcp-fast mlc`` server: the MLC API over HTTP(S) with mTLS,
-for drafters and verifiers on other machines. One keep-alive connection per thread.
-The server's commit logs are reached with ``sdcp_fast.commitlog.http.HttpCommitLog``."""
+"""Clients of an ``sdcp-fast mlc`` server: the MLC API over the project's transport.
+
+:class:`AsyncMLC` sends each call on a :class:`~sdcp_fast.transport.base.Transport`: by
+default HTTP/2 with mutual TLS (one connection, a stream per call, shared with whatever
+else uses the same transport), or HTTP/1.1 for a ``--http1`` server. The roles await it on
+their own event loop. :class:`RemoteMLC` is the same client for synchronous callers (the
+bench, the conformance kit, tests): it runs an :class:`AsyncMLC` on an event loop of its
+own in a background thread, so any number of threads share its one connection. The
+server's commit logs are reached with :mod:`sdcp_fast.commitlog.http`.
+
+Failures keep the store's contract: a problem the server answers is raised as the cache
+error of its type (:mod:`sdcp_fast.cache.errors`) or the generic problem of its status; no
+answer at all (refused, reset, timed out) is a :class:`MLCUnreachable`, a ConnectionError.
+"""
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import ssl
 import threading
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
-from urllib.parse import quote, urlsplit
+from collections.abc import Coroutine, Mapping
+from concurrent.futures import Future
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import cbor2
 
@@ -18,6 +30,10 @@ from sdcp_fast.cache import errors
 from sdcp_fast.cache.store import Head, Stored
 from sdcp_fast.cache.uri import SCHEME, check_key
 from sdcp_fast.protocol.problems import Forbidden, SdcpProblem, problem_from_response, type_suffix
+from sdcp_fast.transport.base import Response, Transport
+from sdcp_fast.transport.errors import TransportError
+
+T = TypeVar("T")
 
 _OURS: dict[str, type[SdcpProblem]] = {
     cls.suffix: cls for cls in (errors.ObjectUnavailable, errors.ObjectLeased, errors.UnknownLease,
@@ -25,77 +41,51 @@ _OURS: dict[str, type[SdcpProblem]] = {
 }
 
 _BODILESS: dict[int, type[SdcpProblem]] = {404: errors.ObjectUnavailable, 403: Forbidden}
+MAX_OBJECT = 1 << 30  # the server's limit on an object; a response up to it is accepted
 
 
-def client_ssl(ca: str | None = None, cert: str | None = None, key: str | None = None) -> ssl.SSLContext:
-    """Client context: trust ``ca`` and present ``cert``/``key`` (mTLS)."""
+class MLCUnreachable(ConnectionError):
+    """No answer from the MLC server (connection refused, reset, TLS failure, timeout)."""
+
+
+def client_ssl(ca: str | None = None, cert: str | None = None, key: str | None = None, *,
+               alpn: tuple[str, ...] = ("h2",)) -> ssl.SSLContext:
+    """Client context: TLS 1.3, trust ``ca``, present ``cert``/``key`` (mTLS), offer ``alpn``
+    (``("http/1.1",)`` for a ``--http1`` server)."""
     ctx = ssl.create_default_context(cafile=ca)
     ctx.minimum_version = ssl.TLSVersion.TLSv1_3
     if cert:
         ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(list(alpn))
     return ctx
 
 
-class _Http:
-    def __init__(self, base: str, ssl_ctx: ssl.SSLContext | None, timeout: float) -> None:
-        parts = urlsplit(base)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"expected http(s)://host:port, got {base!r}")
-        self.https = parts.scheme == "https"
-        self.host = parts.hostname
-        self.port = parts.port or (443 if self.https else 80)
-        self.root = parts.path.rstrip("/")
-        self.ssl = ssl_ctx
-        self.timeout = timeout
-        self._local = threading.local()
+def mlc_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False, timeout: float | None = 30.0) -> Any:
+    """A transport for the MLC: HTTP/2 (h2c on loopback without ``ssl``), or HTTP/1.1 when
+    ``http1``; responses up to an object's size."""
+    if http1:
+        from sdcp_fast.transport.http1 import Http1Transport
 
-    def _conn(self) -> http.client.HTTPConnection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None:
-            if self.https:
-                conn = http.client.HTTPSConnection(self.host, self.port, timeout=self.timeout, context=self.ssl)
-            else:
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout)
-            self._local.conn = conn
-        return conn
+        return Http1Transport(ssl, insecure=ssl is None, timeout=timeout)
+    from dataclasses import replace
 
-    def request(self, method: str, path: str, body: Any = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        for attempt in (0, 1):
-            conn = self._conn()
-            try:
-                conn.request(method, self.root + path, body=body, headers=headers or {})
-                resp = conn.getresponse()
-                data = resp.read()
-                break
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
-                conn.close()
-                self._local.conn = None
-                if attempt:
-                    raise
-        hdrs = {k.lower(): v for k, v in resp.getheaders()}
-        if resp.status >= 400:
-            raise _problem(resp.status, hdrs, data)
-        return resp.status, hdrs, data
+    from sdcp_fast.transport.h2client import CLIENT_LIMITS, H2Transport
 
-    def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+    return H2Transport(ssl, insecure=ssl is None, timeout=timeout, limits=replace(CLIENT_LIMITS, max_body=MAX_OBJECT))
 
 
-def _problem(status: int, headers: dict[str, str], body: bytes) -> SdcpProblem:
+def problem_of(response: Response) -> SdcpProblem:
+    """The cache error a problem response stands for."""
     doc = None
-    if headers.get("content-type", "").startswith("application/problem+json"):
+    if response.content_type.startswith("application/problem+json"):
         try:
-            doc = json.loads(body)
+            doc = json.loads(response.body)
         except ValueError:
             doc = None
-    generic = problem_from_response(status, doc if isinstance(doc, dict) else None)
+    generic = problem_from_response(response.status, doc if isinstance(doc, dict) else None)
     cls = _OURS.get(type_suffix(generic.type_uri))
     if cls is None and doc is None:  # a HEAD answer has no body: its status says what it is
-        cls = _BODILESS.get(status)
+        cls = _BODILESS.get(response.status)
     if cls is None:
         return generic
     return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
@@ -105,146 +95,267 @@ def _path(prefix: str, uri: str) -> str:
     check_key(uri)
     if not uri.startswith(SCHEME):
         raise ValueError(f"remote MLC objects are mlc:// URIs: {uri!r}")
-    return prefix + quote(uri[len(SCHEME):], safe="/")
-
-
-class RemoteMLC:
-    """The MLC API of :class:`sdcp_fast.cache.MLC`, served by a remote ``sdcp-fast mlc``."""
-
-    def __init__(self, base_url: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0) -> None:
-        self._http = _Http(base_url, ssl, timeout)
-        self.base_url = base_url
-        self._prefetched: dict[str, bytes] = {}
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
-
-    def put(self, uri: str, data: Any, lease_ttl: float | None = None, *,
-            meta: dict[str, Any] | None = None) -> Stored:
-        from sdcp_fast.cache.tiers.base import as_bytes_view
-
-        view = as_bytes_view(data)
-        if hasattr(data, "untyped_storage"):
-            meta = {"dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape), **(meta or {})}
-        if meta:
-            body: Any = cbor2.dumps({"data": bytes(view), "meta": meta,
-                                     **({"lease_ms": _ms(lease_ttl)} if lease_ttl else {})})
-            headers = {"Content-Type": "application/cbor"}
-            path = _path("/objects/", uri)
-        else:
-            body, headers = view, {"Content-Type": "application/octet-stream"}
-            path = _path("/objects/", uri) + (f"?lease_ms={_ms(lease_ttl)}" if lease_ttl else "")
-        _, _, out = self._http.request("PUT", path, body, headers)
-        doc = cbor2.loads(out)
-        with self._lock:
-            self._prefetched.pop(uri, None)
-        return Stored(doc["etag"], doc["tier"], doc.get("lease"))
-
-    def get(self, uri: str) -> memoryview:
-        with self._lock:
-            early = self._prefetched.pop(uri, None)
-        if early is not None:
-            return memoryview(early)
-        return memoryview(self._http.request("GET", _path("/objects/", uri))[2])
-
-    def get_tensor(self, uri: str, device: str | None = None) -> Any:
-        """The object as a tensor, with the dtype/shape its writer gave (flat uint8 otherwise)."""
-        import torch
-
-        _, _, body = self._http.request("GET", _path("/objects/", uri), headers={"Accept": "application/cbor"})
-        doc = cbor2.loads(body)
-        meta = doc.get("meta") or {}
-        dtype = getattr(torch, str(meta.get("dtype", "uint8")), None)
-        if not isinstance(dtype, torch.dtype):
-            raise ValueError(f"{uri} has no usable dtype in its metadata: {meta.get('dtype')!r}")
-        data = bytearray(doc["data"])
-        flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
-        out = flat.view(dtype)
-        out = out.reshape(meta["shape"]) if "shape" in meta else out
-        return out.to(device) if device is not None else out
-
-    def get_into(self, uri: str, out: Any) -> int:
-        data = self.get(uri)
-        view = memoryview(out).cast("B")
-        if data.nbytes > view.nbytes:
-            raise errors.BadRange(f"{uri} has {data.nbytes} bytes; the buffer holds {view.nbytes}")
-        view[: data.nbytes] = data
-        return data.nbytes
-
-    def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
-        if stop is not None and stop <= start:
-            if stop < start:
-                raise errors.BadRange(f"[{start}, {stop}) is not a range")
-            return memoryview(b"")
-        spec = f"bytes={start}-" + ("" if stop is None else str(stop - 1))
-        status, _, data = self._http.request("GET", _path("/objects/", uri), headers={"Range": spec})
-        return memoryview(data)
-
-    def head(self, uri: str) -> Head:
-        _, h, _ = self._http.request("HEAD", _path("/objects/", uri))
-        return Head(int(h["content-length"]), h["etag"], h.get("mlc-tier", ""), h.get("mlc-leased") == "1", {})
-
-    def contains(self, uri: str) -> bool:
-        try:
-            self.head(uri)
-        except errors.ObjectUnavailable:
-            return False
-        return True
-
-    def delete(self, uri: str) -> None:
-        self._http.request("DELETE", _path("/objects/", uri))
-
-    def lease(self, uri: str, ttl: float) -> str:
-        _, _, out = self._http.request("POST", "/leases", cbor2.dumps({"uri": uri, "ttl_ms": _ms(ttl)}),
-                                       {"Content-Type": "application/cbor"})
-        lease: str = cbor2.loads(out)["lease"]
-        return lease
-
-    def renew(self, lease_id: str, ttl: float) -> None:
-        self._http.request("PUT", "/leases/" + quote(lease_id, safe=""), cbor2.dumps({"ttl_ms": _ms(ttl)}),
-                           {"Content-Type": "application/cbor"})
-
-    def release(self, lease_id: str) -> None:
-        self._http.request("DELETE", "/leases/" + quote(lease_id, safe=""))
-
-    def prefetch(self, uris: list[str]) -> Future[list[bool]]:
-        """Fetch objects in the background; the next ``get`` of each is served locally."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(2, thread_name_prefix="mlc-remote-prefetch")
-        wanted = list(uris)
-
-        def run() -> list[bool]:
-            out = []
-            for uri in wanted:
-                try:
-                    data = self._http.request("GET", _path("/objects/", uri))[2]
-                except errors.ObjectUnavailable:
-                    out.append(False)
-                    continue
-                with self._lock:
-                    self._prefetched[uri] = data
-                out.append(True)
-            return out
-
-        return self._pool.submit(run)
-
-    def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = json.loads(self._http.request("GET", "/stats")[2])
-        return out
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-        self._http.close()
-
-    def __enter__(self) -> RemoteMLC:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    return prefix + uri[len(SCHEME):]
 
 
 def _ms(seconds: float | None) -> int:
     if seconds is None or seconds <= 0:
         raise ValueError("lease ttl must be positive")
     return max(1, round(seconds * 1000))
+
+
+def _check_base(base_url: str) -> str:
+    parts = urlsplit(base_url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"expected http(s)://host:port, got {base_url!r}")
+    return base_url.rstrip("/") + "/"
+
+
+class AsyncMLC:
+    """The MLC API of :class:`sdcp_fast.cache.MLC` as coroutines, served by a remote
+    ``sdcp-fast mlc`` and reached through ``transport`` (see :func:`mlc_transport`)."""
+
+    nonblocking = True  # its calls return coroutines (roles.objects awaits them on the loop)
+
+    def __init__(self, base_url: str, transport: Transport, *, timeout: float | None = None) -> None:
+        self.base_url = _check_base(base_url)
+        self.transport = transport
+        self.timeout = timeout
+
+    async def _call(self, method: str, path: str, body: Any = b"", headers: Mapping[str, str] | None = None,
+                    query: Mapping[str, str] | None = None) -> Response:
+        try:
+            response = await self.transport.request(self.base_url, method, path, body=body, query=query,
+                                                    headers=headers, timeout=self.timeout)
+        except TransportError as exc:
+            raise MLCUnreachable(str(exc)) from exc
+        if response.status >= 400:
+            raise problem_of(response)
+        return response
+
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None, *,
+                  meta: dict[str, Any] | None = None) -> Stored:
+        from sdcp_fast.cache.tiers.base import as_bytes_view
+
+        view = as_bytes_view(data)
+        if hasattr(data, "untyped_storage"):
+            meta = {"dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape), **(meta or {})}
+        query = None
+        if meta:
+            body: Any = cbor2.dumps({"data": bytes(view), "meta": meta,
+                                     **({"lease_ms": _ms(lease_ttl)} if lease_ttl else {})})
+            headers = {"content-type": "application/cbor"}
+        else:
+            body, headers = view, {"content-type": "application/octet-stream"}
+            query = {"lease_ms": str(_ms(lease_ttl))} if lease_ttl else None
+        out = await self._call("PUT", _path("objects/", uri), body, headers, query)
+        doc = cbor2.loads(out.body)
+        return Stored(doc["etag"], doc["tier"], doc.get("lease"))
+
+    async def get(self, uri: str) -> memoryview:
+        return memoryview((await self._call("GET", _path("objects/", uri))).body)
+
+    async def get_doc(self, uri: str) -> dict[str, Any]:
+        """The object's CBOR form: {data, etag, meta}."""
+        out = await self._call("GET", _path("objects/", uri), headers={"accept": "application/cbor"})
+        doc: dict[str, Any] = cbor2.loads(out.body)
+        return doc
+
+    async def get_tensor(self, uri: str, device: str | None = None) -> Any:
+        """The object as a tensor, with the dtype/shape its writer gave (flat uint8 otherwise)."""
+        return _tensor(uri, await self.get_doc(uri), device)
+
+    async def get_into(self, uri: str, out: Any) -> int:
+        return _copy_into(uri, await self.get(uri), out)
+
+    async def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
+        if stop is not None and stop <= start:
+            if stop < start:
+                raise errors.BadRange(f"[{start}, {stop}) is not a range")
+            return memoryview(b"")
+        spec = f"bytes={start}-" + ("" if stop is None else str(stop - 1))
+        return memoryview((await self._call("GET", _path("objects/", uri), headers={"range": spec})).body)
+
+    async def head(self, uri: str) -> Head:
+        h = (await self._call("HEAD", _path("objects/", uri))).headers
+        size = h.get("mlc-size") or h["content-length"]
+        return Head(int(size), h["etag"], h.get("mlc-tier", ""), h.get("mlc-leased") == "1", {})
+
+    async def contains(self, uri: str) -> bool:
+        try:
+            await self.head(uri)
+        except errors.ObjectUnavailable:
+            return False
+        return True
+
+    async def delete(self, uri: str) -> None:
+        await self._call("DELETE", _path("objects/", uri))
+
+    async def lease(self, uri: str, ttl: float) -> str:
+        out = await self._call("POST", "leases", cbor2.dumps({"uri": uri, "ttl_ms": _ms(ttl)}),
+                               {"content-type": "application/cbor"})
+        lease: str = cbor2.loads(out.body)["lease"]
+        return lease
+
+    async def renew(self, lease_id: str, ttl: float) -> None:
+        await self._call("PUT", "leases/" + lease_id, cbor2.dumps({"ttl_ms": _ms(ttl)}),
+                         {"content-type": "application/cbor"})
+
+    async def release(self, lease_id: str) -> None:
+        await self._call("DELETE", "leases/" + lease_id)
+
+    async def stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = json.loads((await self._call("GET", "stats")).body)
+        return out
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+def _tensor(uri: str, doc: dict[str, Any], device: str | None) -> Any:
+    import torch
+
+    meta = doc.get("meta") or {}
+    dtype = getattr(torch, str(meta.get("dtype", "uint8")), None)
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"{uri} has no usable dtype in its metadata: {meta.get('dtype')!r}")
+    data = bytearray(doc["data"])
+    flat = torch.frombuffer(data, dtype=torch.uint8) if data else torch.empty(0, dtype=torch.uint8)
+    out = flat.view(dtype)
+    out = out.reshape(meta["shape"]) if "shape" in meta else out
+    return out.to(device) if device is not None else out
+
+
+def _copy_into(uri: str, data: memoryview, out: Any) -> int:
+    view = memoryview(out).cast("B")
+    if data.nbytes > view.nbytes:
+        raise errors.BadRange(f"{uri} has {data.nbytes} bytes; the buffer holds {view.nbytes}")
+    view[: data.nbytes] = data
+    return data.nbytes
+
+
+class LoopThread:
+    """An event loop in a daemon thread, for blocking callers of coroutine APIs."""
+
+    def __init__(self, name: str) -> None:
+        try:
+            import uvloop
+
+            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        except ImportError:
+            self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.submit(coro).result()
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()
+
+
+class RemoteMLC:
+    """The MLC API of :class:`sdcp_fast.cache.MLC`, blocking, served by a remote ``sdcp-fast
+    mlc``: HTTP/2 by default (``ssl``: a :func:`client_ssl` context; none: h2c on loopback),
+    HTTP/1.1 with ``http1`` (a ``--http1`` server)."""
+
+    def __init__(self, base_url: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0,
+                 http1: bool = False) -> None:
+        _check_base(base_url)
+        self.base_url = base_url
+        self._runner = LoopThread("mlc-client")
+        self._prefetched: dict[str, bytes] = {}
+        self._lock = threading.Lock()
+
+        async def make() -> AsyncMLC:
+            return AsyncMLC(base_url, mlc_transport(ssl, http1=http1, timeout=timeout))
+
+        self.aio = self._runner.run(make())
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._runner.run(coro)
+
+    def put(self, uri: str, data: Any, lease_ttl: float | None = None, *,
+            meta: dict[str, Any] | None = None) -> Stored:
+        stored = self._run(self.aio.put(uri, data, lease_ttl, meta=meta))
+        with self._lock:
+            self._prefetched.pop(uri, None)
+        return stored
+
+    def get(self, uri: str) -> memoryview:
+        with self._lock:
+            early = self._prefetched.pop(uri, None)
+        if early is not None:
+            return memoryview(early)
+        return self._run(self.aio.get(uri))
+
+    def get_tensor(self, uri: str, device: str | None = None) -> Any:
+        """The object as a tensor, with the dtype/shape its writer gave (flat uint8 otherwise)."""
+        return _tensor(uri, self._run(self.aio.get_doc(uri)), device)
+
+    def get_into(self, uri: str, out: Any) -> int:
+        return _copy_into(uri, self.get(uri), out)
+
+    def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
+        return self._run(self.aio.get_range(uri, start, stop))
+
+    def head(self, uri: str) -> Head:
+        return self._run(self.aio.head(uri))
+
+    def contains(self, uri: str) -> bool:
+        return self._run(self.aio.contains(uri))
+
+    def delete(self, uri: str) -> None:
+        self._run(self.aio.delete(uri))
+
+    def lease(self, uri: str, ttl: float) -> str:
+        return self._run(self.aio.lease(uri, ttl))
+
+    def renew(self, lease_id: str, ttl: float) -> None:
+        self._run(self.aio.renew(lease_id, ttl))
+
+    def release(self, lease_id: str) -> None:
+        self._run(self.aio.release(lease_id))
+
+    def prefetch(self, uris: list[str]) -> Future[list[bool]]:
+        """Fetch objects in the background (concurrent streams); the next ``get`` of each is
+        served locally."""
+        wanted = list(uris)
+
+        async def one(uri: str) -> bool:
+            try:
+                data = await self.aio.get(uri)
+            except errors.ObjectUnavailable:
+                return False
+            with self._lock:
+                self._prefetched[uri] = bytes(data)
+            return True
+
+        async def run() -> list[bool]:
+            return list(await asyncio.gather(*(one(uri) for uri in wanted)))
+
+        return self._runner.submit(run())
+
+    def stats(self) -> dict[str, Any]:
+        return self._run(self.aio.stats())
+
+    def close(self) -> None:
+        if self._runner.loop.is_closed():
+            return
+        try:
+            self._run(self.aio.close())
+        finally:
+            self._runner.stop()
+
+    def __enter__(self) -> RemoteMLC:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,19 +1,25 @@
 """A commit log on an ``sdcp-fast mlc`` server: ``GET /logs/<name>?from=n`` and ``POST``
-with ``If-Match``, over HTTP(S) with mutual TLS. One keep-alive connection per thread.
+with ``If-Match``, over the project's transport (HTTP/2 with mutual TLS by default).
+
+:class:`AsyncHttpCommitLog` awaits each call on a :class:`~sdcp_fast.transport.base.Transport`
+(the roles share one with their MLC client); :class:`HttpCommitLog` is the same log for
+blocking callers, run on an event loop of its own in a background thread.
 
 The server's answers map to the backend contract of :mod:`sdcp_fast.commitlog.base`: 412 is
 ``PreconditionFailed``, 409 ``sdcp-stale-epoch`` is ``Fenced``, 413 ``RecordTooLarge``; a log
-nobody appended to yet (404 ``mlc-unknown-log``) reads as empty with tag ``"0"``.
+nobody appended to yet (404 ``mlc-unknown-log``) reads as empty with tag ``"0"``. No answer at
+all is a ConnectionError.
 """
 
 from __future__ import annotations
 
-import http.client
+import asyncio
 import json
 import ssl
 import threading
-from typing import Any, ClassVar
-from urllib.parse import quote, urlsplit
+from collections.abc import Coroutine
+from typing import Any, ClassVar, TypeVar
+from urllib.parse import quote, unquote, urlsplit
 
 from sdcp_fast.commitlog.base import (
     Fenced,
@@ -26,6 +32,10 @@ from sdcp_fast.commitlog.base import (
 )
 from sdcp_fast.protocol.commitlog import LogRecord, decode_log, encode_record
 from sdcp_fast.protocol.problems import SdcpProblem, StaleEpoch, problem_from_response, type_suffix
+from sdcp_fast.transport.base import Response, Transport
+from sdcp_fast.transport.errors import TransportError
+
+T = TypeVar("T")
 
 _OURS: dict[str, type[SdcpProblem]] = {
     cls.suffix: cls for cls in (PreconditionFailed, RecordTooLarge, UnknownLog, LogCorrupt)
@@ -33,85 +43,148 @@ _OURS: dict[str, type[SdcpProblem]] = {
 _OURS[StaleEpoch.suffix] = Fenced
 
 
-def _problem(status: int, headers: dict[str, str], body: bytes) -> SdcpProblem:
+class LogUnreachable(ConnectionError):
+    """No answer from the server holding the log (refused, reset, TLS failure, timeout)."""
+
+
+def _problem(response: Response) -> SdcpProblem:
     doc: Any = None
-    if headers.get("content-type", "").startswith("application/problem+json"):
+    if response.content_type.startswith("application/problem+json"):
         try:
-            doc = json.loads(body)
+            doc = json.loads(response.body)
         except ValueError:
             doc = None
-    generic = problem_from_response(status, doc if isinstance(doc, dict) else None)
+    generic = problem_from_response(response.status, doc if isinstance(doc, dict) else None)
     cls = _OURS.get(type_suffix(generic.type_uri))
     if cls is None:  # whatever the body says, these statuses mean only this on a log
-        cls = {412: PreconditionFailed, 413: RecordTooLarge}.get(status)
+        cls = {412: PreconditionFailed, 413: RecordTooLarge}.get(response.status)
     if cls is None:
         return generic
     return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
 
 
-class HttpCommitLog:
-    """``ref`` is ``http(s)://host:port/logs/<scope>/<session>/commit_log``."""
+def _split(ref: str) -> tuple[str, str]:
+    """``http(s)://host:port[/root]/logs/<name>`` -> (base URI, path ``logs/<name>`` unquoted)."""
+    parts = urlsplit(ref)
+    if parts.scheme not in ("http", "https") or not parts.hostname or "/logs/" not in parts.path:
+        raise ValueError(f"expected http(s)://host:port/logs/<scope>/<session>/commit_log, got {ref!r}")
+    root, _, name = parts.path.partition("/logs/")
+    return f"{parts.scheme}://{parts.netloc}{root}/", "logs/" + unquote(name)
+
+
+def _ref(base_url: str, name: str) -> str:
+    if not name.startswith("mlc://"):
+        raise ValueError(f"commit logs on an MLC server are named mlc://...: {name!r}")
+    return base_url.rstrip("/") + "/logs/" + quote(name[len("mlc://"):], safe="/")
+
+
+def log_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False, timeout: float | None = 30.0) -> Any:
+    """A transport for logs alone: HTTP/2 (h2c on loopback without ``ssl``), or HTTP/1.1."""
+    if http1:
+        from sdcp_fast.transport.http1 import Http1Transport
+
+        return Http1Transport(ssl, insecure=ssl is None, timeout=timeout)
+    from sdcp_fast.transport.h2client import H2Transport
+
+    return H2Transport(ssl, insecure=ssl is None, timeout=timeout)
+
+
+class AsyncHttpCommitLog:
+    """``ref`` is ``http(s)://host:port/logs/<scope>/<session>/commit_log``; ``read`` and
+    ``append`` are coroutines sent on ``transport``."""
 
     enforces_fencing: ClassVar[bool] = True  # the server's file log checks the fence with the tag
+    nonblocking: ClassVar[bool] = True  # its calls return coroutines (roles.objects awaits them)
 
-    def __init__(self, ref: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0) -> None:
-        parts = urlsplit(ref)
-        if parts.scheme not in ("http", "https") or not parts.hostname or "/logs/" not in parts.path:
-            raise ValueError(f"expected http(s)://host:port/logs/<scope>/<session>/commit_log, got {ref!r}")
+    def __init__(self, ref: str, transport: Transport, *, timeout: float | None = None) -> None:
         self.ref = ref
-        self._https = parts.scheme == "https"
-        self._host, self._port = parts.hostname, parts.port or (443 if self._https else 80)
-        self._path = parts.path
-        self._ssl = ssl
-        self._timeout = timeout
-        self._local = threading.local()
+        self._base, self._path = _split(ref)
+        self.transport = transport
+        self.timeout = timeout
 
     @classmethod
-    def on_server(cls, base_url: str, name: str, *, ssl: ssl.SSLContext | None = None) -> HttpCommitLog:
+    def on_server(cls, base_url: str, name: str, transport: Transport) -> AsyncHttpCommitLog:
         """The log ``name`` (an ``mlc://`` URI) on the server at ``base_url``."""
-        if not name.startswith("mlc://"):
-            raise ValueError(f"commit logs on an MLC server are named mlc://...: {name!r}")
-        return cls(base_url.rstrip("/") + "/logs/" + quote(name[len("mlc://"):], safe="/"), ssl=ssl)
+        return cls(_ref(base_url, name), transport)
 
-    def _request(self, method: str, path: str, body: bytes | None = None,
-                 headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
-        for attempt in (0, 1):
-            conn = getattr(self._local, "conn", None)
-            if conn is None:
-                conn = (http.client.HTTPSConnection(self._host, self._port, timeout=self._timeout, context=self._ssl)
-                        if self._https else http.client.HTTPConnection(self._host, self._port, timeout=self._timeout))
-                self._local.conn = conn
-            try:
-                conn.request(method, path, body=body, headers=headers or {})
-                resp = conn.getresponse()
-                data = resp.read()
-                break
-            except (ConnectionError, http.client.RemoteDisconnected, http.client.CannotSendRequest):
-                conn.close()
-                self._local.conn = None
-                if attempt:
-                    raise
-        hdrs = {k.lower(): v for k, v in resp.getheaders()}
-        if resp.status >= 400:
-            raise _problem(resp.status, hdrs, data)
-        return resp.status, hdrs, data
-
-    def read(self, start: int = 0) -> LogView:
+    async def _call(self, method: str, body: bytes = b"", headers: dict[str, str] | None = None,
+                    query: dict[str, str] | None = None) -> Response:
         try:
-            _, h, body = self._request("GET", f"{self._path}?from={start}")
+            response = await self.transport.request(self._base, method, self._path, body=body, query=query,
+                                                    headers=headers, timeout=self.timeout)
+        except TransportError as exc:
+            raise LogUnreachable(str(exc)) from exc
+        if response.status >= 400:
+            raise _problem(response)
+        return response
+
+    async def read(self, start: int = 0) -> LogView:
+        try:
+            response = await self._call("GET", query={"from": str(start)})
         except UnknownLog:
             return LogView([], start, etag_of(0))
-        return LogView(decode_log(body), start, h["etag"])
+        return LogView(decode_log(response.body), start, response.headers["etag"])
+
+    async def append(self, record: LogRecord, if_match: str | None) -> str:
+        headers = {"content-type": "application/cbor"}
+        if if_match is not None:
+            headers["if-match"] = if_match
+        return (await self._call("POST", encode_record(record), headers)).headers["etag"]
+
+    async def close(self) -> None:
+        pass  # the transport belongs to whoever gave it
+
+
+class HttpCommitLog:
+    """The blocking form of :class:`AsyncHttpCommitLog`, with a transport of its own
+    (``ssl``: a client context offering ALPN h2; none: h2c on loopback; ``http1`` for a
+    ``--http1`` server)."""
+
+    enforces_fencing: ClassVar[bool] = True
+
+    def __init__(self, ref: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0,
+                 http1: bool = False) -> None:
+        _split(ref)
+        self.ref = ref
+        self._loop = _new_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="commit-log-client", daemon=True)
+        self._thread.start()
+
+        async def make() -> AsyncHttpCommitLog:
+            return AsyncHttpCommitLog(ref, log_transport(ssl, http1=http1, timeout=timeout))
+
+        self.aio = self._run(make())
+
+    @classmethod
+    def on_server(cls, base_url: str, name: str, *, ssl: ssl.SSLContext | None = None,
+                  http1: bool = False) -> HttpCommitLog:
+        """The log ``name`` (an ``mlc://`` URI) on the server at ``base_url``."""
+        return cls(_ref(base_url, name), ssl=ssl, http1=http1)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    def read(self, start: int = 0) -> LogView:
+        return self._run(self.aio.read(start))
 
     def append(self, record: LogRecord, if_match: str | None) -> str:
-        headers = {"Content-Type": "application/cbor"}
-        if if_match is not None:
-            headers["If-Match"] = if_match
-        _, h, _ = self._request("POST", self._path, encode_record(record), headers)
-        return h["etag"]
+        return self._run(self.aio.append(record, if_match))
 
     def close(self) -> None:
-        conn = getattr(self._local, "conn", None)
-        if conn is not None:
-            conn.close()
-            self._local.conn = None
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self.aio.transport.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
+
+
+def _new_loop() -> asyncio.AbstractEventLoop:
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop

@@ -255,9 +255,14 @@ class MLCService:
         """:data:`~sdcp_fast.transport.base.Handler`: route ``request``; problems, never raises."""
         call = Call(request.method, request.path, request.query, request.headers, request.peer, request.body)
         try:
-            return await self.dispatch(call)
+            response = await self.dispatch(call)
         except Exception as exc:
-            return answer_for(exc, request.method, "/" + request.path)
+            response = answer_for(exc, request.method, "/" + request.path)
+        if request.method == "HEAD" and response.body:
+            # A HEAD answer carries no body (RFC 9110 §9.3.2; an HTTP/2 peer resets a stream
+            # that sends one): a refused HEAD says what it is by its status alone.
+            response = Response(response.status, b"", response.headers)
+        return response
 
     async def dispatch(self, call: Call) -> Response:
         for pattern, methods in _ROUTES:

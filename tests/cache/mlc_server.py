@@ -1,4 +1,5 @@
-"""Run the MLC's aiohttp app on loopback in a background thread (tests and the bench)."""
+"""Run an MLC server on loopback in a background thread (tests and the bench): the HTTP/2
+server (``http2=True``, what ``sdcp-fast mlc`` serves) or the aiohttp HTTP/1.1 one."""
 
 from __future__ import annotations
 
@@ -9,48 +10,110 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from aiohttp import web
-
+from sdcp_fast.cache.client import LoopThread, RemoteMLC, mlc_transport
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
-from sdcp_fast.servers.mlc_http1 import init_app
+from sdcp_fast.commitlog.http import HttpCommitLog
+from sdcp_fast.transport.base import Response
+
+WIRES = ("h2", "http1")
 
 
 class Served(str):
-    """The base URL, with the server's event loop (tests schedule probes on it)."""
+    """The base URL, with the server's event loop (tests schedule probes on it) and wire."""
 
     loop: asyncio.AbstractEventLoop
+    http1: bool
+
+    def client(self, **kwargs: Any) -> RemoteMLC:
+        """A blocking MLC client speaking this server's protocol."""
+        return RemoteMLC(self, http1=self.http1, **kwargs)
+
+    def log(self, name: str, **kwargs: Any) -> HttpCommitLog:
+        return HttpCommitLog.on_server(self, name, http1=self.http1, **kwargs)
+
+    def fetch(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
+              ssl: ssl.SSLContext | None = None) -> Response:
+        """One raw request on this server's protocol (a fresh connection)."""
+        runner = LoopThread("mlc-test-fetch")
+
+        async def go() -> Response:
+            transport = mlc_transport(ssl, http1=self.http1)
+            try:
+                return await transport.request(self, method, path.lstrip("/"), body=body, headers=headers)
+            finally:
+                await transport.close()
+
+        try:
+            return runner.run(go())
+        finally:
+            runner.stop()
 
 
 @contextmanager
 def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirectory | None = None,
-            **app_kwargs: Any) -> Iterator[Served]:
+            http2: bool = False, **app_kwargs: Any) -> Iterator[Served]:
     loop = asyncio.new_event_loop()
-    runner = web.AppRunner(init_app(mlc, logs, **app_kwargs))
     ready = threading.Event()
     port: list[int] = []
+    stop: list[Any] = []
+    failed: list[BaseException] = []
 
-    async def start() -> None:
+    async def start_http1() -> None:
+        from aiohttp import web
+
+        from sdcp_fast.servers.mlc_http1 import init_app
+
+        runner = web.AppRunner(init_app(mlc, logs, **app_kwargs))
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0, ssl_context=ssl_ctx)
         await site.start()
         port.append(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+        stop.append(runner.cleanup)
+
+    async def start_http2() -> None:
+        from sdcp_fast.servers.mlc import MLCService, serve
+
+        if ssl_ctx is not None:
+            ssl_ctx.set_alpn_protocols(["h2"])
+        server = await serve(MLCService(mlc, logs, **app_kwargs), "127.0.0.1", 0, ssl=ssl_ctx,
+                             insecure=ssl_ctx is None)
+        port.append(server.port)
+
+        async def close() -> None:
+            try:
+                server.close()
+            except AttributeError:
+                # H2Protocol.close writes its GOAWAY to a TLS transport already closing
+                # when a client has just left (reported: it should check is_closing()).
+                pass
+            await server.wait_closed()
+
+        stop.append(close)
 
     def run() -> None:
         asyncio.set_event_loop(loop)
-        loop.run_until_complete(start())
+        try:
+            loop.run_until_complete(start_http2() if http2 else start_http1())
+        except BaseException as exc:  # noqa: BLE001 - reported by the waiting test
+            failed.append(exc)
+            ready.set()
+            return
         ready.set()
         loop.run_forever()
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     assert ready.wait(10), "MLC server did not start"
+    if failed:
+        raise failed[0]
     base = Served(f"{'https' if ssl_ctx else 'http'}://127.0.0.1:{port[0]}")
     base.loop = loop
+    base.http1 = not http2
     try:
         yield base
     finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        asyncio.run_coroutine_threadsafe(stop[0](), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()

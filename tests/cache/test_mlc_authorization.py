@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from mlc_certs import make_certs
-from mlc_server import serving
+from mlc_server import WIRES, serving
 
 from sdcp_fast.cache import MLC, ObjectLeased, UnknownLease, object_uri
 from sdcp_fast.cache.client import RemoteMLC, client_ssl
@@ -27,21 +27,20 @@ def certs(tmp_path_factory):
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-@pytest.fixture
-def site(certs, tmp_path):
+@pytest.fixture(params=WIRES)
+def site(request, certs, tmp_path):
     logs = LogDirectory(str(tmp_path / "logs"), sync=False)
     ctx = server_ssl(certs["server_cert"], certs["server_key"], certs["ca"])
-    with MLC([HostTier(1 << 20)]) as mlc, serving(mlc, ctx, logs=logs) as base:
+    with MLC([HostTier(1 << 20)]) as mlc, serving(mlc, ctx, logs=logs, http2=request.param == "h2") as base:
         clients: dict[str, RemoteMLC] = {}
 
         def as_(who: str) -> RemoteMLC:
             if who not in clients:
-                clients[who] = RemoteMLC(base, ssl=client_ssl(certs["ca"], certs[f"{who}_cert"], certs[f"{who}_key"]))
+                clients[who] = base.client(ssl=client_ssl(certs["ca"], certs[f"{who}_cert"], certs[f"{who}_key"]))
             return clients[who]
 
         def log_as(who: str) -> HttpCommitLog:
-            return HttpCommitLog.on_server(base, LOG, ssl=client_ssl(certs["ca"], certs[f"{who}_cert"],
-                                                                     certs[f"{who}_key"]))
+            return base.log(LOG, ssl=client_ssl(certs["ca"], certs[f"{who}_cert"], certs[f"{who}_key"]))
 
         yield as_, log_as, mlc
         for c in clients.values():

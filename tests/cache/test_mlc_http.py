@@ -6,10 +6,10 @@ import ssl
 
 import pytest
 from mlc_certs import make_certs
-from mlc_server import serving
+from mlc_server import WIRES, serving
 
 from sdcp_fast.cache import MLC, BadRange, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
-from sdcp_fast.cache.client import RemoteMLC, client_ssl
+from sdcp_fast.cache.client import client_ssl
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
@@ -39,9 +39,15 @@ def logs(tmp_path):
     d.close()
 
 
+@pytest.fixture(params=WIRES)
+def served(request, mlc, logs):
+    with serving(mlc, logs=logs, http2=request.param == "h2") as base:
+        yield base
+
+
 @pytest.fixture
-def remote(mlc, logs):
-    with serving(mlc, logs=logs) as base, RemoteMLC(base) as client:
+def remote(served):
+    with served.client() as client:
         yield client
 
 
@@ -107,28 +113,26 @@ def test_stats(remote):
     assert stats["tiers"][0]["name"] == "host"
 
 
-def test_prometheus_metrics(remote):
-    import urllib.request
-
+def test_prometheus_metrics(remote, served):
     remote.put(uri(1), b"abcd")
     remote.get(uri(1))
-    with urllib.request.urlopen(remote.base_url + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
+    resp = served.fetch("GET", "/metrics")
+    assert resp.status == 200 and resp.content_type.startswith("text/plain")
+    text = resp.body.decode()
     assert f'sdcp_mlc_bytes{{scope="{SCOPE.hex()}",tier="host"}} 4' in text
     assert f'sdcp_mlc_hits_total{{scope="{SCOPE.hex()}",tier="host"}} 1' in text
     assert 'sdcp_mlc_tier_used_bytes{tier="host"} 4' in text and "# TYPE sdcp_mlc_leases gauge" in text
 
 
-def test_unknown_route_is_a_problem_document(remote):
+def test_unknown_route_is_a_problem_document(served):
     import json
-    import urllib.error
-    import urllib.request
 
-    with pytest.raises(urllib.error.HTTPError) as exc:
-        urllib.request.urlopen(remote.base_url + "/nothing-here", timeout=10)
-    assert exc.value.code == 404
-    assert exc.value.headers["Content-Type"].startswith("application/problem+json")
-    assert json.loads(exc.value.read())["status"] == 404
+    resp = served.fetch("GET", "/nothing-here")
+    assert resp.status == 404
+    assert resp.content_type.startswith("application/problem+json")
+    assert json.loads(resp.body)["status"] == 404
+    resp = served.fetch("PATCH", f"/objects/{uri(1).removeprefix('mlc://')}")
+    assert resp.status == 405 and json.loads(resp.body)["title"] == "Method Not Allowed"
 
 
 def test_problem_for_bad_name(remote):
@@ -136,11 +140,11 @@ def test_problem_for_bad_name(remote):
         remote.put("mlc://not a uri", b"x")
 
 
-def test_commit_log_over_http_with_if_match(remote, logs):
+def test_commit_log_over_http_with_if_match(served, logs):
     log_uri = uri(0, "commit_log").rsplit("/", 1)[0]
-    base = remote.base_url
-    a = open_commit_log(f"{base}/logs/{log_uri.removeprefix('mlc://')}")
-    b = HttpCommitLog.on_server(base, log_uri)
+    ref = f"{served}/logs/{log_uri.removeprefix('mlc://')}"
+    a = HttpCommitLog(ref, http1=True) if served.http1 else open_commit_log(ref)
+    b = served.log(log_uri)
     view = a.read()
     assert view.etag == '"0"' and view.records == []
     rec = CommitRecord(1, 1, (5, 6), 2, b"\x01" * 32)
@@ -155,24 +159,25 @@ def test_commit_log_over_http_with_if_match(remote, logs):
     assert logs.log(log_uri).read().records == [rec, FenceRecord(2)], "same log in-process"
 
 
-def test_mutual_tls(mlc, tmp_path):
+@pytest.mark.parametrize("wire", WIRES)
+def test_mutual_tls(mlc, tmp_path, wire):
     certs = make_certs(tmp_path)
     ctx = server_ssl(certs["server_cert"], certs["server_key"], certs["ca"])
-    with serving(mlc, ctx) as base:
+    with serving(mlc, ctx, http2=wire == "h2") as base:
         good = client_ssl(certs["ca"], certs["client_cert"], certs["client_key"])
-        with RemoteMLC(base, ssl=good) as client:
+        with base.client(ssl=good) as client:
             client.put(uri(1), b"secret")
             assert bytes(client.get(uri(1))) == b"secret"
-        with RemoteMLC(base, ssl=client_ssl(certs["ca"])) as anonymous:
+        with base.client(ssl=client_ssl(certs["ca"])) as anonymous:
             with pytest.raises((ssl.SSLError, ConnectionError)):
                 anonymous.get(uri(1))
 
 
-def test_concurrent_http_writers_exactly_one_wins_each_slot(remote):
+def test_concurrent_http_writers_exactly_one_wins_each_slot(served):
     import threading
 
     log_uri = object_uri(SCOPE, b"c" * 16, "commit_log")
-    writers = [HttpCommitLog.on_server(remote.base_url, log_uri) for _ in range(4)]
+    writers = [served.log(log_uri) for _ in range(4)]
     wins: list[tuple[int, int]] = []
     lock = threading.Lock()
 

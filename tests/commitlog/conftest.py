@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import itertools
+from contextlib import ExitStack, contextmanager
 
 import pytest
 from mlc_etcd import running_etcd
@@ -18,9 +19,8 @@ def etcd_endpoint():
 _prefixes = itertools.count()
 
 
-@pytest.fixture
-def http_logs(tmp_path):
-    """An ``sdcp-fast mlc`` app serving a LogDirectory on loopback: its base URL."""
+@contextmanager
+def _served_logs(directory, http2: bool):
     import sys
     from pathlib import Path
 
@@ -31,15 +31,24 @@ def http_logs(tmp_path):
     from sdcp_fast.cache.tiers.host import HostTier
     from sdcp_fast.commitlog.directory import LogDirectory
 
-    logs = LogDirectory(str(tmp_path / "served"))
-    with MLC([HostTier(1 << 16)]) as mlc, serving(mlc, logs=logs) as base:
+    logs = LogDirectory(str(directory / "served"))
+    with MLC([HostTier(1 << 16)]) as mlc, serving(mlc, logs=logs, http2=http2) as base:
         yield base
     logs.close()
 
 
-@pytest.fixture(params=["file", "mlc", "http", pytest.param("etcd", marks=pytest.mark.services)])
+@pytest.fixture(params=["h2", "http1"])
+def http_logs(request, tmp_path):
+    """An ``sdcp-fast mlc`` server (HTTP/2, or the HTTP/1.1 one) serving a LogDirectory on
+    loopback: its base URL (``.http1`` says which)."""
+    with _served_logs(tmp_path, request.param == "h2") as base:
+        yield base
+
+
+@pytest.fixture(params=["file", "mlc", "http2", "http1", pytest.param("etcd", marks=pytest.mark.services)])
 def log_factory(request, tmp_path):
     """A function returning a fresh handle on one log (call twice: two writers, one log)."""
+    stack = ExitStack()
     if request.param == "file":
         path = str(tmp_path / "c.log")
         factory = lambda: FileCommitLog(path)  # noqa: E731
@@ -51,10 +60,15 @@ def log_factory(request, tmp_path):
         request.addfinalizer(mlc.close)
         ref = cache.object_uri(bytes(16), bytes(16), "commit_log")
         factory = lambda: open_commit_log(ref, mlc=mlc)  # noqa: E731
-    elif request.param == "http":
-        base = request.getfixturevalue("http_logs")
+    elif request.param in ("http2", "http1"):
+        base = stack.enter_context(_served_logs(tmp_path, request.param == "http2"))
         ref = f"{base}/logs/{bytes(16).hex()}/{next(_prefixes):022d}/commit_log"
-        factory = lambda: open_commit_log(ref)  # noqa: E731
+        if base.http1:
+            from sdcp_fast.commitlog.http import HttpCommitLog
+
+            factory = lambda: HttpCommitLog(ref, http1=True)  # noqa: E731
+        else:
+            factory = lambda: open_commit_log(ref)  # noqa: E731
     else:
         host, port = request.getfixturevalue("etcd_endpoint")
         ref = f"etcd://{host}:{port}/sdcp-test/{next(_prefixes)}"
@@ -69,3 +83,4 @@ def log_factory(request, tmp_path):
     yield make
     for log in opened:
         log.close()
+    stack.close()

@@ -96,9 +96,11 @@ def test_descriptors_stay_bounded_over_many_logs(tmp_path):
 def test_http_log_refuses_an_oversized_record_as_record_too_large(http_logs, monkeypatch):
     import sdcp_fast.servers.mlc as srv
     from sdcp_fast.commitlog import open_commit_log
+    from sdcp_fast.commitlog.http import HttpCommitLog
 
     monkeypatch.setattr(srv, "MAX_RECORD", 4096)
-    log = open_commit_log(f"{http_logs}/logs/{bytes(16).hex()}/{'A' * 22}/commit_log")
+    ref = f"{http_logs}/logs/{bytes(16).hex()}/{'A' * 22}/commit_log"
+    log = HttpCommitLog(ref, http1=True) if http_logs.http1 else open_commit_log(ref)
     with pytest.raises(RecordTooLarge) as exc:
         log.append(record(1, tokens=2000), '"0"')
     assert exc.value.status == 413
