@@ -36,7 +36,7 @@ vectors: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/kernels.py
 	$(BIN)/python bench/mlc.py
-	$(BIN)/python bench/model.py
+	$(BIN)/sdcp-fast bench --embedded --out bench/results/latest
 
 clean:
 	rm -rf build *.egg-info sdcp_fast/_C*.so .pytest_cache .mypy_cache .ruff_cache

@@ -111,6 +111,20 @@ class _Client:
         sample.chunks = [(t, sample.tokens * len(p) / chars) for t, p in pieces]  # type: ignore[misc]
         sample.output = "".join(p for _, p in pieces)
 
+    async def ready(self, model: str, within: float) -> None:
+        """Waits until the router knows a live verifier (a deployment just started has not
+        heard from its verifiers yet)."""
+        deadline = time.monotonic() + within
+        body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
+        while True:
+            r = await self.h2.request(self.remote.router, "POST", "v1/chat/completions", body=json.dumps(body).encode(),
+                                      headers={"content-type": "application/json"}, timeout=within)
+            if r.status == 200:
+                return
+            if b"no live verifier" not in r.body or time.monotonic() > deadline:
+                raise RuntimeError(f"the front end is not ready: {r.status} {r.body[:200]!r}")
+            await asyncio.sleep(0.25)
+
     async def close(self) -> None:
         await self.h2.close()
 
@@ -143,6 +157,7 @@ async def _runs(remote: Remote, config: Config, workload: Workload, level: int, 
     out = []
     try:
         model = await client.model()
+        await client.ready(model, 60.0)
         if warmup:
             await client.session(body_for(model, workload.prompts[0].text, workload, 0, min(8, workload.max_new)),
                                  SessionSample(0, "warmup", 0.0, 0.0), time.perf_counter(), timeout)
