@@ -32,21 +32,25 @@ class Served(str):
     def log(self, name: str, **kwargs: Any) -> HttpCommitLog:
         return HttpCommitLog.on_server(self, name, http1=self.http1, **kwargs)
 
-    def fetch(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None,
-              ssl: ssl.SSLContext | None = None) -> Response:
-        """One raw request on this server's protocol (a fresh connection)."""
-        runner = LoopThread("mlc-test-fetch")
+    def fetch(self, method: str, path: str, body: bytes = b"", headers: dict[str, str] | None = None) -> Response:
+        """One raw request on this server's protocol, from any thread (one shared client
+        connection, closed with the server)."""
+        if self._fetcher is None:
+            runner = LoopThread("mlc-test-fetch")
 
-        async def go() -> Response:
-            transport = mlc_transport(ssl, http1=self.http1)
-            try:
-                return await transport.request(self, method, path.lstrip("/"), body=body, headers=headers)
-            finally:
-                await transport.close()
+            async def make() -> Any:
+                return mlc_transport(None, http1=self.http1)
 
-        try:
-            return runner.run(go())
-        finally:
+            self._fetcher = (runner, runner.run(make()))
+        runner, transport = self._fetcher
+        return runner.run(transport.request(self, method, path.lstrip("/"), body=body, headers=headers))
+
+    _fetcher: tuple[LoopThread, Any] | None = None
+
+    def close_fetcher(self) -> None:
+        if self._fetcher is not None:
+            runner, transport = self._fetcher
+            runner.run(transport.close())
             runner.stop()
 
 
@@ -113,6 +117,7 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
     try:
         yield base
     finally:
+        base.close_fetcher()
         asyncio.run_coroutine_threadsafe(stop[0](), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
