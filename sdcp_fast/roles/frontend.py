@@ -150,13 +150,17 @@ class Frontend:
 
     def __init__(self, router: RouterRole, tokenizer: TextTokenizer, *, stop: Sequence[int],
                  defaults: SessionSpec | None = None, model: str = "sdcp-fast",
-                 max_tokens: int = 16) -> None:
+                 max_tokens: int = 16, max_tokens_limit: int = 4096, max_prompt: int = 32768) -> None:
         self.router = router
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
         self.defaults = defaults or SessionSpec(prompt=())
         self.model = model
         self.max_tokens = max_tokens
+        # A client cannot make one request hold a session for an unbounded generation or send
+        # a prompt no target context holds (docs/security.md, "Limits").
+        self.max_tokens_limit = max_tokens_limit
+        self.max_prompt = max_prompt
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -277,10 +281,15 @@ class Frontend:
             prompt = self._prompt(body.get("prompt"))
         if not prompt:
             raise ApiError(400, "the prompt encodes to no tokens", param="messages" if chat else "prompt")
+        if len(prompt) > self.max_prompt:
+            raise ApiError(400, f"the prompt has {len(prompt)} tokens, at most {self.max_prompt} are served",
+                           param="messages" if chat else "prompt", code="context_length_exceeded")
         max_new = body.get("max_completion_tokens", body.get("max_tokens"))
         max_new = self.max_tokens if max_new is None else max_new
         if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
             raise ApiError(400, "max_tokens must be a positive integer", param="max_tokens")
+        if max_new > self.max_tokens_limit:
+            raise ApiError(400, f"max_tokens is at most {self.max_tokens_limit}", param="max_tokens")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "stream must be a boolean", param="stream")
