@@ -1,10 +1,18 @@
-"""``sdcp-fast mlc``: serve the multi-level cache and its commit logs over HTTP(S)."""
+"""``sdcp-fast mlc``: serve the multi-level cache and its commit logs over HTTP/2 with mutual
+TLS (the roles' transport), or over HTTP/1.1 with ``--http1`` for debugging.
+
+Secure by default, as the role services: certificates come from a ``sdcp-fast certs`` folder
+and ``--name`` (or ``--cert/--key/--ca``); without them the command refuses to start unless
+``--insecure``, which serves plain HTTP on loopback only and says so loudly.
+"""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import Any
 
-HELP = "serve the multi-level cache (objects, leases, commit logs) over HTTP with mTLS"
+HELP = "serve the multi-level cache (objects, leases, commit logs) over HTTP/2 with mutual TLS"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,28 +28,36 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-objects", type=int, default=None, help="objects the index holds at most "
                         "(default 262144; least recently used unleased ones are evicted beyond)")
     parser.add_argument("--max-open-logs", type=int, default=64, help="commit logs open at once (descriptors)")
-    parser.add_argument("--cert", help="server certificate (PEM); enables TLS")
-    parser.add_argument("--key", help="server private key (PEM)")
-    parser.add_argument("--ca", help="CA whose client certificates are required (mTLS)")
+    parser.add_argument("--certs", metavar="DIR", help="a `sdcp-fast certs` folder; the certificate used is --name's")
+    parser.add_argument("--name", default="mlc", help="instance name in --certs (default mlc)")
+    parser.add_argument("--cert", help="server certificate (PEM) instead of --certs")
+    parser.add_argument("--key", help="server private key (PEM) instead of --certs")
+    parser.add_argument("--ca", help="CA (PEM) whose client certificates are required, instead of --certs")
+    parser.add_argument("--insecure", action="store_true",
+                        help="plain HTTP on loopback, nobody authenticated, no authorization (development only)")
+    parser.add_argument("--http1", action="store_true",
+                        help="serve HTTP/1.1 (aiohttp) instead of HTTP/2, for debugging with HTTP/1.1 tools")
 
 
 def run(args: argparse.Namespace) -> int:
-    import asyncio
     import os
     import sys
 
-    from aiohttp import web
+    from sdcp_fast.services.runner import Security
+
+    try:
+        security = Security.from_args(args, "mlc")
+        from sdcp_fast.transport.binding import is_loopback
+
+        if security.insecure and not is_loopback(args.host):
+            raise ValueError(f"--insecure serves loopback addresses only, not {args.host!r}")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"sdcp-fast mlc: {exc}", file=sys.stderr)
+        return 2
 
     from sdcp_fast.commitlog import default_root
     from sdcp_fast.embedded import embedded
-    from sdcp_fast.servers.mlc import init_app, server_ssl
 
-    if bool(args.cert) != bool(args.key):
-        print("sdcp-fast mlc: --cert and --key go together", file=sys.stderr)
-        return 2
-    if args.ca and not args.cert:
-        print("sdcp-fast mlc: --ca (client certificates) needs --cert/--key", file=sys.stderr)
-        return 2
     root = args.root or default_root()
     os.makedirs(root, exist_ok=True)
     mib = 1 << 20
@@ -49,16 +65,66 @@ def run(args: argparse.Namespace) -> int:
     store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
                      device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib,
                      max_open_logs=args.max_open_logs, **limits)
+    scheme = "http" if security.insecure else "https"
+    protocol = "HTTP/1.1" if args.http1 else "HTTP/2"
+    how = "INSECURE: no authentication" if security.insecure else "TLS 1.3, client certificates required"
+
+    def ready(port: int) -> None:
+        print(f"sdcp-fast mlc: serving {scheme}://{args.host}:{port} ({protocol}, {how}; root {root})", flush=True)
+
+    if args.http1:
+        return _run_http1(args, security, store, ready)
+    from sdcp_fast.transport.loop import run as run_loop
+
+    run_loop(_serve_h2(args, security, store, ready))
+    return 0
+
+
+async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> None:
+    import asyncio
+    import contextlib
+    import signal
+
+    from sdcp_fast.servers.mlc import MLCService, serve
+
+    service = MLCService(store.mlc, store.logs)
+    server = await serve(service, args.host, args.port, ssl=security.server_context(),
+                         insecure=security.insecure)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    ready(server.port)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 5)
+        store.close()
+
+
+def _run_http1(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> int:
+    import asyncio
+
+    from aiohttp import web
+
+    from sdcp_fast.servers.mlc_http1 import init_app
+    from sdcp_fast.transport.tls import server_context
+
     try:
         import uvloop
 
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
     except ImportError:
         pass  # the default loop serves the same API, a little slower
-    ctx = server_ssl(args.cert, args.key, args.ca) if args.cert else None
-    scheme = "https" if ctx else "http"
-    web.run_app(init_app(store.mlc, store.logs, on_close=store.close), host=args.host, port=args.port, ssl_context=ctx,
-                print=lambda _: print(f"sdcp-fast mlc: serving {scheme}://{args.host}:{args.port} "
-                                      f"(root {root}{', client certificates required' if args.ca else ''})",
-                                      flush=True))
+    if security.insecure:
+        from sdcp_fast.transport.binding import check_insecure
+
+        check_insecure(args.host, "MLC HTTP/1.1 server binding")  # warns loudly
+    ctx = None if security.insecure else server_context(
+        security.cert, security.key, security.ca, alpn=("http/1.1",))
+    web.run_app(init_app(store.mlc, store.logs, on_close=store.close),
+                host=args.host, port=args.port, ssl_context=ctx, print=lambda _: ready(args.port))
     return 0

@@ -140,22 +140,29 @@ def client_transport(security: Security, peer: Peer) -> Transport:
 
 
 class RemoteStore:
-    """The MLC API of an ``sdcp-fast mlc`` server plus its commit logs (``commit_log(name)``)."""
+    """The MLC API of an ``sdcp-fast mlc`` server plus its commit logs (``commit_log(name)``),
+    reached over HTTP/2 with this service's own certificate: one connection, a stream per
+    call, no thread. Its calls are coroutines (``roles.objects.Objects`` awaits them)."""
+
+    nonblocking = True
 
     def __init__(self, base_url: str, security: Security) -> None:
-        from sdcp_fast.cache.client import RemoteMLC
+        from sdcp_fast.cache.client import AsyncMLC, mlc_transport
 
         self.base_url = base_url.rstrip("/")
-        self._ssl = security.client_context(alpn=("http/1.1",))
-        self.mlc = RemoteMLC(self.base_url, ssl=self._ssl)
+        self.transport = mlc_transport(security.client_context())
+        self.mlc = AsyncMLC(self.base_url, self.transport)
 
     def commit_log(self, name: str) -> Any:
-        from sdcp_fast.commitlog.http import HttpCommitLog
+        from sdcp_fast.commitlog.http import AsyncHttpCommitLog
 
-        return HttpCommitLog.on_server(self.base_url, name, ssl=self._ssl)
+        return AsyncHttpCommitLog.on_server(self.base_url, name, self.transport)
 
     def __getattr__(self, attr: str) -> Any:
         return getattr(self.mlc, attr)
+
+    async def close(self) -> None:
+        await self.transport.close()
 
 
 def configure_logging(level: str) -> None:
