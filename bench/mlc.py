@@ -1,11 +1,11 @@
 """MLC and commit-log speed, each figure next to a baseline measured in the same run.
 
-    .venv/bin/python bench/mlc.py [--quick] [--sizes 4K,1M,64M] [--no-services]
+    .venv/bin/python bench/mlc.py [--quick] [--sizes 4K,1M,64M] [--no-services] [--only http]
 
 Memory tiers are compared with a plain memcpy into a preallocated buffer, the disk tier
 with a dd-like loop (write/read in 1 MiB blocks, one file per object), the networked tier
-with bare SET/GET on the same Redis, the HTTP API with a bare aiohttp server that keeps
-one body, commit-log appends with a bare fsync'd append (file)
+with bare SET/GET on the same Redis, the HTTP API over HTTP/1.1 and HTTP/2 each with a bare
+server of the same stack that keeps one body, commit-log appends with a bare fsync'd append (file)
 and a bare etcd put. Targets: memory >= 70% of memcpy, disk >= 70% of dd, commit appends
 within 2x of a bare put (ratio >= 0.5). q rows are M x V x 4 bytes: 1 MiB at M=8, V=32000.
 """
@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import numpy as np
 
@@ -218,13 +218,21 @@ def _serve(app: object) -> tuple[str, Callable[[], None]]:
 
 
 def bench_http(sizes: list[int], budget: float) -> None:
-    """The MLC's HTTP API against a bare aiohttp server that stores/returns one body."""
+    """The MLC's HTTP API over HTTP/1.1 (the aiohttp server) and HTTP/2 (the project's
+    transport), each next to a bare server of the same stack that stores/returns one body:
+
+    - ``http1``: the old wire, http.client keep-alive (what RemoteMLC was) -> aiohttp server;
+    - ``h2``: RemoteMLC (blocking; a hop to its loop thread per call) -> HTTP/2 server;
+    - ``h2-async``: AsyncMLC awaited on the caller's loop (what the role services do).
+    Plain TCP on loopback (h2c) for every row: the protocols, not TLS, are compared."""
     import http.client
 
     from aiohttp import web
 
-    from sdcp_fast.cache.client import RemoteMLC
-    from sdcp_fast.servers.mlc import init_app
+    from sdcp_fast.cache.client import AsyncMLC, LoopThread, RemoteMLC, mlc_transport
+    from sdcp_fast.servers.mlc import MLCService, serve
+    from sdcp_fast.servers.mlc_http1 import init_app
+    from sdcp_fast.transport.base import Request, Response
 
     held: dict[str, bytes] = {}
 
@@ -235,35 +243,104 @@ def bench_http(sizes: list[int], budget: float) -> None:
     async def bare_get(request: web.Request) -> web.Response:
         return web.Response(body=held["x"])
 
+    async def bare_h2(request: Request) -> Response:
+        if request.method == "PUT":
+            held["y"] = request.body
+            return Response(201)
+        return Response(200, held["y"])
+
     bare = web.Application(client_max_size=1 << 30)
     bare.router.add_put("/x", bare_put)
     bare.router.add_get("/x", bare_get)
-    mlc = MLC([HostTier(max(sizes) * 4)])
+    mlc = MLC([HostTier(max(sizes) * 8)])
     mlc_url, stop_mlc = _serve(init_app(mlc))
     bare_url, stop_bare = _serve(bare)
+    server_loop = LoopThread("bench-h2-servers")
+
+    async def start_h2() -> tuple[object, object]:
+        ours = await serve(MLCService(mlc), "127.0.0.1", 0, ssl=None, insecure=True)
+        from sdcp_fast.servers.mlc import limits
+        from sdcp_fast.transport.h2server import serve as serve_h2
+
+        theirs = await serve_h2(bare_h2, "127.0.0.1", 0, ssl=None, insecure=True, limits=limits())
+        return ours, theirs
+
+    h2_ours, h2_bare = server_loop.run(start_h2())
+    h2_url, h2_bare_url = f"http://127.0.0.1:{h2_ours.port}", f"http://127.0.0.1:{h2_bare.port}"  # type: ignore[attr-defined]
+    client_loop = LoopThread("bench-h2-client")
+    transport = client_loop.run(_make(lambda: mlc_transport(None)))
+    aio = AsyncMLC(h2_url, transport)
     try:
-        conn = http.client.HTTPConnection("127.0.0.1", int(bare_url.rsplit(":", 1)[1]))
+        def connection(url: str) -> Callable[..., bytes]:
+            conn = http.client.HTTPConnection("127.0.0.1", int(url.rsplit(":", 1)[1]))
 
-        def call(method: str, body: bytes | None = None) -> None:
-            conn.request(method, "/x", body=body)
-            conn.getresponse().read()
+            def call(method: str, path: str, body: bytes | None = None) -> bytes:
+                conn.request(method, path, body=body, headers={"Content-Type": "application/octet-stream"})
+                return conn.getresponse().read()
 
-        with RemoteMLC(mlc_url) as remote:
+            return call
+
+        old, bare1 = connection(mlc_url), connection(bare_url)
+
+        def h2_bare_call(method: str, body: bytes = b"") -> bytes:
+            return client_loop.run(transport.request(h2_bare_url, method, "x", body=body)).body
+
+        def one(remote: RemoteMLC, size: int) -> None:
+            src = os.urandom(size)
+            uri = object_uri(SCOPE, b"h" * 16, "q_rows", size)
+            path = "/objects/" + uri.removeprefix("mlc://")
+            base_put = timed(lambda: bare1("PUT", "/x", src), budget)
+            report("http1", "put", size, timed(lambda: old("PUT", path, src), budget), base_put, 0.7,
+                   "bare aiohttp")
+            base_get = timed(lambda: bare1("GET", "/x"), budget)
+            report("http1", "get", size, timed(lambda: old("GET", path), budget), base_get, 0.7, "bare aiohttp")
+            base_put = timed(lambda: h2_bare_call("PUT", src), budget)
+            report("h2", "put", size, timed(lambda: remote.put(uri, src), budget), base_put, 0.7, "bare h2")
+            base_get = timed(lambda: h2_bare_call("GET"), budget)
+            report("h2", "get", size, timed(lambda: remote.get(uri), budget), base_get, 0.7, "bare h2")
+            a_put = client_loop.run(_timed_async(lambda: aio.put(uri, src), budget))
+            a_bare = client_loop.run(_timed_async(lambda: transport.request(h2_bare_url, "PUT", "x", body=src),
+                                                  budget))
+            report("h2-async", "put", size, a_put, a_bare, 0.7, "bare h2 async")
+            a_get = client_loop.run(_timed_async(lambda: aio.get(uri), budget))
+            a_bare = client_loop.run(_timed_async(lambda: transport.request(h2_bare_url, "GET", "x"), budget))
+            report("h2-async", "get", size, a_get, a_bare, 0.7, "bare h2 async")
+
+        with RemoteMLC(h2_url) as remote:
             for size in sizes:
-                _http_size(remote, call, size, budget)
+                one(remote, size)
     finally:
+        client_loop.run(transport.close())
+        client_loop.stop()
+
+        async def stop_h2() -> None:
+            for server in (h2_ours, h2_bare):
+                server.close()  # type: ignore[attr-defined]
+                await server.wait_closed()  # type: ignore[attr-defined]
+
+        server_loop.run(stop_h2())
+        server_loop.stop()
         stop_mlc()
         stop_bare()
         mlc.close()
 
 
-def _http_size(remote: object, call: Callable[..., None], size: int, budget: float) -> None:
-    src = os.urandom(size)
-    uri = object_uri(SCOPE, b"h" * 16, "q_rows", size)
-    put = timed(lambda: remote.put(uri, src), budget)  # type: ignore[attr-defined]
-    report("http", "put", size, put, timed(lambda: call("PUT", src), budget), 0.7, "bare aiohttp")
-    get = timed(lambda: remote.get(uri), budget)  # type: ignore[attr-defined]
-    report("http", "get", size, get, timed(lambda: call("GET"), budget), 0.7, "bare aiohttp")
+async def _make(fn: Callable[[], object]) -> object:
+    return fn()
+
+
+async def _timed_async(fn: Callable[[], Awaitable[object]], budget: float, min_reps: int = 5) -> float:
+    """As :func:`timed`, awaiting ``fn()`` on the running loop."""
+    await fn()
+    samples: list[float] = []
+    end = time.perf_counter() + budget
+    while len(samples) < min_reps or time.perf_counter() < end:
+        t0 = time.perf_counter()
+        await fn()
+        samples.append(time.perf_counter() - t0)
+        if len(samples) >= 10000:
+            break
+    return statistics.median(samples)
 
 
 def record(n: int) -> CommitRecord:
@@ -339,17 +416,24 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="short time budget per figure")
     ap.add_argument("--no-services", action="store_true", help="skip Redis and etcd")
     ap.add_argument("--root", help="folder for disk figures (default: a temporary folder)")
+    ap.add_argument("--only", choices=["host", "disk", "log", "http", "services"], action="append",
+                    help="run only these areas (repeatable; default: all)")
     args = ap.parse_args(argv)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     budget = 0.1 if args.quick else 0.5
     root = tempfile.mkdtemp(prefix="sdcp-bench-mlc-", dir=args.root)
     print(f"# bench/mlc.py: sizes {','.join(human(s) for s in sizes)}, {budget}s per figure, root {root}")
     try:
-        bench_host(sizes, budget)
-        bench_disk(sizes, budget, root)
-        bench_file_log(root, budget)
-        bench_http([s for s in sizes if s <= 16 * MiB], budget)
-        if not args.no_services:
+        areas = set(args.only or ["host", "disk", "log", "http", "services"])
+        if "host" in areas:
+            bench_host(sizes, budget)
+        if "disk" in areas:
+            bench_disk(sizes, budget, root)
+        if "log" in areas:
+            bench_file_log(root, budget)
+        if "http" in areas:
+            bench_http([s for s in sizes if s <= 16 * MiB], budget)
+        if "services" in areas and not args.no_services:
             bench_redis(sizes, budget)
             bench_etcd(root, budget)
     finally:
