@@ -1,0 +1,156 @@
+"""The MLC over HTTP/2 specifically: refusals before the body, abandoned uploads, and many
+concurrent calls of the async client on one connection. Raw HTTP/2 frames are written with
+the ``h2`` library over a plain socket to the h2c (insecure, loopback) server."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import os
+import socket
+import time
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+from mlc_server import serving
+
+from sdcp_fast.cache import MLC, object_uri
+from sdcp_fast.cache.client import AsyncMLC, LoopThread, mlc_transport
+from sdcp_fast.cache.tiers.host import HostTier
+
+SCOPE = bytes(range(16))
+
+
+def name(n: int) -> str:
+    return object_uri(SCOPE, b"s" * 16, "q_rows", n).removeprefix("mlc://")
+
+
+class RawH2:
+    """A client connection that sends what we tell it, frame by frame."""
+
+    def __init__(self, base: str) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", int(base.rsplit(":", 1)[1])))
+        self.sock.settimeout(10)
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True))
+        self.conn.initiate_connection()
+        self.flush()
+        self.events: list[h2.events.Event] = []
+
+    def flush(self) -> None:
+        data = self.conn.data_to_send()
+        if data:
+            self.sock.sendall(data)
+
+    def pump(self) -> None:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("server closed")
+        self.events += self.conn.receive_data(data)
+        self.flush()
+
+    def put_headers(self, path: str, length: int) -> int:
+        stream = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(stream, [(":method", "PUT"), (":scheme", "http"), (":authority", "t"),
+                                        (":path", path), ("content-length", str(length))])
+        self.flush()
+        return stream
+
+    def send(self, stream: int, n: int) -> None:
+        """``n`` body bytes, as fast as the server's windows allow."""
+        chunk = b"\x01" * 16384
+        while n:
+            window = min(self.conn.local_flow_control_window(stream), self.conn.max_outbound_frame_size, n)
+            if window <= 0:
+                self.pump()
+                continue
+            self.conn.send_data(stream, chunk[:window] if window <= len(chunk) else b"\x01" * window)
+            n -= window
+            self.flush()
+
+    def response(self, stream: int) -> tuple[int, bytes]:
+        status, body = 0, b""
+        while True:
+            for event in self.events:
+                if isinstance(event, h2.events.ResponseReceived) and event.stream_id == stream:
+                    status = int(dict(event.headers)[b":status"])
+                elif isinstance(event, h2.events.DataReceived) and event.stream_id == stream:
+                    body += event.data
+                elif isinstance(event, (h2.events.StreamEnded, h2.events.StreamReset)) and event.stream_id == stream:
+                    return status, body
+            self.events.clear()
+            self.pump()
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def server(tmp_path):
+    with MLC([HostTier(16 << 20)]) as mlc, serving(mlc, http2=True) as base:
+        yield base, mlc
+
+
+def test_a_declared_length_over_the_limit_is_refused_before_the_body(server):
+    base, mlc = server
+    raw = RawH2(base)
+    try:
+        stream = raw.put_headers(f"/objects/{name(1)}", 3 << 30)  # no byte of the body sent
+        status, body = raw.response(stream)
+    finally:
+        raw.close()
+    assert status == 413 and json.loads(body)["status"] == 413
+    assert not mlc.contains("mlc://" + name(1))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _abandon(base: str, declared: int, sent: int) -> None:
+    raw = RawH2(base)
+    stream = raw.put_headers(f"/objects/{name(2)}", declared)
+    raw.send(stream, sent)
+    time.sleep(0.2)  # let the server take it in before the client vanishes
+    raw.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc/self/statm")
+def test_abandoned_uploads_free_their_buffers(server):
+    base, mlc = server
+    gc.collect()
+    _abandon(base, 64 << 20, 32 << 20)  # warm-up: allocator arenas, connection objects
+    time.sleep(0.3)
+    before = _rss()
+    for _ in range(4):
+        _abandon(base, 96 << 20, 48 << 20)
+    time.sleep(0.5)
+    grown = _rss() - before
+    assert grown < 48 << 20, f"RSS grew {grown >> 20} MiB over four abandoned 48 MiB uploads"
+    assert mlc.stats()["index"]["objects"] == 0
+
+
+def test_the_async_client_runs_many_calls_at_once_on_one_connection(server):
+    base, mlc = server
+    runner = LoopThread("test-async-mlc")
+
+    async def main() -> list[bytes]:
+        client = AsyncMLC(base, mlc_transport(None))
+        try:
+            uris = [object_uri(SCOPE, b"c" * 16, "q_rows", n) for n in range(64)]
+            await asyncio.gather(*(client.put(u, n.to_bytes(4, "big") * 256) for n, u in enumerate(uris)))
+            got = await asyncio.gather(*(client.get(u) for u in uris))
+            assert len(client.transport._connections) == 1  # type: ignore[attr-defined]
+            return [bytes(g) for g in got]
+        finally:
+            await client.close()
+
+    try:
+        got = runner.run(main())
+    finally:
+        runner.stop()
+    assert got == [n.to_bytes(4, "big") * 256 for n in range(64)]
+    assert mlc.stats()["index"]["objects"] == 64
