@@ -165,6 +165,7 @@ async def _deployment(target: Any, drafter: tuple[Any, bytes] | None, config: Co
                         sample.first = now
                     sample.chunks.append((now, len(out.tokens)))
                     sample.tokens += len(out.tokens)
+                    sample.output = [*(sample.output or []), *out.tokens]  # type: ignore[misc]
                 if out.final:
                     sample.finish = getattr(out.finish, "name", str(out.finish)).lower()
         except Exception as exc:  # a failed session is a sample too
