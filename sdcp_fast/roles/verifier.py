@@ -225,8 +225,11 @@ class VerifierRole:
         if live is None or live.session is not session:
             if live is not None:  # re-opened at a higher epoch (§6.9): the old one is over
                 self._fail_waiting(live, StaleEpoch("the session was re-opened at a newer epoch"))
-            log_ = await self.objects.call(open_commit_log, message.commit_log, mlc=self.mlc)
-            view = await self.objects.call(log_.read)
+            try:
+                log_ = await self.objects.call(open_commit_log, message.commit_log, mlc=self.mlc)
+                view = await self.objects.call(log_.read)
+            except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
+                raise BadRequest(f"commit_log cannot be opened: {exc}") from None
             tokens_ref = message.resume.committed_tokens if message.resume is not None else None
             if tokens_ref is None and session.contract.scope is not None:
                 tokens_ref = object_uri(session.contract.scope, session.session, "committed_tokens")
