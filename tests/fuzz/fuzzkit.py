@@ -25,6 +25,7 @@ from typing import Any
 
 import cbor2
 
+from sdcp_fast.cache import errors as mlc_errors
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_MEDIA_TYPE, SdcpProblem, type_suffix
 from sdcp_fast.roles.wire import InternalError, MethodNotAllowed, NotFound
@@ -40,6 +41,8 @@ EXAMPLES = max(1, INPUTS // PER_EXAMPLE)
 # sdcp-forbidden, ...) and the route table's.
 STATUS_OF: dict[str, int] = {suffix: cls.status for suffix, cls in BY_SUFFIX.items()}
 STATUS_OF.update({cls.suffix: cls.status for cls in (NotFound, MethodNotAllowed, InternalError)})
+STATUS_OF.update({cls.suffix: cls.status for cls in vars(mlc_errors).values()  # the MLC's, passed on
+                  if isinstance(cls, type) and issubclass(cls, SdcpProblem) and cls.suffix.startswith("mlc-")})
 
 TRACEBACK_MARKS = (b"Traceback (most recent call last)", b'File "/', b"site-packages", b".py\", line")
 

@@ -1,0 +1,1 @@
+"""The black-box conformance kit (``sdcp-fast conform URL``, docs/conformance.md)."""
