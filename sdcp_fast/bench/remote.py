@@ -111,11 +111,11 @@ class _Client:
         sample.chunks = [(t, sample.tokens * len(p) / chars) for t, p in pieces]  # type: ignore[misc]
         sample.output = "".join(p for _, p in pieces)
 
-    async def ready(self, model: str, within: float) -> None:
+    async def ready(self, model: str, text: str, within: float) -> None:
         """Waits until the router knows a live verifier (a deployment just started has not
         heard from its verifiers yet)."""
         deadline = time.monotonic() + within
-        body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 1}
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
         while True:
             r = await self.h2.request(self.remote.router, "POST", "v1/chat/completions", body=json.dumps(body).encode(),
                                       headers={"content-type": "application/json"}, timeout=within)
@@ -127,6 +127,20 @@ class _Client:
 
     async def close(self) -> None:
         await self.h2.close()
+
+
+def served_model(remote: Remote) -> str:
+    """The model the deployment's front end serves (``GET v1/models``)."""
+    from sdcp_fast.transport.loop import run as run_loop
+
+    async def ask() -> str:
+        client = _Client(remote)
+        try:
+            return await client.model()
+        finally:
+            await client.close()
+
+    return run_loop(ask())  # type: ignore[no-any-return]
 
 
 def body_for(model: str, text: str, workload: Workload, index: int, max_new: int) -> dict[str, Any]:
@@ -157,7 +171,7 @@ async def _runs(remote: Remote, config: Config, workload: Workload, level: int, 
     out = []
     try:
         model = await client.model()
-        await client.ready(model, 60.0)
+        await client.ready(model, workload.prompts[0].text, 60.0)
         if warmup:
             await client.session(body_for(model, workload.prompts[0].text, workload, 0, min(8, workload.max_new)),
                                  SessionSample(0, "warmup", 0.0, 0.0), time.perf_counter(), timeout)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _plan(args: argparse.Namespace) -> object:
     from sdcp_fast.bench import workload as wl
-    from sdcp_fast.bench.remote import Remote
+    from sdcp_fast.bench.remote import Remote, served_model
     from sdcp_fast.bench.runner import Plan
     from sdcp_fast.services.models import resolve
 
@@ -115,7 +115,8 @@ def _plan(args: argparse.Namespace) -> object:
         import torch
 
         torch.set_num_threads(args.threads)
-    toy = model == "toy" or (model is None and remote is not None)
+    # The built-in prompts in the toy model's words only for a toy target.
+    toy = model == "toy" or (model is None and remote is not None and served_model(remote) == "toy")
     drafters = [d.strip() for d in (args.drafters or (TOY_DRAFTERS if toy else REAL_DRAFTERS)).split(",") if d.strip()]
     if model == "smollm2" and "model:smollm2-draft" in drafters:
         from sdcp_fast.model.loader import shipped_path
