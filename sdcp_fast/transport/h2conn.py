@@ -55,6 +55,9 @@ class Limits:
     max_header_list: int = 64 * 1024  # SETTINGS_MAX_HEADER_LIST_SIZE; h2 ends a connection exceeding it
     max_streams: int = 256  # SETTINGS_MAX_CONCURRENT_STREAMS: streams the peer may open at once
     idle_timeout: float = 120.0  # seconds without an open stream before the connection is closed
+    # Seconds from a request's headers to the end of its body (server): a slower request
+    # (slow-loris) is answered 408 and its buffered bytes are freed.
+    request_timeout: float = 60.0
     stream_window: int = 4 * MiB  # SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window
     connection_window: int = 16 * MiB  # receive window of the whole connection
     max_frame: int = 1 * MiB - 1  # SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames for big bodies

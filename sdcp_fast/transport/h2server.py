@@ -37,7 +37,7 @@ _NO_BODY_STATUS = frozenset({204, 304})
 
 
 class _Incoming:
-    __slots__ = ("headers", "chunks", "size", "answered", "done", "pump")
+    __slots__ = ("headers", "chunks", "size", "answered", "done", "pump", "timer")
 
     def __init__(self, headers: list[tuple[bytes, bytes]]) -> None:
         self.headers = headers
@@ -46,6 +46,7 @@ class _Incoming:
         self.answered = False  # a response was started (the handler runs, or we refused the body)
         self.done = False
         self.pump: asyncio.Task[None] | None = None  # sending a streamed response
+        self.timer: asyncio.TimerHandle | None = None  # the request_timeout of an unfinished body
 
 
 class _ServerProtocol(H2Protocol):
@@ -93,6 +94,9 @@ class _ServerProtocol(H2Protocol):
             length = next((v for k, v in event.headers if k == b"content-length"), None)
             if length is not None and length.isdigit() and int(length) > self.limits.max_body:
                 self._refuse_body(event.stream_id, incoming)
+            elif not event.stream_ended and self.limits.request_timeout > 0:
+                incoming.timer = self.loop.call_later(self.limits.request_timeout, self._too_slow,
+                                                      event.stream_id, incoming)
         elif isinstance(event, h2.events.StreamEnded):
             incoming = self.streams.get(event.stream_id)
             if incoming is not None and not incoming.answered:
@@ -108,7 +112,18 @@ class _ServerProtocol(H2Protocol):
             if self.active_streams == 0:
                 self._final_close()
 
+    def _too_slow(self, stream_id: int, incoming: _Incoming) -> None:
+        if incoming.answered or self.transport is None:
+            return
+        incoming.answered = True
+        incoming.chunks.clear()
+        self.loop.create_task(self._send(stream_id, incoming, http_problem(
+            408, f"request body not complete within {self.limits.request_timeout:g} s"), stop_reading=True))
+
     def _finish(self, stream_id: int, incoming: _Incoming) -> None:
+        if incoming.timer is not None:
+            incoming.timer.cancel()
+            incoming.timer = None
         if not incoming.done:
             incoming.done = True
             self.streams.pop(stream_id, None)
