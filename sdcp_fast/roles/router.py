@@ -223,10 +223,13 @@ class RouterRole:
         index, epoch = 0, 0
         while True:
             routed = entry.routed
+            verifier = routed.verifier
             try:
-                out = await self.client.output(routed.verifier, session, index, timeout=poll)
+                out = await self.client.output(verifier, session, index, timeout=poll)
             except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
-                if isinstance(exc, SdcpProblem) and exc.status < 500 and exc.suffix != "sdcp-stale-epoch":
+                if isinstance(exc, SdcpProblem) and exc.suffix == "sdcp-unknown-session":
+                    await self._lost(routed, verifier)
+                elif isinstance(exc, SdcpProblem) and exc.status < 500 and exc.suffix != "sdcp-stale-epoch":
                     raise
                 # The verifier is gone or fenced: wait for the fail-over to name another.
                 entry.changed.clear()
@@ -290,6 +293,15 @@ class RouterRole:
                     with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                         await self._assign(routed, late)
             for routed in expired_verifiers(open_, self.table, now):
+                await self._failover(routed)
+
+    async def _lost(self, routed: RoutedSession, verifier: str) -> None:
+        """The verifier of record no longer knows the session: it restarted before its status
+        expired, so the sweep would never fail the session over (§6.9). Fail it over now,
+        unless that already happened."""
+        async with self._lock:
+            if not routed.done and routed.verifier == verifier:
+                log.warning("session %s: verifier %s no longer has it", routed.session.hex()[:8], verifier)
                 await self._failover(routed)
 
     async def _failover(self, routed: RoutedSession) -> None:

@@ -52,7 +52,7 @@ from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects, pack_tokens
 from sdcp_fast.roles.scoring import Scored, verify_batch
-from sdcp_fast.roles.wire import InternalError, Routes, SdcpClient, decode_body
+from sdcp_fast.roles.wire import Busy, InternalError, Routes, SdcpClient, decode_body
 from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.verifier")
@@ -107,6 +107,8 @@ class VerifierRole:
         router: str | None = None,
         backend: str = "auto",
         max_batch: int = 64,
+        max_sessions: int = 4096,
+        max_prompt: int = 1 << 17,
         batch_wait: float = 0.005,
         output_wait: float = 10.0,
         status_ttl_ms: int = 10_000,
@@ -120,6 +122,10 @@ class VerifierRole:
         self.router = router
         self.backend = backend
         self.max_batch = max_batch
+        # Bounds a router cannot exceed (docs/security.md, "Limits"): sessions not yet ended
+        # (a new one beyond it is 503 sdcp-busy: open it at another verifier) and prompt tokens.
+        self.max_sessions = max_sessions
+        self.max_prompt = max_prompt
         self.batch_wait = batch_wait
         self.output_wait = output_wait
         self.status_ttl_ms = status_ttl_ms
@@ -209,6 +215,8 @@ class VerifierRole:
     async def _post_session(self, request: Request) -> SessionState:
         require_role(request.peer, PeerRole.ROUTER)
         message = decode_body(SessionOpen, request)
+        if message.session not in self.sessions and self._open_sessions() >= self.max_sessions:
+            raise Busy(f"{self.max_sessions} sessions are open at this verifier")
         prompt = None
         committed: Sequence[int] = ()
         try:
@@ -218,6 +226,8 @@ class VerifierRole:
                 committed = await self.objects.tokens(message.resume.committed_tokens)
         except ObjectUnavailable as exc:
             raise BadRequest(f"a referenced object could not be read: {exc}") from None
+        if len(prompt if prompt is not None else message.prompt) > self.max_prompt:
+            raise BadRequest(f"the prompt is over {self.max_prompt} tokens")
         session, state = self.sessions.open(message, target_digest=self.target_digest,
                                             vocab=self.scorer.vocab_size, prompt_tokens=prompt,
                                             committed_tokens=committed)
@@ -236,6 +246,10 @@ class VerifierRole:
             self._live[message.session] = _Live(session, log_, view.etag, tokens_ref, self.clock())
             self._wake.set()
         return state
+
+    def _open_sessions(self) -> int:
+        ended = (State.FINISHED, State.FAILED, State.FENCED)
+        return sum(1 for live in self._live.values() if live.session.state not in ended)
 
     async def _put_drafter(self, request: Request, sid: str) -> SessionState:
         require_role(request.peer, PeerRole.ROUTER)

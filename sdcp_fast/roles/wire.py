@@ -54,6 +54,15 @@ class MethodNotAllowed(SdcpProblem):
     title = "Method not allowed on this resource"
 
 
+class Busy(SdcpProblem):
+    """A documented 5xx: the instance is at a capacity bound (docs/security.md, "Limits");
+    the caller may try another instance."""
+
+    suffix = "sdcp-busy"
+    status = 503
+    title = "At capacity"
+
+
 class InternalError(SdcpProblem):
     suffix = "sdcp-internal-error"
     status = 500
