@@ -148,6 +148,12 @@ def run(plan: Plan) -> dict[str, Any]:
                 [r for r in runs if r.config == config.name and r.sessions == level])
     if TARGET_ONLY in summary:
         add_speedups(summary, TARGET_ONLY)
+        plan.notes.append("target-only in process: the verifier's self-decoding loop does not yield to the event "
+                          "loop between rounds, so a session's output reaches its reader at the end; its TTFT is "
+                          "the session's time and it has no ITL (throughput is unaffected)")
+    if plan.embedded and plan.device != "cpu":
+        plan.notes.append(f"--device {plan.device} applies to the in-process configurations; sdcp-fast up's "
+                          "services choose their own device")
     if plan.remote is not None and target is None:
         plan.notes.append("remote: no target-only figure (the model is not loaded here: pass --model to measure "
                           "target-only decoding in process)")

@@ -124,12 +124,20 @@ def summarize(runs: Sequence[RunSample]) -> dict[str, Any]:
         "tokens_per_pass": tokens / passes if passes else None,
         "escalations": dict(escalations), "problems": dict(problems),
         "batch_sizes": dict(sorted(batches.items())),
-        "mean_batch": (sum(b * c for b, c in batches.items()) / sum(batches.values())) if batches else None,
+        "mean_batch": _mean_batch(batches, runs),
         "t_pass_s": pass_seconds / passes if passes and pass_seconds else None,
         "t_draft_token_s": phases.get("draft", 0.0) / drafted if drafted else None,
         "breakdown_s_per_round": breakdown,
         "counters": _merge_counters(runs),
     }
+
+
+def _mean_batch(batches: Counter[int], runs: Sequence[RunSample]) -> float | None:
+    if batches:
+        return sum(b * c for b, c in batches.items()) / sum(batches.values())
+    total = sum(r.counters.get("sdcp_batch_size_sum", 0.0) for r in runs)
+    count = sum(r.counters.get("sdcp_batch_size_count", 0.0) for r in runs)
+    return total / count if count else None  # a deployment's histogram (remote runs)
 
 
 def _merge_counters(runs: Sequence[RunSample]) -> dict[str, float]:
