@@ -42,6 +42,7 @@ _OURS: dict[str, type[SdcpProblem]] = {
 
 _BODILESS: dict[int, type[SdcpProblem]] = {404: errors.ObjectUnavailable, 403: Forbidden}
 MAX_OBJECT = 1 << 30  # the server's limit on an object; a response up to it is accepted
+INLINE_BYTES = 256 << 10  # larger bodies are encoded and decoded off the event loop
 
 
 class MLCUnreachable(ConnectionError):
@@ -142,8 +143,15 @@ class AsyncMLC:
             meta = {"dtype": str(data.dtype).removeprefix("torch."), "shape": list(data.shape), **(meta or {})}
         query = None
         if meta:
-            body: Any = cbor2.dumps({"data": bytes(view), "meta": meta,
-                                     **({"lease_ms": _ms(lease_ttl)} if lease_ttl else {})})
+            doc = {"meta": meta, **({"lease_ms": _ms(lease_ttl)} if lease_ttl else {})}
+
+            def encode() -> bytes:
+                return cbor2.dumps({"data": bytes(view), **doc})
+
+            # A large tensor (q rows) is copied and encoded on a worker thread, not on the
+            # caller's event loop (which is serving the role's requests meanwhile).
+            body: Any = encode() if view.nbytes <= INLINE_BYTES else \
+                await asyncio.get_running_loop().run_in_executor(None, encode)
             headers = {"content-type": "application/cbor"}
         else:
             body, headers = view, {"content-type": "application/octet-stream"}
@@ -158,7 +166,10 @@ class AsyncMLC:
     async def get_doc(self, uri: str) -> dict[str, Any]:
         """The object's CBOR form: {data, etag, meta}."""
         out = await self._call("GET", _path("objects/", uri), headers={"accept": "application/cbor"})
-        doc: dict[str, Any] = cbor2.loads(out.body)
+        if len(out.body) <= INLINE_BYTES:
+            doc: dict[str, Any] = cbor2.loads(out.body)
+        else:
+            doc = await asyncio.get_running_loop().run_in_executor(None, cbor2.loads, out.body)
         return doc
 
     async def get_tensor(self, uri: str, device: str | None = None) -> Any:
