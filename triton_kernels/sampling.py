@@ -309,53 +309,56 @@ def _draw_weights(src_ptr, row, q_ptr, qrow, offs, lim, V, lmax, norm, temp, thr
 
 @triton.jit
 def _inverse_cdf(src_ptr, row, q_ptr, qrow, u, active, V, lmax, norm, temp, thr, thr_id, filtered, greedy,
-                 BLOCK: tl.constexpr, RAW: tl.constexpr):
+                 scratch_ptr, BLOCK: tl.constexpr, NBLK_P2: tl.constexpr, RAW: tl.constexpr):
     """The one inverse-CDF rule: smallest id with cumulative weight (ascending ids) > u * total;
     the largest positive id if rounding leaves none; -1 without mass (or when not ``active``).
 
     A residual without mass (p == q up to rounding) draws from p instead, as the reference
-    does. Two passes: block totals (each block's sum is the last entry of its float64 scan,
-    so both passes add the same numbers in the same order), then a walk to the crossing block.
+    does. One read of the row (block sums in float64 to ``scratch``: 2 x NBLK_P2 entries, each
+    block's sum the last entry of its scan), a scan of the block sums, then one block re-read.
     """
     lim = tl.where(active, V, 0)
-    total_w = tl.zeros([], dtype=tl.float64)
-    total_p = tl.zeros([], dtype=tl.float64)
     last_w = tl.full([], -1, tl.int64)
     last_p = tl.full([], -1, tl.int64)
     for start in range(0, V, BLOCK):
         offs = start + tl.arange(0, BLOCK)
         w, pw = _draw_weights(src_ptr, row, q_ptr, qrow, offs, lim, V, lmax, norm, temp, thr, thr_id, filtered,
                               greedy, RAW)
-        total_w += tl.max(tl.cumsum(w.to(tl.float64), axis=0), axis=0)
-        total_p += tl.max(tl.cumsum(pw.to(tl.float64), axis=0), axis=0)
+        tl.store(scratch_ptr + start // BLOCK, tl.max(tl.cumsum(w.to(tl.float64), axis=0), axis=0))
+        tl.store(scratch_ptr + NBLK_P2 + start // BLOCK, tl.max(tl.cumsum(pw.to(tl.float64), axis=0), axis=0))
         last_w = tl.maximum(last_w, tl.max(tl.where(w > 0.0, offs, -1), axis=0))
         last_p = tl.maximum(last_p, tl.max(tl.where(pw > 0.0, offs, -1), axis=0))
-    use_p = total_w <= 0.0
-    total = tl.where(use_p, total_p, total_w)
+    tl.debug_barrier()  # the block sums were stored by other threads of this program
+    k = tl.arange(0, NBLK_P2)
+    nblk = tl.cdiv(V, BLOCK)
+    parts_w = tl.load(scratch_ptr + k, mask=k < nblk, other=0.0)
+    parts_p = tl.load(scratch_ptr + NBLK_P2 + k, mask=k < nblk, other=0.0)
+    use_p = tl.max(parts_w, axis=0) <= 0.0
+    c = tl.cumsum(tl.where(use_p, parts_p, parts_w), axis=0)
+    total = tl.max(c, axis=0)
     target = u * total
-    token = tl.where(use_p, last_p, last_w)
-    found = total <= 0.0
-    before = tl.zeros([], dtype=tl.float64)
-    for start in range(0, V, BLOCK):
-        offs = start + tl.arange(0, BLOCK)
-        w, pw = _draw_weights(src_ptr, row, q_ptr, qrow, offs, tl.where(found, 0, lim), V, lmax, norm, temp, thr,
-                              thr_id, filtered, greedy, RAW)
-        c = tl.cumsum(tl.where(use_p, pw, w).to(tl.float64), axis=0)
-        cross = (~found) & (before + tl.max(c, axis=0) > target)
-        token = tl.where(cross, tl.min(tl.where(c + before > target, offs, V), axis=0), token)
-        found = found | cross
-        before += tl.max(c, axis=0)
+    blk = tl.min(tl.where(c > target, k, NBLK_P2), axis=0)
+    before = tl.max(tl.where(k < blk, c, 0.0), axis=0)
+    offs = blk * BLOCK + tl.arange(0, BLOCK)
+    w, pw = _draw_weights(src_ptr, row, q_ptr, qrow, offs, tl.where(blk < nblk, lim, 0), V, lmax, norm, temp, thr,
+                          thr_id, filtered, greedy, RAW)
+    w = tl.where(use_p, pw, w).to(tl.float64)
+    cw = tl.cumsum(w, axis=0) + before
+    token = tl.min(tl.where(cw > target, offs, V), axis=0).to(tl.int64)
+    # rounding at a block's end: its last positive id; past the last block: the row's
+    token = tl.where(token < V, token, tl.max(tl.where(w > 0.0, offs, -1), axis=0).to(tl.int64))
+    token = tl.where(blk < nblk, token, tl.where(use_p, last_p, last_w))
     return tl.where(active & (total > 0.0), token, -1)
 
 
 @triton.jit
-def sample_kernel(probs_ptr, u_ptr, out_ptr, V, BLOCK: tl.constexpr):
+def sample_kernel(probs_ptr, u_ptr, out_ptr, scratch_ptr, V, BLOCK: tl.constexpr, NBLK_P2: tl.constexpr):
     """sample_from_probs: one inverse-CDF draw per row."""
     row = tl.program_id(0).to(tl.int64)
     active = tl.full([], 1, tl.int1)
     zero = tl.zeros([], dtype=tl.float32)
     token = _inverse_cdf(probs_ptr, row, probs_ptr, row, tl.load(u_ptr + row), active, V, zero, zero, zero, zero,
-                         row, active, active, BLOCK, True)
+                         row, active, active, scratch_ptr + row * 2 * NBLK_P2, BLOCK, NBLK_P2, True)
     tl.store(out_ptr + row, token.to(tl.int32))
 
 
@@ -409,8 +412,9 @@ def greedy_kernel(part_max_ptr, part_arg_ptr, tokens_ptr, cu_ptr, accepted_ptr, 
 @triton.jit
 def speculative_kernel(logits_ptr, q_ptr, tokens_ptr, cu_ptr, u_ptr, part_max_ptr, part_sum_ptr, part_arg_ptr,
                        thr_ptr, thr_id_ptr, tm_ptr, tm_stride, tm, tk_ptr, tk_stride, tk, tp_ptr, tp_stride, tp,
-                       accepted_ptr, emitted_ptr, bad_ptr, V, B, D, W, NSPLIT,
-                       BLOCK: tl.constexpr, NSPLIT_P2: tl.constexpr, W_P2: tl.constexpr, T_ROW: tl.constexpr,
+                       accepted_ptr, emitted_ptr, bad_ptr, scratch_ptr, V, B, D, W, NSPLIT,
+                       BLOCK: tl.constexpr, NBLK_P2: tl.constexpr, NSPLIT_P2: tl.constexpr, W_P2: tl.constexpr,
+                       T_ROW: tl.constexpr,
                        K_ROW: tl.constexpr, P_ROW: tl.constexpr, SEARCH: tl.constexpr):
     """Rule 2 for one session per program: the bad check, the acceptance tests, the draw.
 
@@ -451,7 +455,7 @@ def speculative_kernel(logits_ptr, q_ptr, tokens_ptr, cu_ptr, u_ptr, part_max_pt
                                                   NSPLIT, temp, greedy, searched & (~is_bad), V, NSPLIT_P2)
     r = tl.load(u_ptr + (b * W + a) * 2 + 1, mask=~is_bad, other=0.0)
     extra = _inverse_cdf(logits_ptr, row, q_ptr, tl.where(a < m, t0 + a, -1), r, ~is_bad, V, lmax, norm, temp, thr,
-                         thr_id, filtered, greedy, BLOCK, False)
+                         thr_id, filtered, greedy, scratch_ptr + b * 2 * NBLK_P2, BLOCK, NBLK_P2, False)
     _write_emitted(emitted_ptr, tokens_ptr, b, t0, a, extra, W, W_P2)
     tl.store(accepted_ptr + b, a.to(tl.int32))
     tl.store(bad_ptr + b, is_bad)

@@ -18,7 +18,7 @@ import torch
 
 from sdcp_fast import native
 
-from .params import Profile, Ragged
+from .params import DeviceProfile, Profile, Ragged
 
 BACKENDS = ("auto", "reference", "cpu", "triton")
 _log = logging.getLogger(__name__)
@@ -86,16 +86,17 @@ def resolve(backend: str, device: torch.device) -> str:
 
 
 class Backend(Protocol):
-    """What each backend module provides; inputs arrive validated by :mod:`.params`."""
+    """What each backend module provides; inputs arrive validated by :mod:`.params` (the triton
+    backend takes a :class:`DeviceProfile`, the others a :class:`Profile`)."""
 
-    def apply_sampling_profile(self, logits: torch.Tensor, prof: Profile) -> torch.Tensor: ...
+    def apply_sampling_profile(self, logits: torch.Tensor, prof: Profile | DeviceProfile) -> torch.Tensor: ...
 
     def sample_from_probs(self, probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor: ...
 
     def verify_greedy(self, target_logits: torch.Tensor, draft_tokens: torch.Tensor,
                       lay: Ragged) -> tuple[torch.Tensor, torch.Tensor]: ...
 
-    def verify_speculative(self, target_logits: torch.Tensor, prof: Profile, q_probs: torch.Tensor,
+    def verify_speculative(self, target_logits: torch.Tensor, prof: Profile | DeviceProfile, q_probs: torch.Tensor,
                            draft_tokens: torch.Tensor, lay: Ragged,
                            u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
 

@@ -38,6 +38,13 @@ class Grid:
     def splits_p2(self) -> int:
         return triton.next_power_of_2(self.splits)
 
+    def blocks_p2(self, vocab: int) -> int:
+        return triton.next_power_of_2(triton.cdiv(vocab, self.block))
+
+    def scratch(self, draws: int, vocab: int, device: torch.device) -> torch.Tensor:
+        """Block sums of each inverse-CDF draw (weights and p), float64."""
+        return torch.empty(max(1, draws) * 2 * self.blocks_p2(vocab), dtype=torch.float64, device=device)
+
 
 def _grid(vocab: int) -> Grid:
     # At least 128 ids: every small vocabulary then shares one compiled specialization.
@@ -113,7 +120,9 @@ def sample_from_probs(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     n, vocab = probs.shape
     out = torch.empty(n, dtype=torch.int32, device=probs.device)
     if n:
-        kernels.sample_kernel[(n,)](probs, u, out, vocab, BLOCK=_grid(vocab).block)
+        g = _grid(vocab)
+        kernels.sample_kernel[(n,)](probs, u, out, g.scratch(n, vocab, probs.device), vocab, BLOCK=g.block,
+                                    NBLK_P2=g.blocks_p2(vocab))
     return out
 
 
@@ -151,9 +160,10 @@ def verify_speculative(target_logits: torch.Tensor, prof: DeviceProfile, q_probs
     q = q_probs if q_probs.numel() else torch.empty(1, dtype=torch.float32, device=dev)
     g = part.grid
     kernels.speculative_kernel[(batch,)](target_logits, q, draft_tokens, cu, u, *part.args(), *prof_args, accepted,
-                                         emitted, bad, vocab, batch, draft_tokens.numel(), width, g.splits,
-                                         BLOCK=g.block, NSPLIT_P2=g.splits_p2, W_P2=triton.next_power_of_2(width),
-                                         SEARCH=search, **flags)
+                                         emitted, bad, g.scratch(batch, vocab, dev), vocab, batch,
+                                         draft_tokens.numel(), width, g.splits, BLOCK=g.block,
+                                         NBLK_P2=g.blocks_p2(vocab), NSPLIT_P2=g.splits_p2,
+                                         W_P2=triton.next_power_of_2(width), SEARCH=search, **flags)
     return accepted, emitted, bad
 
 
