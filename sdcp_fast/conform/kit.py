@@ -174,7 +174,7 @@ class Conform:
 
     def refused(self, answer: Answer, status: int, suffix: str | None) -> tuple[bool, str]:
         ok = answer.status == status and (suffix is None or answer.suffix == suffix)
-        return ok, f"answered {answer.status} {answer.suffix or answer.body[:80]!r}"
+        return ok, f"answered {answer.status} " + (answer.suffix or repr(answer.body[:80]))
 
     # -- the run --------------------------------------------------------------------------
 

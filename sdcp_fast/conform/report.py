@@ -26,10 +26,22 @@ class Report:
     target: str
     role: str
     findings: list[Finding] = field(default_factory=list)
+    _times: dict[int, int] = field(default_factory=dict, repr=False)
 
     def add(self, section: str, statement: str, ok: bool | None, detail: str = "") -> bool:
-        """Record one statement: True pass, False fail, None not reachable; returns ``ok is True``."""
+        """Record one statement: True pass, False fail, None not reachable; returns ``ok is True``.
+        A statement exercised again (each round's verdict) stays one line: it fails if any
+        exercise failed (the first failure's detail is kept), and counts its exercises."""
         outcome = Outcome.UNREACHABLE if ok is None else Outcome.PASS if ok else Outcome.FAIL
+        for i, seen in enumerate(self.findings):
+            if (seen.section, seen.statement) == (section, statement):
+                times = self._times.get(i, 1) + 1
+                self._times[i] = times
+                keep = seen if seen.outcome is Outcome.FAIL or outcome is not Outcome.FAIL else \
+                    Finding(section, statement, outcome, detail)
+                base = keep.detail.split(" [x", 1)[0]
+                self.findings[i] = Finding(section, statement, keep.outcome, f"{base} [x{times}]".strip())
+                return ok is True
         self.findings.append(Finding(section, statement, outcome, detail))
         return ok is True
 

@@ -37,7 +37,7 @@ def test_our_verifier_passes_every_reachable_statement(up: Up, capsys: pytest.Ca
     assert not failed and code == 0, failed
     sections = {f["section"] for f in report["findings"] if f["outcome"] == "pass"}
     assert {"4.1", "4.2", "5.1", "5.2", "6.1", "6.3", "6.4", "6.7"} <= sections
-    assert report["counts"]["pass"] >= 30
+    assert report["counts"]["pass"] >= 25
     assert any(f["outcome"] == "not reachable from outside" for f in report["findings"])
 
 
