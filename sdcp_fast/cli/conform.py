@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the verifier's model digest (64 hex digits); without it only refusals are checked")
     parser.add_argument("--vocab", type=int, metavar="V", help="the target's vocabulary size (rule-2 q rows)")
     parser.add_argument("--mlc", metavar="URL", help="the MLC the verifier reads q rows from (rule-2 checks)")
+    parser.add_argument("--vectors", metavar="DIR",
+                        help="the published vectors (contracts.json, prefix.json; default: tests/vectors of a "
+                             "source checkout)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
 
@@ -85,7 +88,8 @@ async def conform(args: argparse.Namespace) -> object:
                 await mlc.put(uri, data)
         digest = bytes.fromhex(args.target_digest) if args.target_digest else None
         kit = Conform(args.url, as_router=sender(router_t), as_drafter=sender(drafter_t), ids=ids,
-                      target_digest=digest, vocab=args.vocab, put_q=put_q, stranger=sender(stranger_t))
+                      target_digest=digest, vocab=args.vocab, put_q=put_q, stranger=sender(stranger_t),
+                      vectors=args.vectors)
         return await kit.run()
     finally:
         for t in (router_t, drafter_t, stranger_t, mlc_t):

@@ -105,7 +105,7 @@ class Conform:
 
     def __init__(self, target: str, *, as_router: Send, as_drafter: Send, ids: Identities,
                  target_digest: bytes | None, vocab: int | None = None, put_q: Send | None = None,
-                 scope: bytes | None = None, stranger: Send | None = None) -> None:
+                 scope: bytes | None = None, stranger: Send | None = None, vectors: str | None = None) -> None:
         self.target = target
         self.as_router = as_router
         self.as_drafter = as_drafter
@@ -115,6 +115,7 @@ class Conform:
         self.vocab = vocab
         self.put_q = put_q
         self.scope = scope or os.urandom(16)
+        self.vectors = vectors if vectors is not None else default_vectors()
         self.report = Report(target, "verifier")
 
     # -- helpers --------------------------------------------------------------------------
@@ -180,6 +181,7 @@ class Conform:
 
     async def run(self) -> Report:
         r = self.report
+        self.check_own_reference()
         await self.check_authentication()
         await self.check_contract_refusals()
         if self.target_digest is None:
@@ -187,6 +189,7 @@ class Conform:
                   "the target digest is not known")
             return r
         try:
+            await self.check_contract_vectors()
             await self.check_session_creation()
             await self.check_rule1()
             await self.check_rule1_independent_of_proposals()
@@ -199,6 +202,69 @@ class Conform:
         r.add("6.8", "fenced appends fail; the fenced verifier releases nothing", None,
               "needs the commit log's store; the MLC is the operator's")
         return r
+
+    def _vector_file(self, name: str) -> dict[str, Any] | None:
+        import json
+
+        if self.vectors is None:
+            return None
+        try:
+            with open(os.path.join(self.vectors, name)) as f:
+                data: dict[str, Any] = json.load(f)
+        except OSError:
+            return None
+        return data
+
+    def check_own_reference(self) -> None:
+        """The digests the kit checks verifiers against are the published vectors' (§4.1, §4.2)."""
+        r = self.report
+        contracts, prefix = self._vector_file("contracts.json"), self._vector_file("prefix.json")
+        if contracts is None or prefix is None:
+            r.add("4.1/4.2", "the kit's reference digests equal the published vectors", None,
+                  "no vectors folder (--vectors DIR: tests/vectors of sdcp_fast)")
+            return
+        bad = [v["name"] for v in contracts["valid"]
+               if contract_digest(Contract.decode(bytes.fromhex(v["cbor"]))).hex() != v["digest"]]
+        for chain in prefix["chains"]:
+            d = [prefix_digest(bytes.fromhex(chain["contract_digest"]), tuple(chain["prompt"]))]
+            for token in chain["output"]:
+                d.append(extend_digest(d[-1], (token,)))
+            if [x.hex() for x in d] != chain["d"]:
+                bad.append(chain["name"])
+        r.add("4.1/4.2", "the kit's reference digests equal the published vectors (contracts.json, prefix.json)",
+              not bad, ", ".join(bad))
+
+    async def check_contract_vectors(self) -> None:
+        """contracts.json with the verifier's own target: each valid contract opens a session
+        whose d[0] is the published digest rule's; each invalid one is its published problem."""
+        r = self.report
+        contracts = self._vector_file("contracts.json")
+        if contracts is None:
+            r.add("4.1", "published contract vectors: valid ones accepted, invalid ones refused", None,
+                  "no vectors folder")
+            return
+        assert self.target_digest is not None
+        for v in contracts["valid"]:
+            if v["name"] == "unknown-fallback-action":
+                continue  # an interpretation (docs/vectors.md): either reading is conformant
+            m = cbor.decode(bytes.fromhex(v["cbor"]))
+            m["target"] = self.target_digest
+            opened = self.session_open(Contract.from_map(m))
+            answer = await self.as_router("POST", "sessions", opened.encode())
+            expected = prefix_digest(contract_digest(opened.contract), opened.prompt)
+            ok = answer.status == 200 and SessionState.decode(answer.body).digest == expected
+            r.add("4.1/4.2", "published valid contracts open a session whose d[0] follows the contract digest",
+                  ok, f"{v['name']}: answered {answer.status}")
+        for v in contracts["invalid"]:
+            m = cbor.decode(bytes.fromhex(v["cbor"]))
+            if isinstance(m.get("target"), bytes) and len(m["target"]) == 32:
+                m["target"] = self.target_digest  # only the vector's one defect is left
+            body = self.session_open(self.contract()).to_map()
+            body["contract"] = m
+            answer = await self.as_router("POST", "sessions", cbor.deterministic_cbor(body))
+            ok, detail = self.refused(answer, 422, v["problem"])
+            r.add("4.1", "published invalid contracts are refused with their problem type", ok,
+                  f"{v['name']}: {detail}")
 
     async def check_authentication(self) -> None:
         r = self.report
@@ -457,6 +523,13 @@ async def check_other_role(role: str, report: Report, *, as_router: Send, as_dra
                    answer.status == 403, f"answered {answer.status}")
         report.add("6.1/6.9", "no assignment to an expired instance; fence before fail-over", None,
                    "needs control of the deployment's instances")
+
+
+def default_vectors() -> str | None:
+    """tests/vectors of a source checkout of sdcp_fast, when the kit runs from one."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    candidate = os.path.normpath(os.path.join(here, "..", "..", "tests", "vectors"))
+    return candidate if os.path.isfile(os.path.join(candidate, "contracts.json")) else None
 
 
 class ConformError(Exception):

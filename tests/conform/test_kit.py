@@ -76,6 +76,10 @@ def test_our_verifier_in_process_passes(tmp_path: Any) -> None:
     outcomes = _run(tmp_path)
     assert Outcome.FAIL not in outcomes.values(), [s for s, o in outcomes.items() if o is Outcome.FAIL]
     assert sum(o is Outcome.PASS for o in outcomes.values()) >= 25
+    for statement in ("the kit's reference digests equal the published vectors (contracts.json, prefix.json)",
+                      "published valid contracts open a session whose d[0] follows the contract digest",
+                      "published invalid contracts are refused with their problem type"):
+        assert outcomes[statement] is Outcome.PASS
 
 
 @pytest.mark.parametrize(("tamper", "statement"), [
