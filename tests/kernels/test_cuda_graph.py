@@ -50,7 +50,7 @@ def _same(a: Any, b: Any) -> bool:
 
 
 @pytest.mark.parametrize("backend", TRITON)
-@pytest.mark.parametrize("entry", ["speculative", "speculative_scalar", "greedy", "profile", "sample"])
+@pytest.mark.parametrize("entry", ["speculative", "speculative_scalar", "greedy", "profile", "sample", "attention"])
 def test_capture_and_replay_equal_eager(backend: str, entry: str) -> None:
     live = _inputs(0)
     prof = dict(temperature_milli=torch.tensor([0, 700, 1000, 1300, 900], device="cuda"),
@@ -68,6 +68,12 @@ def test_capture_and_replay_equal_eager(backend: str, entry: str) -> None:
         if entry == "speculative_scalar":
             return K.verify_speculative(live["target_logits"], 800, 40, 950, live["q_probs"], live["draft_tokens"],
                                         live["cu_draft"], live["uniforms"], backend=backend)
+        if entry == "attention":  # the target logits as 16 query rows of 2 x 16 (T, H, D), a 4-block cache
+            q = live["target_logits"][:, :512].reshape(-1, 2, 16)[:16]
+            cache = live["q_probs"][:, :1024].reshape(-1, 4, 2, 16)[:6].contiguous()
+            table = torch.tensor([[5, 0, 2, 4], [3, 1, 0, 2]], dtype=torch.int32, device="cuda")
+            return K.paged_attention(q, cache, cache, table, torch.tensor([14, 9], dtype=torch.int32, device="cuda"),
+                                     torch.tensor([0, 10, 16], device="cuda"), backend=backend)
         if entry == "greedy":
             return K.verify_greedy(live["target_logits"], live["draft_tokens"], live["cu_draft"], backend=backend,
                                    max_draft=max(MS))

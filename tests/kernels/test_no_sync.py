@@ -137,3 +137,18 @@ def test_what_the_host_would_reject_comes_back_flagged(backend: str) -> None:
     assert shifted[2].cpu().all()  # cu_draft must start at 0 and end at D
     assert accepted_g.cpu()[2] == -1 and (emitted_g.cpu()[2] == -1).all() and emitted_g.shape == (4, 4)
     assert probs.cpu()[1].isnan().all() and not probs.cpu()[[0, 2, 3]].isnan().any()
+
+
+@pytest.mark.parametrize("backend", TRITON)
+def test_paged_attention_reads_nothing_on_the_host(backend: str) -> None:
+    dev = device_of(backend)
+    gen = torch.Generator().manual_seed(3)
+    cache_k = torch.randn(6, 4, 2, 16, generator=gen)
+    cache_v = torch.randn(6, 4, 2, 16, generator=gen)
+    args = dict(q=torch.randn(4, 4, 16, generator=gen), k_cache=cache_k, v_cache=cache_v,
+                block_table=torch.tensor([[5, 0, 2], [3, 1, -1]], dtype=torch.int32),
+                seq_lens=torch.tensor([10, 6], dtype=torch.int32), cu_q=torch.tensor([0, 3, 4]))
+    want = K.paged_attention(**args, backend="reference")
+    with no_host_reads():
+        got = K.paged_attention(**{k: v.to(dev) for k, v in args.items()}, backend=backend)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
