@@ -65,7 +65,7 @@ fi
 "$PY" -c "import sdcp_fast.native as n; print(n.status())"
 
 step "2. CUDA tests"
-timeout 120 "$PY" -m pytest tests/kernels -q -x -p no:cacheprovider -rs -m "not slow" \
+timeout 120 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -rs -m "not slow" \
     2>&1 | tee "$OUT/gpu-tests-kernels.log" | tail -15 || status=1
 timeout 40 "$PY" -m pytest tests/model tests/cache -q -p no:cacheprovider -rs -k "cuda or device" \
     2>&1 | tee "$OUT/gpu-tests-model-cache.log" | tail -8 || status=1
