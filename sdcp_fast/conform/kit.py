@@ -195,10 +195,9 @@ class Conform:
             await self.check_rule1_independent_of_proposals()
             await self.check_refusals()
             await self.check_rule2()
+            await self.check_unknown_action()
         except ConformError as exc:
             r.add("-", "the run could not continue", False, str(exc))
-        r.add("5.2", "a receiver treats an unknown action value as fail", None,
-              "actions travel from the verifier: a drafter-side statement")
         r.add("6.8", "fenced appends fail; the fenced verifier releases nothing", None,
               "needs the commit log's store; the MLC is the operator's")
         return r
@@ -459,6 +458,34 @@ class Conform:
         answer = await self.as_router("POST", "proposals", self.proposal(state, (1,)).encode())
         r.add("6.3", "a router certificate cannot propose (only the assigned drafter)", answer.status == 403,
               f"answered {answer.status} {answer.suffix}")
+
+    async def check_unknown_action(self) -> None:
+        """§5.2 at the verifier: a fallback entry with an action value the registry does not
+        define is applied as fail once the rounds are low (or the contract is refused, an
+        interpretation: then not reachable)."""
+        r = self.report
+        statement = "an unknown action value (in the contract's fallback) is treated as fail"
+        c = self.contract(fallback=(9,), low_rounds=1, low_ratio=100, max_new=40)
+        opened = self.session_open(c)
+        answer = await self.as_router("POST", "sessions", opened.encode())
+        if answer.status != 200:
+            r.add("5.2", statement, None, f"the contract was refused ({answer.status} {answer.suffix})")
+            return
+        state: Any = await self.assign(opened, SessionState.decode(answer.body))
+        for _ in range(8):  # a low round: fewer than all of M accepted (low_ratio 100)
+            answer = await self.propose(self.proposal(state, (1, 1, 1, 1)))
+            if answer.status != 200:
+                r.add("5.2", statement, False, f"answered {answer.status} {answer.suffix}")
+                return
+            verdict = Verdict.decode(answer.body)
+            if verdict.accepted < 4:
+                out = await self.output(opened.session, 0)
+                final = Output.decode(out.body) if out.status == 200 else None
+                r.add("5.2", statement, verdict.action == Action.FAIL and final is not None and final.final
+                      and final.finish == Action.FAIL, f"action {verdict.action}")
+                return
+            state = verdict
+        r.add("5.2", statement, None, "every round was fully accepted")
 
     async def check_rule2(self) -> None:
         r = self.report
