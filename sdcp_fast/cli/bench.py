@@ -47,9 +47,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--m", type=int, default=4, help="the fixed M of the fixed-M configurations (default 4)")
     p.add_argument("--no-variants", action="store_true", help="skip adaptive M and no-batching")
     p.add_argument("--no-hf", action="store_true", help="skip HF transformers assisted generation")
-    p.add_argument("--quick", action="store_true", help="about a minute: fewer prompts, tokens, levels, repeats")
+    p.add_argument("--quick", action="store_true",
+                   help="a short run with the same outputs: 4 prompts, 16 tokens, sessions 1,4, one repeat, the "
+                        "first drafter only")
     p.add_argument("--device", default="cpu", help="cpu or cuda (target and drafters on a GPU where present)")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads of the in-process target (default: half the CPUs, so that the event "
+                        "loop and other processes keep the rest)")
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds per configuration and level at most")
@@ -111,10 +115,11 @@ def _plan(args: argparse.Namespace) -> object:
             raise ValueError("--router needs --ca, --cert and --key")
         remote = Remote(args.router, args.ca, args.cert, args.key, list(args.metrics))
     model = resolve(args.model or "auto") if (args.model or not remote) else None
-    if args.threads:
-        import torch
+    import os
 
-        torch.set_num_threads(args.threads)
+    import torch
+
+    torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) // 2))
     # The built-in prompts in the toy model's words only for a toy target.
     toy = model == "toy" or (model is None and remote is not None and served_model(remote) == "toy")
     drafters = [d.strip() for d in (args.drafters or (TOY_DRAFTERS if toy else REAL_DRAFTERS)).split(",") if d.strip()]
@@ -125,8 +130,8 @@ def _plan(args: argparse.Namespace) -> object:
             drafters.remove("model:smollm2-draft")
     quick = args.quick
     levels = [int(x) for x in (args.sessions or ("1,4" if quick else "1,4,16")).split(",")]
-    repeats = args.repeats or (2 if quick else 3)
-    max_new = args.max_new or (24 if quick else 48)
+    repeats = args.repeats or (1 if quick else 3)
+    max_new = args.max_new or (16 if quick else 48)
     if args.prompts and Path(args.prompts).is_file():
         prompts = wl.from_file(Path(args.prompts))
     else:
