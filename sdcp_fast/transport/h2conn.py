@@ -58,6 +58,9 @@ class Limits:
     # Seconds from a request's headers to the end of its body (server): a slower request
     # (slow-loris) is answered 408 and its buffered bytes are freed.
     request_timeout: float = 60.0
+    # Request-body bytes one connection may hold across its streams before their requests end
+    # (server; at least max_body): beyond it the stream that overflows is answered 503.
+    max_buffered: int = 256 * MiB
     stream_window: int = 4 * MiB  # SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window
     connection_window: int = 16 * MiB  # receive window of the whole connection
     max_frame: int = 1 * MiB - 1  # SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames for big bodies

@@ -55,6 +55,7 @@ class _ServerProtocol(H2Protocol):
         self.server = server
         self.peer: Peer | None = None
         self.streams: dict[int, _Incoming] = {}
+        self.buffered = 0  # request-body bytes held for streams whose request has not ended
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -71,6 +72,11 @@ class _ServerProtocol(H2Protocol):
         for incoming in list(self.streams.values()):
             if incoming.pump is not None:
                 incoming.pump.cancel()
+            if incoming.timer is not None:  # it would keep the stream's chunks alive until it fires
+                incoming.timer.cancel()
+                incoming.timer = None
+            if not incoming.answered:
+                self._drop_body(incoming)
 
     def on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.DataReceived):
@@ -81,8 +87,14 @@ class _ServerProtocol(H2Protocol):
             incoming.size += len(event.data)
             if incoming.size > self.limits.max_body:
                 self._refuse_body(event.stream_id, incoming)
+            elif self.buffered + len(event.data) > max(self.limits.max_buffered, self.limits.max_body):
+                # Bodies of all this connection's streams together: one stream over it is
+                # refused, so many streams cannot each hold up to max_body.
+                self._refuse_body(event.stream_id, incoming, 503, "request bodies on this connection over "
+                                  f"{max(self.limits.max_buffered, self.limits.max_body)} bytes")
             else:
                 incoming.chunks.append(event.data)
+                self.buffered += len(event.data)
         elif isinstance(event, h2.events.RequestReceived):
             if self.draining:
                 # After our GOAWAY (RFC 9113 §6.8): not processed, safe for the client to retry.
@@ -107,6 +119,7 @@ class _ServerProtocol(H2Protocol):
             if incoming is not None and incoming.pump is not None:
                 incoming.pump.cancel()  # the client left a streamed response: stop producing
             elif incoming is not None and not incoming.answered:
+                self._drop_body(incoming)
                 self._finish(event.stream_id, incoming)
         elif isinstance(event, h2.events.ConnectionTerminated):
             if self.active_streams == 0:
@@ -116,7 +129,7 @@ class _ServerProtocol(H2Protocol):
         if incoming.answered or self.transport is None:
             return
         incoming.answered = True
-        incoming.chunks.clear()
+        self._drop_body(incoming)
         self.loop.create_task(self._send(stream_id, incoming, http_problem(
             408, f"request body not complete within {self.limits.request_timeout:g} s"), stop_reading=True))
 
@@ -129,11 +142,15 @@ class _ServerProtocol(H2Protocol):
             self.streams.pop(stream_id, None)
             self.stream_finished()
 
-    def _refuse_body(self, stream_id: int, incoming: _Incoming) -> None:
-        incoming.answered = True
+    def _drop_body(self, incoming: _Incoming) -> None:
+        self.buffered -= sum(len(chunk) for chunk in incoming.chunks)
         incoming.chunks.clear()
+
+    def _refuse_body(self, stream_id: int, incoming: _Incoming, status: int = 413, detail: str = "") -> None:
+        incoming.answered = True
+        self._drop_body(incoming)
         self.loop.create_task(self._send(stream_id, incoming, http_problem(
-            413, f"request body over {self.limits.max_body} bytes"), stop_reading=True))
+            status, detail or f"request body over {self.limits.max_body} bytes"), stop_reading=True))
 
     def _request(self, incoming: _Incoming) -> Request | Response:
         method = path = b""
@@ -147,6 +164,7 @@ class _ServerProtocol(H2Protocol):
         if not raw_path.startswith(base):
             return http_problem(404, f"outside this instance's base path {base}")
         body = incoming.chunks[0] if len(incoming.chunks) == 1 else b"".join(incoming.chunks)
+        self.buffered -= len(body)  # handed to the handler: no longer this connection's buffer
         incoming.chunks = []
         return Request(method=method.decode("latin-1"), path=unquote(raw_path[len(base):]),
                        query=dict(parse_qsl(raw_query, keep_blank_values=True)) if raw_query else {},

@@ -220,3 +220,37 @@ def test_streams_beyond_the_connection_limit_are_refused_and_the_server_keeps_se
             return refused_any, state.round
 
     assert run(scenario()) == (True, 0)
+
+
+def test_bodies_buffered_across_one_connections_streams_are_bounded(certs: Certs, tmp_path) -> None:
+    """Limits.max_buffered: streams of one connection cannot each hold up to max_body; the
+    stream that overflows the connection's bound is answered 503, the others are not."""
+    async def scenario() -> tuple[dict[int, int], int]:
+        limits = Limits(max_body=1 << 20, max_buffered=1 << 20, request_timeout=5)
+        async with verifier(certs, str(tmp_path), limits) as (url, _):
+            reader, writer, conn = await _raw_h2(url, certs)
+            while conn.outbound_flow_control_window < (2 << 20):  # the server's windows first
+                for _ in conn.receive_data(await asyncio.wait_for(reader.read(65536), 10)):
+                    pass
+                writer.write(conn.data_to_send())
+            for stream in (1, 3, 5):
+                conn.send_headers(stream, _headers(url, "sessions"))
+                conn.send_data(stream, b"\x00" * (400 << 10))  # never ended
+                writer.write(conn.data_to_send())
+                await writer.drain()
+            statuses: dict[int, int] = {}
+            while 5 not in statuses:
+                data = await asyncio.wait_for(reader.read(65536), 10)
+                assert data
+                for event in conn.receive_data(data):
+                    if isinstance(event, h2.events.ResponseReceived):
+                        statuses[event.stream_id] = int(dict(event.headers)[":status"])
+                writer.write(conn.data_to_send())
+            writer.close()
+            router = client(certs, "router")
+            _, state = await _session(router, url, 40)
+            await router.transport.close()
+            return statuses, state.round
+
+    statuses, round_ = run(scenario())
+    assert statuses == {5: 503} and round_ == 0
