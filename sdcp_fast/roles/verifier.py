@@ -58,6 +58,14 @@ from sdcp_fast.transport.base import Request, Transport
 log = logging.getLogger("sdcp_fast.verifier")
 
 
+def tokens_object(session: VerifierSession) -> str | None:
+    """Where this verifier writes the session's committed output: one object per epoch, so a
+    fenced verifier's late write never touches its successor's (docs/interpretations.md)."""
+    if session.contract.scope is None:
+        return None
+    return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch)
+
+
 @dataclass(frozen=True)
 class RoundInfo:
     """One committed round, for observers (the demo's per-round lines, the bench)."""
@@ -215,6 +223,9 @@ class VerifierRole:
     async def _post_session(self, request: Request) -> SessionState:
         require_role(request.peer, PeerRole.ROUTER)
         message = decode_body(SessionOpen, request)
+        if request.peer is not None and message.commit_log.startswith("file://"):
+            # A path on this verifier's own file system is not a remote peer's to name.
+            raise BadRequest("commit_log: a file:// log may be named only by an in-process caller")
         if message.session not in self.sessions and self._open_sessions() >= self.max_sessions:
             raise Busy(f"{self.max_sessions} sessions are open at this verifier")
         prompt = None
@@ -223,7 +234,9 @@ class VerifierRole:
             if isinstance(message.prompt, str):
                 prompt = await self.objects.tokens(message.prompt)
             if message.resume is not None:
-                committed = await self.objects.tokens(message.resume.committed_tokens)
+                # The object may run ahead of the log (it is written before each append): the
+                # resumed prefix is what the last commit record names; the core checks its digest.
+                committed = (await self.objects.tokens(message.resume.committed_tokens))[:message.resume.committed]
         except ObjectUnavailable as exc:
             raise BadRequest(f"a referenced object could not be read: {exc}") from None
         if len(prompt if prompt is not None else message.prompt) > self.max_prompt:
@@ -240,10 +253,7 @@ class VerifierRole:
                 view = await self.objects.call(log_.read)
             except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
                 raise BadRequest(f"commit_log cannot be opened: {exc}") from None
-            tokens_ref = message.resume.committed_tokens if message.resume is not None else None
-            if tokens_ref is None and session.contract.scope is not None:
-                tokens_ref = object_uri(session.contract.scope, session.session, "committed_tokens")
-            self._live[message.session] = _Live(session, log_, view.etag, tokens_ref, self.clock())
+            self._live[message.session] = _Live(session, log_, view.etag, tokens_object(session), self.clock())
             self._wake.set()
         return state
 
@@ -306,10 +316,14 @@ class VerifierRole:
                     await asyncio.shield(waiter)
         item = _Item(work, live=live, future=asyncio.get_running_loop().create_future(),
                      drafter=live.session.drafter)
-        if work.needs_q:
-            await self._fetch_q(item, proposal)
         assert item.future is not None
-        live.waiting[work.round] = item.future
+        live.waiting[work.round] = item.future  # before the rows are fetched: retries wait on it
+        if work.needs_q:
+            try:
+                await self._fetch_q(item, proposal)
+            except BaseException:
+                live.waiting.pop(work.round, None)
+                raise
         self._queue.append(item)
         self._wake.set()
         try:
@@ -411,7 +425,11 @@ class VerifierRole:
         self.target_passes += 1
         results = verify_batch(batch, logits, backend=self.backend)
         for item, (accepted, token) in zip(batch, results, strict=True):
-            await self._commit(item, accepted, token, len(batch))
+            try:
+                await self._commit(item, accepted, token, len(batch))
+            except Exception as exc:  # one session's trouble (e.g. re-opened meanwhile) is not the batch's
+                log.warning("session %s: round not committed: %s", item.work.session.hex()[:8], exc)
+                self._settle(item, InternalError("the round could not be committed"))
         if self._self_decoding():
             self._wake.set()
 
@@ -422,6 +440,14 @@ class VerifierRole:
         assert live is not None
         session = live.session
         append = session.complete_scoring(accepted, token, load=self.load.percent())
+        if live.tokens_ref is not None:
+            # Before the record: the object never lags the log, so a fail-over can resume from
+            # it (§6.9) and a drafter learn from it; readers take the prefix they were told.
+            try:
+                await self.objects.put(live.tokens_ref,
+                                       pack_tokens((*session.output(0).tokens, *append.record.emitted)))
+            except Exception as exc:
+                log.warning("session %s: could not write %s: %s", item.work.session.hex()[:8], live.tokens_ref, exc)
         try:
             etag = await self.objects.call(append_checked, live.log, append.record, live.etag)
         except PreconditionFailed:
@@ -447,12 +473,6 @@ class VerifierRole:
         self.progress = self.clock()
         done = session.append_done(ok=True)
         assert isinstance(done, RoundDone)
-        if live.tokens_ref is not None:
-            # Drafters and a fail-over verifier learn the committed output from it (§6.9).
-            try:
-                await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
-            except Exception as exc:
-                log.warning("could not write %s: %s", live.tokens_ref, exc)
         self._settle(item, done.verdict)
         live.changed.set()
         live.changed = asyncio.Event()
@@ -476,6 +496,8 @@ class VerifierRole:
 
     def _settle(self, item: _Item, outcome: Verdict | SdcpProblem) -> None:
         future = item.future
+        if item.live is not None and item.live.waiting.get(item.work.round) is future:
+            del item.live.waiting[item.work.round]  # a recorded verdict answers any later retry
         if future is None or future.done():
             return
         if isinstance(outcome, Verdict):
