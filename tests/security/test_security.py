@@ -196,13 +196,38 @@ def test_mlc_names_cannot_escape_the_storage_root(name: str) -> None:
 
 
 def test_mlc_disk_paths_stay_under_the_root(tmp_path) -> None:
-    """The disk tier and the file commit logs map every accepted name to a path under their root."""
+    """The file commit logs map every name, hostile ones included, to a file under their root
+    (a digest of the name, never the name's path segments)."""
     from sdcp_fast.commitlog.file import log_path
 
     root = tmp_path / "root"
-    for name in ("s", "AAAA", "a-b_c"):
-        path = log_path(str(root), object_uri(SCOPE, name, "commit_log"))
-        assert str(path).startswith(str(root) + "/"), path
+    names = [object_uri(SCOPE, name, "commit_log") for name in ("s", "AAAA", "a-b_c")]
+    for name in [*names, *ESCAPES, "mlc://../../tmp/evil", "mlc:///etc/passwd", "mlc://%2e%2e/x"]:
+        path = log_path(str(root), name)
+        assert str(path).startswith(str(root) + "/") and ".." not in str(path), path
+
+
+def test_a_remote_router_cannot_name_a_file_commit_log(certs: Certs, tmp_path) -> None:
+    """A commit_log on the verifier's own file system is not a remote peer's to name: 400,
+    and no file is created."""
+    target = tmp_path / "not-yours.log"
+
+    async def scenario() -> tuple[str, int]:
+        async with served_verifier(certs, str(tmp_path / "mlc")) as (url, _):
+            router = as_(certs, "router")
+            opened = session_open(sid(7), contract())
+            from dataclasses import replace
+
+            try:
+                await router.open_session(url, replace(opened, commit_log=f"file://{target}"))
+                answer = ("served", 200)
+            except SdcpProblem as problem:
+                answer = (problem.suffix, problem.status)
+            await router.transport.close()
+            return answer
+
+    assert run(scenario()) == ("sdcp-bad-request", 400)
+    assert not target.exists()
 
 
 def test_one_drafter_cannot_touch_another_drafters_objects_nor_read_target_kv() -> None:
