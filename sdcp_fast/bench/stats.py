@@ -101,11 +101,12 @@ def summarize(runs: Sequence[RunSample]) -> dict[str, Any]:
                 if key.startswith("sdcp_problems_total{") and v:
                     problems[key.split('"')[1]] += int(v)
     breakdown = None
-    if "verifier" in phases and drafter_rounds:
-        # Over the network only the verifier's part is measured (its verdict latency); the
-        # rest of a session's time per round is drafting, the network and the router.
-        v = phases["verifier"] / drafter_rounds
-        breakdown = {"verifier": v, "outside_verifier": max(0.0, session_seconds / max(rounds, 1) - v)}
+    if "verifier" in phases and rounds:
+        # Over the network only the verifiers' verdict latency is measured: a session's time
+        # per committed round splits into waiting on verdicts and the rest (drafting, the
+        # network, the router and front end, rounds the verifier decoded itself).
+        breakdown = {"verifier": phases["verifier"] / rounds,
+                     "outside_verifier": max(0.0, session_seconds - phases["verifier"]) / rounds}
     elif rounds and phases:
         # In process every part runs on one thread: what the parts do not account for is the
         # event loop, batching waits and the transport's direct calls.
