@@ -95,16 +95,14 @@ def check(response: Any, request: Request) -> None:
 _NAMES = st.sampled_from([Q, LOG, object_uri(SCOPE, SESSION, "target_kv"), object_uri(SCOPE, b"other-session-01", "q_rows", 2)])
 
 
-@SETTINGS
-@given(name=_NAMES, ttl=st.one_of(st.integers(-5, 2**65), st.sampled_from(ODD_VALUES)), seed=st.integers(0, 2**32 - 1))
-def test_mlc_routes(rig: MlcRig, name: str, ttl: Any, seed: int) -> None:
-    rng = random.Random(seed)
-    before_q, before_log = rig.state()
-    appended = 0
+def requests_for(name: str, ttl: Any, rng: random.Random, q: bytes, n: int) -> list[Request]:
+    """``n`` requests over every route group, from peers that own nothing (the peer is set
+    here for in-process calls; over the wire the certificate decides)."""
     lease_map = {"uri": name, "ttl_ms": ttl}
     record = encode_record(CommitRecord(epoch=rng.randint(0, 3), round=rng.randint(0, 3), emitted=(5,),
                                         committed=rng.randint(0, 4), digest=bytes(32)))
-    for i in range(PER_EXAMPLE):
+    out = []
+    for i in range(n):
         peer = rng.choice(STRANGERS)
         kind = i % 6
         target = bare(name) if rng.random() < 0.6 else mutate(bare(name).encode(), rng).decode("latin-1")
@@ -112,7 +110,7 @@ def test_mlc_routes(rig: MlcRig, name: str, ttl: Any, seed: int) -> None:
         headers: dict[str, str] = {}
         if kind == 0:
             method, path = "PUT", f"objects/{target}"
-            body = mutate(rig.q, rng) if rng.random() < 0.5 else \
+            body = mutate(q, rng) if rng.random() < 0.5 else \
                 encode_any(reshape({"data": b"x" * 8, "lease_ms": 1000, "meta": {"a": 1}}, rng))
             headers["content-type"] = rng.choice(["application/cbor", "application/octet-stream"])
             query = {"lease_ms": rng.choice(["1", "0", "99999999999", "-1", "x", ""])} if rng.random() < 0.3 else {}
@@ -138,11 +136,70 @@ def test_mlc_routes(rig: MlcRig, name: str, ttl: Any, seed: int) -> None:
                 [f"logs/{target}", "stats", "metrics", "objects/", "../../etc/passwd", ""]), b""
             if rng.random() < 0.5:
                 query = {"from": rng.choice(["0", "1", "9" * 40, "-1", "a"])}
-        request = Request(method, path, query=query, body=body, headers=headers, peer=peer)
+        out.append(Request(method, path, query=query, body=body, headers=headers, peer=peer))
+    return out
+
+
+@SETTINGS
+@given(name=_NAMES, ttl=st.one_of(st.integers(-5, 2**65), st.sampled_from(ODD_VALUES)), seed=st.integers(0, 2**32 - 1))
+def test_mlc_routes(rig: MlcRig, name: str, ttl: Any, seed: int) -> None:
+    rng = random.Random(seed)
+    before_q, before_log = rig.state()
+    appended = 0
+    for request in requests_for(name, ttl, rng, rig.q, PER_EXAMPLE):
         response = rig.send(request)
         check(response, request)
-        if method == "POST" and path == f"logs/{bare(LOG)}" and response.status == 201:
+        if request.method == "POST" and request.path == f"logs/{bare(LOG)}" and response.status == 201:
             appended += 1
     q, log = rig.state()
     assert q == before_q, "an object changed under a peer that does not own it"
     assert log == before_log + appended
+
+
+def test_mlc_over_http2_and_mtls(tmp_path) -> None:
+    """A smaller run over the MLC's real carrier (``SDCP_FUZZ_H2`` inputs, 600 by default) with a
+    drafter certificate that owns nothing there."""
+    import os
+
+    from sdcp_fast.cache.store import MLC as Store
+    from sdcp_fast.servers.mlc import serve as serve_mlc
+    from sdcp_fast.transport.certs import InstanceSpec, instance_files, write_certificates
+    from sdcp_fast.transport.h2client import H2Transport
+    from sdcp_fast.transport.tls import client_context, server_context
+
+    n = int(os.environ.get("SDCP_FUZZ_H2", "600"))
+    write_certificates(tmp_path, [InstanceSpec("mlc", PeerRole.MLC, "https://127.0.0.1:8470/"),
+                                  InstanceSpec("owner", PeerRole.DRAFTER, OWNER.uri),
+                                  InstanceSpec("stranger", PeerRole.DRAFTER, "https://127.0.0.1:8512/")])
+
+    async def scenario() -> tuple[bytes, bytes, int]:
+        store = Store([HostTier(64 << 20)])
+        logs = LogDirectory(str(tmp_path / "logs"), sync=False)
+        server = await serve_mlc(MLCService(store, logs), "127.0.0.1", 0,
+                                 ssl=server_context(*instance_files(tmp_path, "mlc")))
+        url = f"https://127.0.0.1:{server.port}"
+        owner = H2Transport(client_context(*instance_files(tmp_path, "owner")), timeout=20)
+        stranger = H2Transport(client_context(*instance_files(tmp_path, "stranger")), timeout=20)
+        try:
+            q = bytes(range(256)) * 4
+            put = await owner.request(url, "PUT", f"objects/{bare(Q)}", body=q)
+            assert put.status < 300, put
+            rng = random.Random(7)
+            sent = 0
+            for request in requests_for(Q, 1000, rng, q, n):
+                response = await stranger.request(url, request.method, request.path, body=request.body,
+                                                  query=request.query, headers=dict(request.headers))
+                check(response, request)
+                sent += 1
+            got = await owner.request(url, "GET", f"objects/{bare(Q)}")
+            return got.body, q, sent
+        finally:
+            await owner.close()
+            await stranger.close()
+            server.close()
+            await server.wait_closed()
+            logs.close()
+            store.close()
+
+    body, q, sent = asyncio.run(asyncio.wait_for(scenario(), 300))
+    assert body == q and sent == n
