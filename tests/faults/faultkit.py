@@ -1,0 +1,465 @@
+"""What the fault scenarios share: a deployment of real processes (``sdcp-fast up``'s, with the
+drafters' M fixed and the router's scope known), a front-end client that streams completions
+over HTTP/2 + mutual TLS, the uninterrupted reference run of each request (in process), and
+the audit of each session's commit log in the MLC.
+
+Nothing is mocked: the processes are the services ``sdcp-fast up`` runs, faults are signals
+(``SIGKILL``, ``SIGSTOP``/``SIGCONT``) and restarts, and every check reads what a client or
+the commit log saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.protocol import Sampling
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.roles.router import SessionSpec
+from sdcp_fast.services.up import Up
+
+SCOPE = bytes.fromhex("5dc9fa017e57000000000000000000aa")  # fixed, so the test can name each commit log
+TEMPERATURE = 0.8  # rule 2's requests
+
+
+class FaultProxy:
+    """A TCP proxy in front of one service (TLS passes through it untouched): it forwards bytes
+    both ways and, while ``cut`` or ``delay`` is set, cuts a connection (both directions, at
+    once) with probability ``cut`` per chunk forwarded, and holds each chunk up to ``delay``
+    seconds, the draws coming from ``seed``. A cut loses every request and response in flight
+    on that connection, before or after the peer acted on it: the clients' retries then
+    repeat requests the server may already have served."""
+
+    def __init__(self, port: int, target: int, seed: int) -> None:
+        self.port, self.target = port, target
+        self.rng = random.Random(seed)
+        self.cut = 0.0
+        self.delay = 0.0
+        self.cuts = self.delays = self.connections = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"fault-proxy-{port}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        loop = self._loop = asyncio.new_event_loop()
+        server = loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", self.port))
+        self._ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server.close()
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(5)
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target)
+        except OSError:
+            writer.transport.abort()
+            return
+        writers = (writer, up_writer)
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            try:
+                while chunk := await src.read(65536):
+                    if self.cut and self.rng.random() < self.cut:
+                        self.cuts += 1
+                        for w in writers:
+                            w.transport.abort()
+                        return
+                    if self.delay:
+                        self.delays += 1
+                        await asyncio.sleep(self.rng.uniform(0, self.delay))
+                    dst.write(chunk)
+                    await dst.drain()
+            except (OSError, ConnectionError):
+                pass
+            finally:
+                for w in writers:
+                    w.close()
+
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+
+
+@dataclass
+class FaultUp(Up):
+    """``Up`` with the drafters' M fixed (``--m``), the router's scope fixed (``--scope``) and
+    each verifier behind a :class:`FaultProxy` (its base URI is the proxy's, it listens
+    elsewhere): a seeded rule-2 session then repeats token for token whichever drafter of
+    the same model serves it, the commit logs have known names, and the verifiers' traffic
+    (proposals, verdicts, output, sessions, assignments) can be cut and delayed."""
+
+    m: int = 1
+    scope: bytes = SCOPE
+    seed: int = 0
+    proxies: dict[str, FaultProxy] = field(default_factory=dict)
+
+    def plan(self) -> None:
+        from sdcp_fast.services.up import free_port
+
+        super().plan()
+        for svc in self.services.values():
+            if svc.role == "drafter":
+                svc.argv += ["--m", str(self.m)]
+            elif svc.role == "router":
+                svc.argv += ["--scope", self.scope.hex()]
+            elif svc.role == "verifier":
+                real = free_port()
+                old = svc.uri
+                svc.argv += ["--listen", f"127.0.0.1:{real}"]
+                svc.port = free_port()
+                svc.argv[svc.argv.index(old)] = svc.uri
+                self.proxies[svc.name] = FaultProxy(svc.port, real, self.seed + len(self.proxies))
+        for proxy in self.proxies.values():
+            proxy.start()
+
+    def healthy(self, svc: Any) -> bool:
+        """A TLS handshake with the client certificate completes, offering h2 and HTTP/1.1 (the
+        MLC server may speak either)."""
+        import socket
+        import ssl
+
+        certs = self.directory / "certs"
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        ctx.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        try:
+            with socket.create_connection(("127.0.0.1", svc.port), timeout=1) as raw, \
+                    ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.selected_alpn_protocol() is not None
+        except OSError:
+            return False
+
+    def faults(self, *, cut: float = 0.0, delay: float = 0.0) -> None:
+        """Cut and delay the verifiers' connections at these rates (zero: pass everything)."""
+        for proxy in self.proxies.values():
+            proxy.cut, proxy.delay = cut, delay
+
+    def stop(self, timeout: float = 10.0) -> None:
+        super().stop(timeout)
+        for proxy in self.proxies.values():
+            proxy.stop()
+
+    def start(self, timeout: float = 180.0) -> None:
+        super().start(timeout)
+        self.wait_serving(timeout)
+
+    def wait_serving(self, timeout: float = 60.0) -> None:
+        """Until the front end completes a request: the verifiers and drafters have reported
+        their status to the router (answering TLS comes before that)."""
+        import subprocess
+
+        e = self.endpoints()
+        body = json.dumps({"model": "toy", "prompt": "the", "max_tokens": 1})
+        deadline = time.monotonic() + timeout
+        while True:
+            out = subprocess.run(
+                ["curl", "-sS", "--http2", "--cacert", e["ca"], "--cert", e["client_cert"], "--key",
+                 e["client_key"], "-H", "content-type: application/json", "-d", body, e["frontend"] + "completions"],
+                capture_output=True, text=True, timeout=30)
+            if '"choices"' in out.stdout:
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the front end serves nothing: {out.stdout or out.stderr}")
+            time.sleep(0.3)
+
+    def process(self, name: str) -> Any:
+        process = self.services[name].process
+        assert process is not None
+        return process
+
+    def signal(self, name: str, sig: int) -> None:
+        os.kill(self.process(name).pid, sig)
+
+    def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+        self.process(name).wait(10)
+
+    def restart(self, timeout: float = 60.0) -> list[str]:
+        """Restart every process that died and wait until each answers."""
+        names = self.supervise_once()
+        if names:
+            self.wait_healthy(names, timeout)
+        return names
+
+    def mlc_url(self) -> str:
+        return self.services["mlc"].uri
+
+    def role_cert(self, name: str) -> tuple[str, str, str]:
+        certs = self.directory / "certs"
+        return str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem")
+
+
+# -- requests and their uninterrupted runs -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """One completion request; rule 2 when ``seed`` is set (seeded, so it repeats)."""
+
+    prompt: str
+    max_tokens: int
+    session: bytes
+    seed: int | None = None
+
+    def body(self, stream: bool = True) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": "toy", "prompt": self.prompt, "max_tokens": self.max_tokens,
+                                "stream": stream, "sdcp_session": self.session.hex()}
+        if self.seed is not None:
+            body.update(temperature=TEMPERATURE, seed=self.seed)
+        return body
+
+
+PROMPTS = ("the verifier commits", "every session is", "a drafter proposes", "the router verifies",
+           "one token and then", "the cache accepts many", "each round of", "the epoch chain")
+
+
+def jobs(rng: random.Random, n: int, max_tokens: int, *, rule2_every: int = 2) -> list[Job]:
+    """``n`` requests from ``rng``: every ``rule2_every``-th one seeded rule 2, the rest rule 1."""
+    out = []
+    for i in range(n):
+        seed = rng.randrange(1 << 32) if rule2_every and i % rule2_every == 1 else None
+        out.append(Job(rng.choice(PROMPTS), max_tokens, rng.randbytes(16), seed))
+    return out
+
+
+def reference(batch: Sequence[Job], m: int) -> list[list[int]]:
+    """Each job's tokens in one uninterrupted run, in process, through the same roles with the
+    same drafter, M, session id and sampling: what no fault may change (§6.9)."""
+    from sdcp_fast.embedded import embedded
+    from sdcp_fast.engine.inprocess import Engine
+    from sdcp_fast.services.models import load_drafter, load_target
+
+    target = load_target("toy")
+    drafter, digest = load_drafter("toy-good", target)
+    specs = [SessionSpec(prompt=tuple(target.encode(j.prompt)), max_new=j.max_tokens, stop=target.stop,
+                         session=j.session, rule=1 if j.seed is None else 2,
+                         sampling=None if j.seed is None else Sampling(temperature_milli=round(TEMPERATURE * 1000),
+                                                                      seed=j.seed))
+             for j in batch]
+    with embedded() as store:
+        engine = Engine(target.scorer, [drafter], store, target_digest=target.digest,
+                        tokenizer_digest=target.tokenizer_digest, drafter_digests={drafter.name: digest},
+                        fixed_m=m, adaptive_m=False)
+        return [r.tokens for r in engine.run(specs)]
+
+
+def words(tokens: Sequence[int]) -> list[str]:
+    from sdcp_fast.model.toy import decode
+
+    return decode(list(tokens)).split()
+
+
+# -- the front end's client ----------------------------------------------------------------
+
+
+@dataclass
+class Seen:
+    """What one client saw of its stream."""
+
+    job: Job
+    pieces: list[str] = field(default_factory=list)
+    finish: str | None = None
+    error: str | None = None
+    first_at: float | None = None  # seconds from the request to the first piece
+    done: bool = False
+
+    @property
+    def words(self) -> list[str]:
+        return "".join(self.pieces).split()
+
+
+class Client:
+    """Streams completions from the router's front end over HTTP/2 with the client certificate."""
+
+    def __init__(self, up: Up) -> None:
+        from sdcp_fast.transport.h2client import H2Transport
+        from sdcp_fast.transport.tls import client_context
+
+        certs = up.directory / "certs"
+        self.base = up.services["router"].uri
+        self.transport = H2Transport(client_context(str(certs / "client.pem"), str(certs / "client.key"),
+                                                    str(certs / "ca.pem")), timeout=120.0)
+
+    async def stream(self, seen: Seen, progress: asyncio.Event | None = None) -> Seen:
+        t0 = time.monotonic()
+        try:
+            response = await self.transport.request_stream(
+                self.base, "POST", "v1/completions", body=json.dumps(seen.job.body()).encode(),
+                headers={"content-type": "application/json"}, timeout=60.0)
+            if response.status != 200:
+                body = response.body
+                if response.stream is not None:
+                    body = b"".join([chunk async for chunk in response.stream])
+                seen.error = f"HTTP {response.status}: {body[:300]!r}"
+                return seen
+            buffer = b""
+            assert response.stream is not None
+            async for chunk in response.stream:
+                buffer += chunk
+                while b"\n\n" in buffer:
+                    event, buffer = buffer.split(b"\n\n", 1)
+                    data = event.removeprefix(b"data: ")
+                    if data == b"[DONE]":
+                        seen.done = True
+                        continue
+                    body = json.loads(data)
+                    if "error" in body:
+                        seen.error = json.dumps(body["error"])
+                        continue
+                    choice = body["choices"][0]
+                    if choice["text"]:
+                        seen.first_at = seen.first_at if seen.first_at is not None else time.monotonic() - t0
+                        seen.pieces.append(choice["text"])
+                        if progress is not None:
+                            progress.set()
+                    seen.finish = choice.get("finish_reason") or seen.finish
+        except Exception as exc:  # noqa: BLE001 - recorded, the test asserts on it
+            seen.error = f"{type(exc).__name__}: {exc}"
+        return seen
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+# -- the commit log's audit ----------------------------------------------------------------
+
+
+@dataclass
+class Audit:
+    records: int
+    rounds: list[int]
+    epochs: list[int]
+    fences: list[int]
+    tokens: list[int]
+
+
+def read_log(up: FaultUp, session: bytes) -> list[Any]:
+    """The session's commit log in the MLC, read with the router's certificate."""
+    from sdcp_fast.commitlog.http import HttpCommitLog
+    from sdcp_fast.transport.tls import client_context
+
+    cert, key, ca = up.role_cert("router")
+    log = HttpCommitLog.on_server(up.mlc_url(), object_uri(up.scope, session, "commit_log"),
+                                  ssl=client_context(cert, key, ca))
+    try:
+        return list(log.read().records)
+    finally:
+        log.close()
+
+
+def audit(up: FaultUp, session: bytes) -> Audit:
+    """The log's invariants (§6.8): each round once and in order, each commit extending the
+    last, epochs never going down, each fence above every epoch before it."""
+    rounds, epochs, fences, tokens = [], [], [], []
+    epoch = 0
+    records = read_log(up, session)
+    for record in records:
+        if isinstance(record, FenceRecord):
+            assert record.epoch > epoch, f"fence {record.epoch} after epoch {epoch}"
+            fences.append(record.epoch)
+            epoch = record.epoch
+            continue
+        assert isinstance(record, CommitRecord)
+        assert record.epoch >= epoch, f"a commit of epoch {record.epoch} after epoch {epoch}"
+        assert record.round == len(rounds) + 1, f"round {record.round} after {len(rounds)} rounds"
+        assert record.committed == len(tokens) + len(record.emitted), "a commit that does not extend the last"
+        epoch = record.epoch
+        rounds.append(record.round)
+        epochs.append(record.epoch)
+        tokens.extend(record.emitted)
+    return Audit(len(records), rounds, epochs, fences, tokens)
+
+
+def metric(up: Up, name: str, metric_name: str) -> float:
+    """A counter of a role's GET metrics (0 when absent or unreachable)."""
+    import subprocess
+
+    e = up.endpoints()
+    out = subprocess.run(["curl", "-sS", "--http2", "--cacert", e["ca"], "--cert", e["client_cert"], "--key",
+                          e["client_key"], up.services[name].uri + "metrics"],
+                         capture_output=True, text=True, timeout=10)
+    total = 0.0
+    for line in out.stdout.splitlines():
+        if line.startswith(metric_name) and not line.startswith("#"):
+            total += float(line.split()[-1])
+    return total
+
+
+def proc_stats(pid: int) -> tuple[int, int]:
+    """(resident set in KiB, open file descriptors) of a process, from /proc."""
+    rss = 0
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            rss = int(line.split()[1])
+    return rss, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# -- running a batch under faults ----------------------------------------------------------
+
+Faults = Callable[[asyncio.Event], Awaitable[None]]
+
+
+def run_batch(up: FaultUp, batch: Sequence[Job], faults: Faults | None = None, timeout: float = 150.0) -> list[Seen]:
+    """Stream every job at once; ``faults`` runs beside them from the first piece streamed."""
+
+    async def main() -> list[Seen]:
+        client = Client(up)
+        progress = asyncio.Event()
+        try:
+            streams = asyncio.gather(*(client.stream(Seen(job), progress) for job in batch))
+            injector = None
+            if faults is not None:
+                async def inject() -> None:
+                    await progress.wait()
+                    await faults(progress)
+                injector = asyncio.create_task(inject())
+            seen = await asyncio.wait_for(streams, timeout)
+            if injector is not None:
+                await asyncio.wait_for(injector, timeout)
+            return list(seen)
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def check_batch(up: FaultUp, seen: Sequence[Seen], expected: Sequence[Sequence[int]]) -> list[Audit]:
+    """Every session completed with its uninterrupted run's text, streamed once each (no
+    piece repeated or missing), and its commit log holds exactly those tokens, each round once."""
+    audits = []
+    for s, tokens in zip(seen, expected, strict=True):
+        assert s.error is None and s.done, f"session {s.job.session.hex()[:8]}: {s.error}"
+        assert s.finish == "length"
+        a = audit(up, s.job.session)
+        at = next((i for i, (x, y) in enumerate(zip(a.tokens, tokens, strict=False)) if x != y), None)
+        assert s.words == words(tokens), (f"session {s.job.session.hex()[:8]} (rule {1 if s.job.seed is None else 2}): "
+                                          f"log differs from token {at}; fences {a.fences}")
+        assert a.tokens == list(tokens)
+        audits.append(a)
+    return audits
+
+
+async def busiest_verifier(up: FaultUp) -> str:
+    """The verifier with the most rounds committed (the one whose death hurts most)."""
+    counts = {name: await asyncio.to_thread(metric, up, name, "sdcp_rounds_total")
+              for name, svc in up.services.items() if svc.role == "verifier"}
+    return max(counts, key=lambda n: counts[n])

@@ -1,0 +1,74 @@
+"""Scenarios 1 and 3 of the fault plan (§6.8, §6.9): verifiers killed with -9 at random
+points of many concurrent sessions, and a verifier partitioned (SIGSTOP) past its status
+expiry, then continued after the fail-over. No fault may change a committed token."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import signal
+import time
+
+import pytest
+
+from .faultkit import FaultUp, busiest_verifier, check_batch, jobs, reference, run_batch
+
+pytestmark = pytest.mark.services
+
+
+def test_kill_9_of_verifiers_at_random_points_changes_no_committed_token(whole: FaultUp, seed: int) -> None:
+    """Eight sessions (rule 1 and seeded rule 2 alternating); the busiest verifier is killed
+    at a time drawn from the seed, restarted, and the other one killed in turn. The kills land
+    wherever the sessions are (waiting for proposals, scoring, between the append and the
+    verdict, streaming output): each session still completes with its uninterrupted run's
+    tokens, streamed once each, and its log shows each round once, epochs only going up."""
+    up = whole
+    rng = random.Random(seed)
+    batch = jobs(rng, 8, 160)
+    expected = reference(batch, up.m)
+    killed: list[str] = []
+
+    async def faults(progress: asyncio.Event) -> None:
+        for _ in range(2):
+            await asyncio.sleep(rng.uniform(0.2, 1.5))
+            name = await busiest_verifier(up)
+            up.kill(name)
+            killed.append(name)
+            await asyncio.to_thread(up.restart)
+
+    seen = run_batch(up, batch, faults)
+    audits = check_batch(up, seen, expected)
+    assert len(killed) == 2
+    assert any(a.fences for a in audits), "no session was failed over"
+    assert all(a.epochs == sorted(a.epochs) for a in audits)
+
+
+def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(whole: FaultUp, seed: int) -> None:
+    """The busiest verifier is stopped (SIGSTOP) until the router has failed its sessions over,
+    then continued: whatever it was doing, its appends meet the fence, so no record of its
+    epoch follows the fence, and the output it still serves is of the old epoch, which the
+    front end discards: every client sees its uninterrupted run's text."""
+    up = whole
+    rng = random.Random(seed + 1)
+    batch = jobs(rng, 6, 140)
+    expected = reference(batch, up.m)
+    stopped: list[str] = []
+
+    async def faults(progress: asyncio.Event) -> None:
+        await asyncio.sleep(rng.uniform(0.2, 1.0))
+        name = await busiest_verifier(up)
+        up.signal(name, signal.SIGSTOP)
+        stopped.append(name)
+        t0 = time.monotonic()
+        # Past the status expiry and the sweep that fails its sessions over.
+        await asyncio.sleep(3 * up.status_ttl_ms / 1000)
+        up.signal(name, signal.SIGCONT)
+        assert time.monotonic() - t0 < 60
+
+    seen = run_batch(up, batch, faults)
+    audits = check_batch(up, seen, expected)
+    assert stopped
+    fenced = [a for a in audits if a.fences]
+    assert fenced, "no session was failed over"
+    for a in fenced:  # check_batch's audit: no commit of a lower epoch after any fence
+        assert a.epochs[-1] == a.fences[-1]
