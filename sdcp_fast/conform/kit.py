@@ -14,15 +14,15 @@ statement it exercised in a :class:`~sdcp_fast.conform.report.Report`.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import struct
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from sdcp_fast.conform.report import Report
 from sdcp_fast.protocol import (
-    MEDIA_TYPE,
     Action,
     Assignment,
     Contract,
@@ -30,7 +30,6 @@ from sdcp_fast.protocol import (
     Policy,
     Proposal,
     Sampling,
-    SdcpProblem,
     SessionOpen,
     SessionState,
     Status,
@@ -43,7 +42,7 @@ from sdcp_fast.protocol import (
 )
 from sdcp_fast.protocol.identity import Peer
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY, RULE_SPECULATIVE
-from sdcp_fast.protocol.problems import problem_from_response, type_suffix
+from sdcp_fast.protocol.problems import type_suffix
 
 Send = Callable[..., Awaitable[Any]]
 
@@ -58,16 +57,12 @@ class Answer:
     def suffix(self) -> str | None:
         if not self.content_type.startswith("application/problem+json"):
             return None
-        import json
-
         try:
             return type_suffix(json.loads(self.body)["type"])
         except (ValueError, KeyError, TypeError):
             return None
 
     def problem(self) -> dict[str, Any]:
-        import json
-
         try:
             body = json.loads(self.body)
         except ValueError:
@@ -203,8 +198,6 @@ class Conform:
         return r
 
     def _vector_file(self, name: str) -> dict[str, Any] | None:
-        import json
-
         if self.vectors is None:
             return None
         try:
@@ -322,9 +315,9 @@ class Conform:
               *self.refused(answer, 403, "sdcp-not-assigned"))
         state = await self.assign(opened, state)
         answer = await self.as_router("PUT", f"sessions/{session_path_id(opened.session)}/drafter",
-                                      replace(Assignment(session=opened.session, epoch=1, contract=c, verifier=self.target,
-                                                         drafter="https://not-us.invalid/", prompt=opened.prompt,
-                                                         round=0, committed=0, digest=d0, m_init=1)).encode())
+                                      Assignment(session=opened.session, epoch=1, contract=c, verifier=self.target,
+                                                 drafter="https://not-us.invalid/", prompt=opened.prompt,
+                                                 round=0, committed=0, digest=d0, m_init=1).encode())
         if answer.status == 200:
             answer = await self.propose(self.proposal(state, (1,)))
             r.add("6.3", "only the drafter named in the latest assignment may propose (403 sdcp-not-assigned)",
@@ -563,8 +556,4 @@ class ConformError(Exception):
     """The run cannot go on (no session could be opened, ...)."""
 
 
-def problem_of(answer: Answer) -> SdcpProblem:
-    return problem_from_response(answer.status, answer.problem() or None)
-
-
-__all__ = ["Answer", "Conform", "ConformError", "Identities", "MEDIA_TYPE", "certificate_peer"]
+__all__ = ["Answer", "Conform", "ConformError", "Identities", "certificate_peer", "check_other_role"]
