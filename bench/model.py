@@ -28,6 +28,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="1,8")
     p.add_argument("--threads", default="2")
     p.add_argument("--quick", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (the target and the drafters sharing it)")
     p.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / "model")
     args, rest = p.parse_known_args(argv)
     if args.quick:
@@ -36,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
 
     return cli(["bench", "--inprocess", "--no-variants", "--repeats", "1", "--model", args.model,
                 "--drafters", args.drafters, "--prompts", args.prompts, "--max-new", args.max_new, "--m", args.m,
-                "--sessions", args.batches, "--threads", args.threads, "--out", str(args.out), *rest])
+                "--sessions", args.batches, "--threads", args.threads, "--device", args.device, "--out", str(args.out),
+                *rest])
 
 
 if __name__ == "__main__":

@@ -206,6 +206,11 @@ def finish(report: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
     reports.write(out / "report.json", report)
     written = [out / "report.json"]
     if plots:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            print("no plots: matplotlib is not installed (pip install 'sdcp-fast[bench]')")
+            return written
         from sdcp_fast.bench.plots import plot
 
         written += plot(report, out)
