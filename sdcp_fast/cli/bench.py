@@ -120,6 +120,11 @@ def _plan(args: argparse.Namespace) -> object:
     import torch
 
     torch.set_num_threads(args.threads or max(1, (os.cpu_count() or 2) // 2))
+    if args.device != "cpu":
+        if args.device.startswith("cuda") and not torch.cuda.is_available():
+            raise ValueError(f"--device {args.device}: no CUDA device here")
+        if model == "toy":
+            raise ValueError("--device: the toy target has no weights to move")
     # The built-in prompts in the toy model's words only for a toy target.
     toy = model == "toy" or (model is None and remote is not None and served_model(remote) == "toy")
     drafters = [d.strip() for d in (args.drafters or (TOY_DRAFTERS if toy else REAL_DRAFTERS)).split(",") if d.strip()]

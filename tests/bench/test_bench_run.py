@@ -87,3 +87,12 @@ def test_compare_refuses_what_is_not_a_report(tmp_path: Path, capsys: pytest.Cap
     bad.write_text("{}")
     assert main(["bench", "--compare", str(bad), str(bad)]) == 2
     assert "not a bench report" in capsys.readouterr().err
+
+
+def test_device_without_cuda_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the refusal is for machines without one")
+    assert main(["bench", "--model", "toy", "--device", "cuda"]) == 2
+    assert "no CUDA device" in capsys.readouterr().err
