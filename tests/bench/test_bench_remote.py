@@ -48,3 +48,15 @@ def test_remote_run_measures_the_deployment_through_its_front_end(up: Up, tmp_pa
 def test_remote_run_needs_the_client_certificate(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["bench", "--router", "https://127.0.0.1:1/"]) == 2
     assert "--ca, --cert and --key" in capsys.readouterr().err
+
+
+def test_remote_run_with_the_model_here_measures_target_only_beside_it(up: Up, tmp_path: Path) -> None:
+    e = up.endpoints()
+    out = tmp_path / "remote-baseline"
+    assert main(["bench", "--router", up.services["router"].uri, "--ca", e["ca"], "--cert", e["client_cert"],
+                 "--key", e["client_key"], "--model", "toy", "--sessions", "2", "--prompts", "2", "--max-new", "4",
+                 "--repeats", "1", "--no-progress", "--no-plots", "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert [c["name"] for c in report["configs"]] == ["target-only", "remote"]
+    assert report["summary"]["remote"]["2"]["speedup"] > 0
+    assert not (out / "throughput.png").exists()
