@@ -2,7 +2,7 @@
 (docs/benchmarks.md), kept for the commands docs/models.md quotes.
 
 Target-only decoding against each drafter (rule 1, fixed M) on SmolLM2-135M-Instruct and
-the built-in prompts, at batch 1 and batch 8, with the speedup next to the bound from the
+the built-in eval prompts (``--prompt-set eval``), at batch 1 and batch 8, with the speedup next to the bound from the
 measured acceptance and costs, and HF assisted generation where transformers is installed.
 Options of the old script map onto the harness's (``--batches`` is ``--sessions``); any other
 option is passed through.
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
         args.prompts, args.max_new, args.batches = "4", "24", "1"
     from sdcp_fast.cli import main as cli
 
-    return cli(["bench", "--inprocess", "--no-variants", "--repeats", "1", "--model", args.model,
+    return cli(["bench", "--inprocess", "--no-variants", "--repeats", "1", "--prompt-set", "eval", "--model", args.model,
                 "--drafters", args.drafters, "--prompts", args.prompts, "--max-new", args.max_new, "--m", args.m,
                 "--sessions", args.batches, "--threads", args.threads, "--device", args.device, "--out", str(args.out),
                 *rest])

@@ -148,6 +148,8 @@ def run(plan: Plan) -> dict[str, Any]:
                 [r for r in runs if r.config == config.name and r.sessions == level])
     if TARGET_ONLY in summary:
         add_speedups(summary, TARGET_ONLY)
+        if plan.workload.rule == 1:
+            _same_as_target_only(summary, runs, plan.notes)
         plan.notes.append("target-only in process: the verifier's self-decoding loop does not yield to the event "
                           "loop between rounds, so a session's output reaches its reader at the end; its TTFT is "
                           "the session's time and it has no ITL (throughput is unaffected)")
@@ -171,6 +173,22 @@ def run(plan: Plan) -> dict[str, Any]:
         "summary": summary,
         "runs": [r.to_json() for r in runs],
     }
+
+
+def _same_as_target_only(summary: dict[str, dict[int, dict[str, Any]]], runs: list[RunSample],
+                         notes: list[str]) -> None:
+    """Rule 1 is exact (§6.4): every in-process configuration's output must be target-only's."""
+    reference = {(r.sessions, s.index): s.output for r in runs if r.config == TARGET_ONLY for s in r.samples}
+    for run in runs:
+        if run.config == TARGET_ONLY or not run.samples or not isinstance(run.samples[0].output, list):
+            continue
+        same = all(reference.get((run.sessions, s.index)) == s.output for s in run.samples)
+        fig = summary[run.config][run.sessions]
+        fig["same_as_target_only"] = fig.get("same_as_target_only", True) and same
+    differ = [f"{n}@{lv}" for n, levels in summary.items() for lv, f in levels.items()
+              if f.get("same_as_target_only") is False]
+    notes.append("rule 1: every in-process configuration's output is identical to target-only decoding" if not differ
+                 else "rule 1: output differs from target-only decoding in " + ", ".join(differ))
 
 
 def _on_device(target: Any, device: str) -> Any:

@@ -65,7 +65,13 @@ class Workload:
         return out
 
 
-def builtin(toy: bool, kinds: tuple[str, ...] | None = None) -> list[Prompt]:
+def builtin(toy: bool, kinds: tuple[str, ...] | None = None, *, eval_set: bool = False) -> list[Prompt]:
+    """The bench prompts, or with ``eval_set`` the measurement prompts of docs/models.md
+    (``sdcp_fast/data/prompts.json``: chat and copy)."""
+    if eval_set and not toy:
+        from sdcp_fast.data import prompts
+
+        return [Prompt(i, p["kind"], p["text"]) for i, p in enumerate(prompts("eval"))]
     data = json.loads((DATA / "bench_prompts.json").read_text())
     wanted = ("toy",) if toy else (kinds or REAL_KINDS)
     # Interleave the kinds, so that a short run still sees each of them.

@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1,4,16)")
     p.add_argument("--prompts", default=None,
                    help="number of built-in prompts per run (default 12), or a FILE.jsonl of {\"text\", \"kind\"}")
+    p.add_argument("--prompt-set", choices=("bench", "eval"), default="bench",
+                   help="built-in prompts: bench (prose, code, lists, repetition; default) or eval (the chat and "
+                        "copy prompts of docs/models.md)")
     p.add_argument("--max-new", type=int, default=None, help="output tokens per session (default 48)")
     p.add_argument("--rule", type=int, choices=(1, 2), default=1, help="acceptance rule (default 1, greedy)")
     p.add_argument("--profile", default="sample", help="rule 2 sampling profile: sample, nucleus, topk")
@@ -141,7 +144,7 @@ def _plan(args: argparse.Namespace) -> object:
         prompts = wl.from_file(Path(args.prompts))
     else:
         n = int(args.prompts) if args.prompts else (4 if quick else 12)
-        prompts = list(wl.take(wl.builtin(toy), n))
+        prompts = list(wl.take(wl.builtin(toy, eval_set=args.prompt_set == "eval"), n))
     if args.rule == 2 and args.profile not in wl.PROFILES:
         raise ValueError(f"unknown profile {args.profile!r} (expected {', '.join(wl.PROFILES)})")
     workload = wl.Workload(tuple(prompts), max_new, rule=args.rule, profile=args.profile if args.rule == 2 else None,

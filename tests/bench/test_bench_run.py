@@ -60,6 +60,9 @@ def test_rule1_outputs_equal_target_only_in_every_configuration(report_dir: Path
     reference = outputs["target-only"][0]
     for name, runs in outputs.items():
         assert all(r == reference for r in runs), name
+    assert "rule 1: every in-process configuration's output is identical to target-only decoding" in report["notes"]
+    assert all(f["same_as_target_only"] for n, levels in report["summary"].items() if n != "target-only"
+               for f in levels.values())
 
 
 def test_plots_are_pngs(report_dir: Path) -> None:
