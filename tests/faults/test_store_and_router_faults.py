@@ -34,8 +34,9 @@ def test_an_mlc_restart_mid_run_releases_nothing_unappended(whole: FaultUp, seed
     done = [(s, e) for s, e in zip(seen, expected, strict=True) if s.error is None]
     for s, tokens in zip(seen, expected, strict=True):
         a = audit(up, s.job.session)  # the log's invariants hold either way
-        assert a.tokens == list(tokens[:len(a.tokens)])
-        assert words(tokens[:len(a.tokens)])[:len(s.words)] == s.words, "a token released that the log lacks"
+        if s.job.seed is None:  # rule 2: docs/reliability.md, "Rule 2 and the shape of rounds"
+            assert a.tokens == list(tokens[:len(a.tokens)])
+        assert words(a.tokens)[:len(s.words)] == s.words, "a token released that the log lacks"
     check_batch(up, [s for s, _ in done], [e for _, e in done])
     assert done, "no session completed after the MLC restart"
 
@@ -58,9 +59,10 @@ def test_a_router_restart_keeps_the_committed_output_of_sessions_in_flight(whole
     seen = run_batch(up, batch, faults)
     deadline = time.monotonic() + 60
     for s, tokens in zip(seen, expected, strict=True):
-        assert words(tokens)[:len(s.words)] == s.words
-        while (a := audit(up, s.job.session)).tokens != list(tokens):
-            assert a.tokens == list(tokens[:len(a.tokens)])
+        exact = s.job.seed is None  # rule 2: docs/reliability.md, "Rule 2 and the shape of rounds"
+        while len((a := audit(up, s.job.session)).tokens) < s.job.max_tokens:
             assert time.monotonic() < deadline, f"session {s.job.session.hex()[:8]} stopped at {len(a.tokens)}"
             time.sleep(0.5)
+        assert not exact or a.tokens == list(tokens)
+        assert words(a.tokens)[:len(s.words)] == s.words
     assert any(s.error for s in seen), "the router was killed after every stream had ended"

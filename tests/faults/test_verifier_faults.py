@@ -72,3 +72,21 @@ def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(who
     assert fenced, "no session was failed over"
     for a in fenced:  # check_batch's audit: no commit of a lower epoch after any fence
         assert a.epochs[-1] == a.fences[-1]
+
+
+@pytest.mark.xfail(reason="the drafter service drafts the next round ahead (roles/drafter.py, speculate), taking "
+                          "the guess of the extra token from the next round's randoms; a new assignment drafts "
+                          "that round afresh, so its proposal, and a seeded rule-2 session's draws, change "
+                          "(docs/reliability.md, 'Rule 2 and the shape of rounds')", strict=False)
+def test_seeded_rule2_repeats_its_uninterrupted_run_across_a_failover(whole: FaultUp, seed: int) -> None:
+    up = whole
+    rng = random.Random(seed + 7)
+    batch = jobs(rng, 4, 120, rule2_every=1)
+    expected = reference(batch, up.m)
+
+    async def faults(progress: asyncio.Event) -> None:
+        await asyncio.sleep(rng.uniform(0.2, 1.0))
+        up.kill(await busiest_verifier(up))
+        await asyncio.to_thread(up.restart)
+
+    check_batch(up, run_batch(up, batch, faults), expected, rule2_exact=True)
