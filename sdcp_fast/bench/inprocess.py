@@ -134,9 +134,13 @@ async def _deployment(target: Any, drafter: tuple[Any, bytes] | None, config: Co
                                             info.accepted, len(info.emitted), action, info.m_cap, info.batch))
 
     deployment = engine.deployment(observe)
-    # Cross-session batching off is a verifier that scores one session per pass.
+    # Cross-session batching off is a verifier that scores one session per pass. Its load
+    # stays relative to the usual capacity: measured against one session per pass it would
+    # always be full, and §6.5.2 would refuse every self-decoding period (the ladder's next
+    # step fails the session), so escalation would differ from the batched configuration.
+    capacity = deployment.verifier.max_batch
     deployment.verifier.max_batch = config.max_batch
-    deployment.verifier.load = VerifierLoad(config.max_batch)
+    deployment.verifier.load = VerifierLoad(max(capacity, config.max_batch))
 
     prompts = [target.prompt(p.text) for p in workload.prompts]
 
