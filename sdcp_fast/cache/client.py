@@ -72,7 +72,9 @@ def mlc_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False, tim
 
     from sdcp_fast.transport.h2client import CLIENT_LIMITS, H2Transport
 
-    return H2Transport(ssl, insecure=ssl is None, timeout=timeout, limits=replace(CLIENT_LIMITS, max_body=MAX_OBJECT))
+    # 256 KiB DATA frames, as the MLC server asks (servers/mlc.py MAX_FRAME says why).
+    limits = replace(CLIENT_LIMITS, max_body=MAX_OBJECT, max_frame=256 << 10)
+    return H2Transport(ssl, insecure=ssl is None, timeout=timeout, limits=limits)
 
 
 def problem_of(response: Response) -> SdcpProblem:

@@ -119,9 +119,6 @@ def _abandon(base: str, declared: int, sent: int) -> None:
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc/self/statm")
-@pytest.mark.xfail(strict=True, reason="transport bug (9f405fc): the request_timeout timer of an incomplete "
-                   "stream keeps its protocol and buffered chunks alive after the connection is lost, for up "
-                   "to Limits.request_timeout (60 s); _ServerProtocol.on_lost should cancel it and clear chunks")
 def test_abandoned_uploads_free_their_buffers(server):
     base, mlc = server
     gc.collect()
