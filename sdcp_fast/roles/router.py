@@ -265,7 +265,11 @@ class RouterRole:
         state = await self.client.put_drafter(routed.verifier, assignment)
         self.metrics.assignments.inc()
         try:
-            await self.client.assign(assignment.drafter, confirmed(routed, state))
+            # Bounded: a hung drafter would otherwise hold the lock, and with it every other
+            # reassignment and fail-over, for the transport's whole timeout. The verifier already
+            # knows the drafter; a late delivery is harmless, and its expiry reassigns the session.
+            await asyncio.wait_for(self.client.assign(assignment.drafter, confirmed(routed, state)),
+                                   4 * self.sweep_interval)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             log.warning("session %s: assignment to %s failed: %s", assignment.session.hex()[:8], assignment.drafter, exc)
 
