@@ -86,7 +86,9 @@ class DrafterRole:
         fixed_m: int | None = None,
         status_ttl_ms: int = 10_000,
         offload: bool = False,
-        retries: int = 8,
+        # About 35 s of retries (backoff capped at 1 s): enough to ride out a restart of the
+        # MLC or of the verifier; a new assignment (a fail-over) replaces the attempt sooner.
+        retries: int = 40,
         speculate: bool | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
