@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ def load_soak():
     spec = importlib.util.spec_from_file_location("soak", SOAK)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 

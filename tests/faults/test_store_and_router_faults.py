@@ -42,10 +42,11 @@ def test_an_mlc_restart_mid_run_releases_nothing_unappended(whole: FaultUp, seed
 
 
 def test_a_router_restart_keeps_the_committed_output_of_sessions_in_flight(whole: FaultUp, seed: int) -> None:
-    """The clients' streams end with the router; the sessions do not: their drafters and
-    verifiers talk directly, so each log reaches the uninterrupted run's full output, and what a
-    client saw is a prefix of it. The new router knows none of them (it persists nothing,
-    docs/reliability.md)."""
+    """The clients' streams end with the router; the sessions' committed output does not: each
+    log keeps its invariants and what a client saw is a prefix of it, and the drafters and
+    verifiers carry the sessions on without the router (proposals and verdicts go directly
+    between them) until one needs the router (an escalation that asks for another drafter: the
+    new router knows none of these sessions, since it persists nothing, docs/reliability.md)."""
     up = whole
     rng = random.Random(seed + 6)
     batch = jobs(rng, 6, 140)
@@ -57,12 +58,21 @@ def test_a_router_restart_keeps_the_committed_output_of_sessions_in_flight(whole
         await asyncio.to_thread(up.restart)
 
     seen = run_batch(up, batch, faults)
-    deadline = time.monotonic() + 60
-    for s, tokens in zip(seen, expected, strict=True):
-        exact = s.job.seed is None  # rule 2: docs/reliability.md, "Rule 2 and the shape of rounds"
-        while len((a := audit(up, s.job.session)).tokens) < s.job.max_tokens:
-            assert time.monotonic() < deadline, f"session {s.job.session.hex()[:8]} stopped at {len(a.tokens)}"
-            time.sleep(0.5)
-        assert not exact or a.tokens == list(tokens)
-        assert words(a.tokens)[:len(s.words)] == s.words
     assert any(s.error for s in seen), "the router was killed after every stream had ended"
+    lengths: list[int] = []
+    deadline = time.monotonic() + 60
+    while True:  # until every log is complete or has stopped growing
+        now = [len(audit(up, s.job.session).tokens) for s in seen]
+        if now == lengths or all(n == s.job.max_tokens for n, s in zip(now, seen, strict=True)):
+            break
+        assert time.monotonic() < deadline
+        lengths = now
+        time.sleep(3)
+    grew = 0
+    for s, tokens in zip(seen, expected, strict=True):
+        a = audit(up, s.job.session)
+        if s.job.seed is None:  # rule 2: docs/reliability.md, "Rule 2 and the shape of rounds"
+            assert a.tokens == list(tokens[:len(a.tokens)])
+        assert words(a.tokens)[:len(s.words)] == s.words
+        grew += len(words(a.tokens)) > len(s.words)
+    assert grew, "no session went on without the router"
