@@ -179,7 +179,6 @@ class DrafterRole:
         if isinstance(prompt, str):
             prompt = await self.objects.tokens(prompt)
         assigned = _Assigned(DrafterSession(assignment, estimator=self.acceptance), tuple(prompt), [])
-        await self._learn(assigned, assignment.committed, assignment.digest, assignment.committed_tokens)
         self._sessions[assignment.session] = assigned
         assigned.task = asyncio.create_task(self._run(assigned), name="drafter-session")
         return None
@@ -194,7 +193,7 @@ class DrafterRole:
             del known[committed:]
             return
         if ref is None and contract.scope is not None:
-            ref = object_uri(contract.scope, assigned.record.session, "committed_tokens")
+            ref = object_uri(contract.scope, assigned.record.session, "committed_tokens", assigned.record.epoch)
         if ref is None:
             raise BadRequest("the committed output is needed and no committed_tokens object is named")
         try:
@@ -214,6 +213,7 @@ class DrafterRole:
         prepared: _Prepared | None = None
         sending: asyncio.Task[Verdict | None] | None = None
         try:
+            await self._join(assigned)
             while record.stopped is None:
                 if prepared is not None and prepared.confirmed:
                     self.speculation["used"] += 1
@@ -252,6 +252,19 @@ class DrafterRole:
             if current is assigned:
                 del self._sessions[session]
                 self.drafter.release(session)
+
+    async def _join(self, assigned: _Assigned) -> None:
+        """Learn the committed prefix the assignment names; the object may not be written yet
+        when the assignment overtakes the verifier's write, so try a few times."""
+        a = assigned.record.assignment
+        for attempt in range(6):
+            try:
+                await self._learn(assigned, a.committed, a.digest, a.committed_tokens)
+                return
+            except Resync:
+                if attempt == 5:
+                    raise
+                await asyncio.sleep(0.05 * 2 ** attempt)
 
     def _generator(self, session: bytes, round_: int) -> torch.Generator:
         # The drafter's own randoms, independent of the verifier's (§6.4) and of batching order.

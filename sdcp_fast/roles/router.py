@@ -193,7 +193,7 @@ class RouterRole:
             session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
             commit_log=object_uri(self.scope, session, "commit_log"), verifier=verifier, round=0,
             committed=0, digest=bytes(32), m_init=spec.m_init,
-            committed_tokens=object_uri(self.scope, session, "committed_tokens"),
+            committed_tokens=object_uri(self.scope, session, "committed_tokens", 1),
         )
         state = await self.client.open_session(verifier, open_message(routed))
         self.sessions[session] = _Routed(routed)
@@ -325,6 +325,8 @@ class RouterRole:
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex()[:8], old, target, routed.epoch)
         state = await self.client.open_session(target, plan.open)
+        # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
+        routed.committed_tokens = object_uri(self.scope, routed.session, "committed_tokens", routed.epoch)
         for policy in (plan.policy, *plan.later):
             if policy is not None:
                 await self.client.policy(target, policy)

@@ -253,7 +253,11 @@ class VerifierRole:
                 view = await self.objects.call(log_.read)
             except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
                 raise BadRequest(f"commit_log cannot be opened: {exc}") from None
-            self._live[message.session] = _Live(session, log_, view.etag, tokens_object(session), self.clock())
+            live = _Live(session, log_, view.etag, tokens_object(session), self.clock())
+            if live.tokens_ref is not None and session.committed:
+                # A resumed session's output, in this epoch's object before anyone is assigned to it.
+                await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
+            self._live[message.session] = live
             self._wake.set()
         return state
 
@@ -496,7 +500,7 @@ class VerifierRole:
 
     def _settle(self, item: _Item, outcome: Verdict | SdcpProblem) -> None:
         future = item.future
-        if item.live is not None and item.live.waiting.get(item.work.round) is future:
+        if future is not None and item.live is not None and item.live.waiting.get(item.work.round) is future:
             del item.live.waiting[item.work.round]  # a recorded verdict answers any later retry
         if future is None or future.done():
             return

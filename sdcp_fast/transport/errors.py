@@ -9,8 +9,9 @@ client may resend it on a new connection without risking a second effect.
 from __future__ import annotations
 
 
-class TransportError(Exception):
-    """No response: the connection was refused, failed TLS, closed, or the stream was reset."""
+class TransportError(ConnectionError):
+    """No response: the connection was refused, failed TLS, closed, or the stream was reset.
+    A ``ConnectionError``: to its callers an unreachable peer, as on the in-process transport."""
 
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)

@@ -37,7 +37,7 @@ from .rolekit import (
 )
 
 S = sid(11)
-TOKENS = object_uri(SCOPE, S, "committed_tokens")
+TOKENS = object_uri(SCOPE, S, "committed_tokens", 1)  # the verifier writes one object per epoch
 
 
 async def assign(rig: Rig, opened, state, **kw):
@@ -101,15 +101,15 @@ def test_joining_mid_session_learns_the_prefix_from_committed_tokens(tmp_path):
             rig.mlc.put(bad_ref, pack_tokens([1] * len(committed)))
             a = assignment(opened, verdict, committed_tokens=bad_ref)
             await rig.router.put_drafter(VERIFIER, a)
-            with pytest.raises(SdcpProblem) as refused:
-                await rig.router.assign(DRAFTER, a)
-            assert S not in role._sessions and len(rig.scorer.scored) == 2
+            await rig.router.assign(DRAFTER, a)  # accepted; the prefix is learned in the session's task
+            await until(lambda: S not in role._sessions)  # it gave up after a few tries: never proposed
+            assert len(rig.scorer.scored) == 2
             await assign(rig, opened, verdict, committed_tokens=TOKENS)
             await until(finished(rig))
-            return committed, refused.value, role, rig.output_of(S), rig.target
+            return committed, role, rig.output_of(S), rig.target
 
-    committed, refused, role, output, target = run(scenario())
-    assert len(committed) == 8 and refused.status >= 400
+    committed, role, output, target = run(scenario())
+    assert len(committed) == 8
     assert output == greedy(target, PROMPT, 24)
     assert role.problems.get(S, []) == []  # every proposal extended the learned prefix
 
