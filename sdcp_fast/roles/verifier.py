@@ -409,6 +409,8 @@ class VerifierRole:
                     log.exception("scoring pass failed")
                     for item in batch:
                         self._drop(item, exc)
+                # Let readers and drafters run between passes, also while sessions self-decode.
+                await asyncio.sleep(0)
 
     def _drop(self, item: _Item, exc: BaseException) -> None:
         live = item.live
