@@ -469,8 +469,20 @@ def check_batch(up: FaultUp, seen: Sequence[Seen], expected: Sequence[Sequence[i
     return audits
 
 
+async def busiest(up: FaultUp, role: str, counter: str, window: float = 0.5) -> str:
+    """The process of ``role`` whose ``counter`` grew most over ``window`` seconds: the one
+    serving sessions now (counters are cumulative, and a restarted process starts from 0)."""
+
+    async def counts() -> dict[str, float]:
+        return {name: await asyncio.to_thread(metric, up, name, counter)
+                for name, svc in up.services.items() if svc.role == role}
+
+    before = await counts()
+    await asyncio.sleep(window)
+    after = await counts()
+    return max(after, key=lambda n: after[n] - before.get(n, 0.0))
+
+
 async def busiest_verifier(up: FaultUp) -> str:
-    """The verifier with the most rounds committed (the one whose death hurts most)."""
-    counts = {name: await asyncio.to_thread(metric, up, name, "sdcp_rounds_total")
-              for name, svc in up.services.items() if svc.role == "verifier"}
-    return max(counts, key=lambda n: counts[n])
+    """The verifier committing the most rounds now (the one whose death hurts most)."""
+    return await busiest(up, "verifier", "sdcp_rounds_total")

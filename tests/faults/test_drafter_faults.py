@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .faultkit import FaultUp, check_batch, jobs, metric, reference, run_batch
+from .faultkit import FaultUp, busiest, check_batch, jobs, metric, reference, run_batch
 
 pytestmark = pytest.mark.services
 
@@ -21,9 +21,7 @@ NOT_ASSIGNED = 'sdcp_problems_total{type="sdcp-not-assigned"}'
 
 
 async def busiest_drafter(up: FaultUp) -> str:
-    counts = {name: await asyncio.to_thread(metric, up, name, "sdcp_proposals_total")
-              for name, svc in up.services.items() if svc.role == "drafter"}
-    return max(counts, key=lambda n: counts[n])
+    return await busiest(up, "drafter", "sdcp_proposals_total")
 
 
 async def reassigned_after(up: FaultUp, before: float, t0: float, limit: float) -> float:
