@@ -150,9 +150,6 @@ def run(plan: Plan) -> dict[str, Any]:
         add_speedups(summary, TARGET_ONLY)
         if plan.workload.rule == 1:
             _same_as_target_only(summary, runs, plan.notes)
-        plan.notes.append("target-only in process: the verifier's self-decoding loop does not yield to the event "
-                          "loop between rounds, so a session's output reaches its reader at the end; its TTFT is "
-                          "the session's time and it has no ITL (throughput is unaffected)")
     if plan.embedded and plan.device != "cpu":
         plan.notes.append(f"--device {plan.device} applies to the in-process configurations; sdcp-fast up's "
                           "services choose their own device")

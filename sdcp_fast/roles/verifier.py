@@ -409,8 +409,10 @@ class VerifierRole:
                     log.exception("scoring pass failed")
                     for item in batch:
                         self._drop(item, exc)
-                # Let readers and drafters run between passes, also while sessions self-decode.
-                await asyncio.sleep(0)
+                # Let readers and drafters run between passes, also while sessions self-decode: an
+                # output read takes a few loop steps (a long-poll wake-up), so a few yields.
+                for _ in range(4):
+                    await asyncio.sleep(0)
 
     def _drop(self, item: _Item, exc: BaseException) -> None:
         live = item.live
