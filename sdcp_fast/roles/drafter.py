@@ -215,9 +215,12 @@ class DrafterRole:
         try:
             await self._join(assigned)
             while record.stopped is None:
-                if prepared is not None and prepared.confirmed:
+                m = self._choose_m(assigned) if prepared is not None and prepared.confirmed else 0
+                if prepared is not None and prepared.confirmed and len(prepared.tokens) >= m:
+                    # The M drafting now would choose; a prefix of a sequential draft is that draft.
                     self.speculation["used"] += 1
-                    proposal, lease = await self._publish(assigned, prepared.tokens, prepared.q_rows)
+                    q = None if prepared.q_rows is None else prepared.q_rows[:m]
+                    proposal, lease = await self._publish(assigned, prepared.tokens[:m], q)
                 else:
                     proposal, lease = await self._draft(assigned)
                 sending = asyncio.create_task(self._send(assigned, proposal))
@@ -266,10 +269,10 @@ class DrafterRole:
                     raise
                 await asyncio.sleep(0.05 * 2 ** attempt)
 
-    def _generator(self, session: bytes, round_: int) -> torch.Generator:
+    def _generator(self, session: bytes, round_: int, purpose: bytes = b"") -> torch.Generator:
         # The drafter's own randoms, independent of the verifier's (§6.4) and of batching order.
         key = hashlib.sha256(b"sdcp-fast/draft\x00" + self.seed.to_bytes(8, "big") + session
-                             + round_.to_bytes(8, "big")).digest()
+                             + round_.to_bytes(8, "big") + purpose).digest()
         return torch.Generator().manual_seed(int.from_bytes(key[:8], "big") >> 1)
 
     def _choose_m(self, assigned: _Assigned, after: int = 0) -> int:
@@ -280,12 +283,13 @@ class DrafterRole:
             m = record.choose_m(self._t_draft, self._t_verify)
         return max(1, min(m, record.assignment.contract.max_new - len(assigned.output) - after))
 
-    async def _compute(self, assigned: _Assigned, context: tuple[int, ...], m: int, round_: int) -> Any:
-        """Draft ``m`` tokens after ``context`` with the randoms of ``round_``."""
+    async def _compute(self, assigned: _Assigned, context: tuple[int, ...], m: int, round_: int,
+                       purpose: bytes = b"") -> Any:
+        """Draft ``m`` tokens after ``context`` with the randoms of ``round_`` (and ``purpose``)."""
         record = assigned.record
         contract = record.assignment.contract
         sampling = record.assignment.sampling or contract.sampling or Sampling()
-        generator = self._generator(record.session, round_)
+        generator = self._generator(record.session, round_, purpose)
 
         def draft() -> Any:
             return self.drafter.propose(
@@ -313,16 +317,18 @@ class DrafterRole:
         return await self._publish(assigned, list(result.tokens), result.q_rows)
 
     async def _prepare(self, assigned: _Assigned, proposal: Proposal) -> _Prepared | None:
-        """The guess of the extra token, then the next round's tokens after it."""
+        """The guess of the extra token, then the next round's tokens after it. The guess has
+        randoms of its own, and the next round's draft takes that round's, so a confirmed
+        preparation is exactly what drafting after the verdict would have proposed."""
         m = self._choose_m(assigned, after=len(proposal.tokens) + 1)
         if len(assigned.output) + len(proposal.tokens) + 1 >= assigned.record.assignment.contract.max_new:
             return None  # the session ends with this round if it is accepted whole
         context = (*assigned.prompt, *assigned.output, *proposal.tokens)
-        result = await self._compute(assigned, context, m + 1, proposal.round + 1)
-        if len(result.tokens) < 2:
+        guess = await self._compute(assigned, context, 1, proposal.round, purpose=b"guess")
+        if not guess.tokens:
             return None
-        q = None if result.q_rows is None else result.q_rows[1:]
-        return _Prepared(guess=result.tokens[0], tokens=list(result.tokens[1:]), q_rows=q)
+        result = await self._compute(assigned, (*context, guess.tokens[0]), m, proposal.round + 1)
+        return _Prepared(guess=guess.tokens[0], tokens=list(result.tokens), q_rows=result.q_rows)
 
     async def _publish(self, assigned: _Assigned, tokens: list[int], q_rows: Any) -> tuple[Proposal, str | None]:
         record = assigned.record

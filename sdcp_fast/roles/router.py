@@ -320,7 +320,10 @@ class RouterRole:
         # Read after the fence: nothing the old verifier appends can follow it.
         view = await self.objects.call(log_.read)
         last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
-        plan = plan_failover(routed, target, last, committed_tokens=routed.committed_tokens)
+        # The object of the epoch that wrote the last record holds (at least) what it names: that
+        # verifier wrote it before appending the record (roles/verifier.py).
+        written = None if last is None else object_uri(self.scope, routed.session, "committed_tokens", last.epoch)
+        plan = plan_failover(routed, target, last, committed_tokens=written)
         self.metrics.failovers.inc()
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex()[:8], old, target, routed.epoch)

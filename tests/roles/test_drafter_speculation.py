@@ -53,3 +53,28 @@ def test_a_wrong_guess_costs_a_redraft_never_a_wrong_token(tmp_path) -> None:
 def test_without_speculation_nothing_is_prepared(tmp_path) -> None:
     tokens, counts, expected = run(tmp_path, 0.8, speculate=False)
     assert tokens == expected and counts == {"prepared": 0, "used": 0}
+
+
+def test_a_seeded_rule2_run_is_the_same_with_and_without_speculation(tmp_path) -> None:
+    """The guess draws randoms of its own; the prepared draft takes the next round's: a confirmed
+    preparation proposes exactly what drafting after the verdict would have (§6.4 seeds repeat)."""
+    from sdcp_fast.protocol import Sampling
+
+    texts = []
+    for speculate in (False, True):
+        target = ToyTarget()
+        engine = Engine(target, [ToyDrafter("d", target, 0.3)], embedded(str(tmp_path / str(speculate))),
+                        target_digest=model_digest("t"), tokenizer_digest=model_digest("w"), fixed_m=3, seed=5)
+
+        async def scenario(engine: Engine = engine, speculate: bool = speculate) -> tuple[list[int], int]:
+            async with engine.deployment() as d:
+                d.drafters["d"].speculate = speculate
+                spec = SessionSpec(encode("the verifier commits"), max_new=40, rule=2,
+                                   sampling=Sampling(temperature_milli=800, seed=11))
+                routed = await d.router.open(engine._spec(spec, 0))
+                tokens, _ = await d.router.text(routed.session)
+                return tokens, d.drafters["d"].speculation["used"]
+
+        texts.append(asyncio.run(scenario()))
+    assert texts[0][0] == texts[1][0] and len(texts[0][0]) == 40
+    assert texts[1][1] > 0  # prepared proposals were used
