@@ -43,7 +43,7 @@ from sdcp_fast.protocol.messages import ROLE_DRAFTER
 from sdcp_fast.roles.load import BusyMeter
 from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever
 from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.drafter")
@@ -158,12 +158,7 @@ class DrafterRole:
             await self.client.status(self.router, self.status())
 
     async def _report_status(self) -> None:
-        while True:
-            try:
-                await self.report_status()
-            except Exception as exc:
-                log.warning("status report to %s failed: %s", self.router, exc)
-            await asyncio.sleep(self.status_ttl_ms / 3000)
+        await report_status_forever(self.report_status, self.status_ttl_ms, self.router)
 
     # -- POST assignments -----------------------------------------------------------------
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -55,8 +56,8 @@ from sdcp_fast.protocol.router import (
 )
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
-from sdcp_fast.transport.base import Request, Transport
+from sdcp_fast.roles.wire import Busy, Routes, SdcpClient, decode_body
+from sdcp_fast.transport.base import Request, Response, Transport
 
 log = logging.getLogger("sdcp_fast.router")
 
@@ -120,6 +121,7 @@ class RouterRole:
         self.metrics = RouterMetrics.mount(self.routes)
         self.routes.add("PUT", r"instances/(?P<iid>[^/]+)/status", self._put_status)
         self.routes.add("POST", r"events", self._post_event)
+        self.routes.add("GET", r"instances", self._get_instances)  # operators: who is live now
 
     @property
     def handler(self) -> Routes:
@@ -154,6 +156,14 @@ class RouterRole:
         self.table.report(status, self.clock())
         return None
 
+    async def _get_instances(self, request: Request) -> Response:
+        """The live instances and their latest status, as JSON (not an SDCP resource)."""
+        now = self.clock()
+        live = [*self.table.live_verifiers(now), *self.table.live_drafters(now)]
+        body = [{"instance": s.instance, "role": "drafter" if s.role == ROLE_DRAFTER else "verifier",
+                 "load": s.load, "queue": s.queue, "accept_milli": s.accept_milli, "ttl_ms": s.ttl_ms} for s in live]
+        return Response(200, json.dumps(body).encode(), {"content-type": "application/json"})
+
     async def _post_event(self, request: Request) -> None:
         require_role(request.peer, PeerRole.VERIFIER)
         event = decode_body(Event, request)
@@ -186,7 +196,7 @@ class RouterRole:
         now = self.clock()
         verifier = choose_verifier(self.table, now)
         if verifier is None:
-            raise SdcpProblem("no live verifier")
+            raise Busy("no live verifier: none has reported its status within its ttl_ms")
         session = spec.session if spec.session is not None else new_session_id(os.urandom(16))
         contract = self.contract(spec)
         routed = RoutedSession(

@@ -52,7 +52,7 @@ from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects, pack_tokens
 from sdcp_fast.roles.scoring import Scored, verify_batch
-from sdcp_fast.roles.wire import Busy, InternalError, Routes, SdcpClient, decode_body
+from sdcp_fast.roles.wire import Busy, InternalError, Routes, SdcpClient, decode_body, report_status_forever
 from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.verifier")
@@ -203,12 +203,7 @@ class VerifierRole:
             await self.client.status(self.router, self.status())
 
     async def _report_status(self) -> None:
-        while True:
-            try:
-                await self.report_status()
-            except Exception as exc:  # the router may be restarting: report again later
-                log.warning("status report to %s failed: %s", self.router, exc)
-            await asyncio.sleep(self.status_ttl_ms / 3000)
+        await report_status_forever(self.report_status, self.status_ttl_ms, self.router)
 
     # -- resources ------------------------------------------------------------------------
 

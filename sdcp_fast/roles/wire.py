@@ -10,6 +10,7 @@ raises the problem it carried (matched by type suffix, unlisted statuses by clas
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import re
@@ -120,6 +121,19 @@ class Routes:
         if allowed:
             raise MethodNotAllowed(f"{request.method} {path}")
         raise NotFound(path)
+
+
+async def report_status_forever(report: Callable[[], Awaitable[None]], ttl_ms: int, router: str | None) -> None:
+    """Report status more often than ``ttl_ms`` (§6.1); after a failed report (the router is
+    starting or restarting) again soon, so that it learns of this instance at once."""
+    while True:
+        try:
+            await report()
+            delay = ttl_ms / 3000
+        except Exception as exc:
+            log.warning("status report to %s failed: %s", router, exc)
+            delay = min(ttl_ms / 3000, 0.2)
+        await asyncio.sleep(delay)
 
 
 async def _healthy(request: Request) -> None:

@@ -124,6 +124,7 @@ class Up:
             if svc.name != "mlc":
                 self.launch(svc)
         self.wait_healthy([n for n in self.services if n != "mlc"], timeout)
+        self.wait_registered(timeout)
         (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
 
     def wait_healthy(self, names: list[str], timeout: float) -> None:
@@ -143,6 +144,32 @@ class Up:
                                    f"(logs in {self.directory / 'logs'})")
             if pending:
                 time.sleep(0.2)
+
+    def wait_registered(self, timeout: float) -> None:
+        """Until the router has a live status from every verifier and drafter (GET instances)."""
+        import asyncio
+
+        from sdcp_fast.transport.h2client import H2Transport
+        from sdcp_fast.transport.tls import client_context
+
+        e = self.endpoints()
+        wanted = {svc.uri for svc in self.services.values() if svc.role in ("verifier", "drafter")}
+
+        async def poll() -> None:
+            client = H2Transport(client_context(e["client_cert"], e["client_key"], e["ca"]))
+            deadline = time.monotonic() + timeout
+            try:
+                while True:
+                    response = await client.request(self.services["router"].uri, "GET", "instances", timeout=5)
+                    if response.status == 200 and wanted <= {i["instance"] for i in json.loads(response.body)}:
+                        return
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the router did not hear from every instance within {timeout:.0f}s")
+                    await asyncio.sleep(0.1)
+            finally:
+                await client.close()
+
+        asyncio.run(poll())
 
     def healthy(self, svc: Service) -> bool:
         """Completes TLS with our CA and the client certificate, choosing HTTP/2 (ALPN h2)."""
