@@ -16,18 +16,6 @@ from pathlib import Path
 from typing import Any
 
 
-def _metrics(text: str) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("sdcp_") and " " in line:
-            name, _, value = line.rpartition(" ")
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                continue
-    return out
-
-
 async def _stream(client: Any, base: str, index: int, body: dict[str, Any], show: bool,
                   chunks: list[str]) -> tuple[str, str | None, int]:
     response = await client.request_stream(base, "POST", "v1/completions", body=json.dumps(body).encode(),
@@ -58,6 +46,7 @@ async def _stream(client: Any, base: str, index: int, body: dict[str, Any], show
 
 
 async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool) -> dict[str, Any]:
+    from sdcp_fast.bench.remote import parse_metrics
     from sdcp_fast.transport.h2client import H2Transport
     from sdcp_fast.transport.tls import client_context
 
@@ -79,7 +68,7 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
         counters: dict[str, float] = {}
         for name in ("verifier", "verifier-standby"):
             response = await client.request(up.services[name].uri, "GET", "metrics")
-            for key, value in _metrics(response.body.decode()).items():
+            for key, value in parse_metrics(response.body.decode()).items():
                 counters[key] = counters.get(key, 0.0) + value
         return {"results": results, "seconds": seconds, "counters": counters, "chunks": len(chunks)}
     finally:
