@@ -114,7 +114,8 @@ def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
         base = generate(setup.scorer, None, setup.prompts, max(lengths, default=0), stop=setup.stop,
                         rule=args.rule, seed=args.seed)
         base_seconds = base[0].seconds if base else 0.0
-        same = [setup.decode(b.tokens[:n]).split() == t.split()
+        # The front end streams text without the stop token (it ends the stream): compare likewise.
+        same = [setup.decode([x for x in b.tokens[:n] if x not in setup.stop]).split() == t.split()
                 for b, (t, _, _), n in zip(base, report["results"], lengths, strict=True)] if args.rule == 1 else None
         baseline = {"seconds": round(base_seconds, 3), "tokens_per_s": round(total / max(base_seconds, 1e-9), 1),
                     "speedup": round(base_seconds / max(seconds, 1e-9), 2), "identical_output": same}
