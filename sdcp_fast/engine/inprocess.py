@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from sdcp_fast.model.identity import model_digest
 from sdcp_fast.model.interfaces import Drafter, TargetScorer
 from sdcp_fast.protocol import Action, contract_digest, extend_digest, prefix_digest
 from sdcp_fast.protocol.identity import Peer, PeerRole
@@ -27,11 +28,6 @@ __all__ = ["Engine", "RoundRecord", "SessionResult", "SessionSpec", "model_diges
 ROUTER = "inproc://router/"
 VERIFIER = "inproc://verifier/"
 STALL_SECONDS = 30.0  # no scoring pass and no commit for this long: the remaining sessions end
-
-
-def model_digest(name: str) -> bytes:
-    """A stand-in hash32 for components that have no weights to hash (toys, n-gram)."""
-    return hashlib.sha256(f"sdcp-fast:{name}".encode()).digest()
 
 
 def drafter_uri(name: str) -> str:

@@ -60,3 +60,8 @@ def check_target(contract: dict[str, object], target: bytes, tokenizer: bytes | 
     if tokenizer is not None and contract.get("tokenizer") != tokenizer:
         raise BadContract("the contract's tokenizer digest does not match this verifier's tokenizer",
                           extra={"expected_tokenizer": tokenizer.hex()})
+
+
+def model_digest(name: str) -> bytes:
+    """A stand-in hash32 for components that have no weights to hash (toys, n-gram)."""
+    return hashlib.sha256(f"sdcp-fast:{name}".encode()).digest()

@@ -11,19 +11,14 @@ digests the router registers for them.
 from __future__ import annotations
 
 import functools
-import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sdcp_fast.model.identity import model_digest
 from sdcp_fast.model.interfaces import Drafter, TargetScorer
 
 TOY_DRAFTERS = {"toy-good": (0.8, 11), "toy-weak": (6.0, 3)}  # noise scale, seed
-
-
-def model_digest(name: str) -> bytes:
-    """A stand-in hash32 for components that have no weights to hash (toys, n-gram)."""
-    return hashlib.sha256(f"sdcp-fast:{name}".encode()).digest()
 
 
 @dataclass
