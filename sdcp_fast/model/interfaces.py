@@ -66,3 +66,27 @@ class Drafter(Protocol):
 
     def release(self, session: bytes) -> None:
         ...
+
+
+class TargetKV(Protocol):
+    """Optional, beside a :class:`TargetScorer` that keeps a KV cache: its committed state as
+    bytes another verifier can import (§6.3 "MAY publish the target KV cache", §6.9
+    ``resume.target_kv``). ``export_kv`` and ``import_kv`` touch the cache, so the caller runs
+    them where it runs ``score`` (never concurrently with a pass); ``encode_kv`` and
+    ``decode_kv`` work on a private copy and may run anywhere."""
+
+    def export_kv(self, session: bytes, committed: Sequence[int]) -> object | None:
+        """A copy of the cached positions holding ``committed``'s longest prefix (None: none)."""
+        ...
+
+    def encode_kv(self, pages: object) -> bytes:
+        ...
+
+    def decode_kv(self, data: object) -> object:
+        """Parsed pages; ``ValueError`` when they are another model's or malformed."""
+        ...
+
+    def import_kv(self, session: bytes, pages: object, committed: Sequence[int]) -> int:
+        """Install the pages as the session's cached prefix (``ValueError`` when their tokens
+        disagree with ``committed``); how many positions the next pass need not compute."""
+        ...
