@@ -18,6 +18,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first of six consecutive ports (default: free ports chosen at start)")
     p.add_argument("--status-ttl-ms", type=int, default=3000,
                    help="status ttl of every instance: a dead verifier is failed over after about this long")
+    p.add_argument("--m", type=int, default=None,
+                   help="the drafters' fixed M (default: each chooses M by §6.2 from measured acceptance and costs)")
+    p.add_argument("--max-batch", type=int, default=None,
+                   help="sessions per scoring pass at most, of each verifier (default: the verifier's own, 64)")
+    p.add_argument("--device", default=None,
+                   help="where the verifiers and drafters run their models: cpu, cuda, cuda:N (default: the "
+                        "services' own, the CPU)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -37,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
         args.dir = tmp.name
     drafters = tuple(d.strip() for d in args.drafters.split(",")) if args.drafters else None
     up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
-            status_ttl_ms=args.status_ttl_ms)
+            status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:

@@ -57,6 +57,11 @@ class Up:
     base_port: int | None = None
     status_ttl_ms: int = 3000
     threads: int = 1
+    # Passed to the services as they are; None leaves each service its own default (drafters:
+    # §6.2's adaptive M; verifiers: their batch limit; both: the CPU).
+    fixed_m: int | None = None
+    max_batch: int | None = None
+    device: str | None = None
     services: dict[str, Service] = field(default_factory=dict)
 
     def _ports(self, n: int) -> list[int]:
@@ -89,11 +94,17 @@ class Up:
         for name in ("verifier", "verifier-standby"):
             s[name] = Service(name, "verifier", ports[name], [
                 *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
-                "--model", model, *common])
+                "--model", model, *common, *self._option("--max-batch", self.max_batch),
+                *self._option("--device", self.device)])
         for name, spec in zip(drafter_uris, drafters, strict=True):
             s[name] = Service(name, "drafter", ports[name], [
                 *py, "drafter", "--uri", drafter_uris[name], "--name", name, "--router", router, "--model", model,
-                "--drafter", spec, "--threads", str(self.threads), *common])
+                "--drafter", spec, "--threads", str(self.threads), *common, *self._option("--m", self.fixed_m),
+                *self._option("--device", self.device)])
+
+    @staticmethod
+    def _option(flag: str, value: object) -> list[str]:
+        return [] if value is None else [flag, str(value)]
 
     def write_certificates(self) -> None:
         from sdcp_fast.protocol.identity import PeerRole
