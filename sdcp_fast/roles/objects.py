@@ -80,6 +80,9 @@ class Objects:
     async def release(self, lease: str) -> None:
         await self._run(self.mlc.release, lease)
 
+    async def exists(self, uri: str) -> bool:
+        return bool(await self._run(self.mlc.contains, uri))
+
     async def tokens(self, uri: str) -> tuple[int, ...]:
         return unpack_tokens(await self.get(uri))
 

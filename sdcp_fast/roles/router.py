@@ -61,6 +61,8 @@ from sdcp_fast.transport.base import Request, Response, Transport
 
 log = logging.getLogger("sdcp_fast.router")
 
+KV_PROBES = 4  # epochs looked back for target KV pages at a fail-over
+
 
 @dataclass(frozen=True)
 class SessionSpec:
@@ -318,6 +320,21 @@ class RouterRole:
                 log.warning("session %s: verifier %s no longer has it", routed.session.hex()[:8], verifier)
                 await self._failover(routed)
 
+    async def _target_kv(self, session: bytes, epoch: int) -> str | None:
+        """The newest target KV pages in the MLC (§6.9 "if available"): each verifier publishes
+        its epoch's (roles/verifier.py); one that died before its first publish left none, and
+        an older epoch's still hold a prefix of the committed tokens, which the new verifier
+        checks. A few probes, then none: the new verifier computes the prefix itself."""
+        for e in range(epoch, max(0, epoch - KV_PROBES), -1):
+            ref = object_uri(self.scope, session, "target_kv", e)
+            try:
+                if await self.objects.exists(ref):
+                    return ref
+            except Exception as exc:  # the pages are an optimisation: never a reason not to fail over
+                log.warning("session %s: could not look for %s: %s", session.hex()[:8], ref, exc)
+                return None
+        return None
+
     async def _failover(self, routed: RoutedSession) -> None:
         """§6.9: fence the log at the next epoch, read the last commit record, open the
         session at another verifier with ``resume`` and the current sampling, re-assign."""
@@ -333,7 +350,8 @@ class RouterRole:
         # The object of the epoch that wrote the last record holds (at least) what it names: that
         # verifier wrote it before appending the record (roles/verifier.py).
         written = None if last is None else object_uri(self.scope, routed.session, "committed_tokens", last.epoch)
-        plan = plan_failover(routed, target, last, committed_tokens=written)
+        pages = None if last is None else await self._target_kv(routed.session, last.epoch)
+        plan = plan_failover(routed, target, last, committed_tokens=written, target_kv=pages)
         self.metrics.failovers.inc()
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex()[:8], old, target, routed.epoch)
