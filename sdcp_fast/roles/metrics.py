@@ -10,7 +10,12 @@ Names (all prefixed ``sdcp_``):
 - verifier: ``rounds_total``, ``proposed_tokens_total``, ``accepted_tokens_total``,
   ``emitted_tokens_total``, ``self_decoded_rounds_total``, ``escalations_total{action}``,
   ``verdict_latency_seconds`` (histogram: proposal received to verdict released),
-  ``batch_size`` (histogram: sessions per scoring pass), ``mlc_q_rows_total{result="hit"|"miss"}``
+  ``batch_size`` (histogram: sessions per scoring pass), ``mlc_q_rows_total{result="hit"|"miss"}``,
+  ``target_kv_published_total`` / ``target_kv_published_bytes_total`` /
+  ``target_kv_publish_failures_total`` (pages of the committed prefix written to the MLC),
+  ``resumes_total{kv="pages"|"cold", reason}`` (resumed opens, §6.9, and whether they imported
+  pages; ``reason`` of a cold one: ``none`` named, ``unavailable``, ``refused``,
+  ``unsupported`` by the scorer), ``resumed_kv_positions_total`` (positions imported)
 - drafter: ``proposals_total``, ``proposal_retries_total``, ``drafted_tokens_total``
 - router: ``sessions_opened_total``, ``assignments_total``, ``failovers_total``
 """
@@ -78,6 +83,15 @@ class VerifierMetrics(RoleMetrics):
         self.q_rows = Counter("sdcp_mlc_q_rows", "Draft-row reads from the MLC, by result", ["result"],
                               registry=r)
 
+        self.kv_pages = Counter("sdcp_target_kv_published", "Target KV page sets written to the MLC", registry=r)
+        self.kv_bytes = Counter("sdcp_target_kv_published_bytes", "Bytes of target KV pages written", registry=r)
+        self.kv_failures = Counter("sdcp_target_kv_publish_failures", "Target KV publishes that failed",
+                                   registry=r)
+        self.resumes = Counter("sdcp_resumes", "Resumed opens (§6.9), by whether target KV pages were imported",
+                               ["kv", "reason"], registry=r)
+        self.resumed_positions = Counter("sdcp_resumed_kv_positions", "Positions imported from target KV pages",
+                                         registry=r)
+
     def round(self, verdict: Any, proposed: int, started: float | None) -> None:
         """A committed round; ``started`` (perf_counter) is None for a self-decoded one."""
         self.rounds.inc()
@@ -98,6 +112,17 @@ class VerifierMetrics(RoleMetrics):
 
     def q_read(self, hit: bool) -> None:
         self.q_rows.labels("hit" if hit else "miss").inc()
+
+    def kv_published(self, size: int) -> None:
+        self.kv_pages.inc()
+        self.kv_bytes.inc(size)
+
+    def kv_publish_failed(self) -> None:
+        self.kv_failures.inc()
+
+    def resume(self, kv: str, reason: str, *, positions: int = 0) -> None:
+        self.resumes.labels(kv, reason).inc()
+        self.resumed_positions.inc(positions)
 
 
 class DrafterMetrics(RoleMetrics):

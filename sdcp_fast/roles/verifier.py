@@ -10,6 +10,12 @@ Batching: a batch opens with the first waiting round and closes when every sessi
 owes a proposal has sent it, or ``batch_wait`` seconds later, whichever is first
 (docs/interpretations.md, "Verifier batching"); sessions that are self-decoding join every
 batch. One scoring pass covers the batch; rounds are committed in batch order.
+
+Target KV pages (§6.3 "MAY publish", §6.9 ``resume.target_kv``): with a scorer that keeps a
+paged cache, the committed prefix's KV is published to ``target_kv/<epoch>`` in the background
+after a commit, whenever it has grown enough since the last publish (``kv_publish_tokens``,
+``kv_publish_growth``); a resumed open whose ``resume.target_kv`` names such an object imports
+it, so its first pass computes only the positions after it (docs/reliability.md, scenario 2).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ import torch
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
 from sdcp_fast.commitlog import Fenced, PreconditionFailed, append_checked, open_commit_log
-from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
+from sdcp_fast.model.interfaces import ScoreRequest, TargetKV, TargetScorer
+from sdcp_fast.model.kv_pages import target_kv_of
 from sdcp_fast.protocol import (
     Assignment,
     BadRequest,
@@ -66,6 +73,15 @@ def tokens_object(session: VerifierSession) -> str | None:
     return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch)
 
 
+def kv_object(session: VerifierSession) -> str | None:
+    """Where this verifier publishes the session's target KV pages: one object per epoch, as
+    for ``committed_tokens`` (an object has one writer; a fenced verifier's late publish
+    replaces only its own)."""
+    if session.contract.scope is None:
+        return None
+    return object_uri(session.contract.scope, session.session, "target_kv", session.epoch)
+
+
 @dataclass(frozen=True)
 class RoundInfo:
     """One committed round, for observers (the demo's per-round lines, the bench)."""
@@ -91,6 +107,11 @@ class _Live:
     etag: str
     tokens_ref: str | None
     opened: float = 0.0
+    kv_ref: str | None = None
+    # Committed length (prompt + output) when the last published pages were taken: they hold
+    # all of it the cache had (not the last token, which no pass has fed to the model yet).
+    kv_published: int = 0
+    kv_busy: bool = False  # a publish is in flight (never two at once per session)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
 
@@ -124,6 +145,9 @@ class VerifierRole:
         self_decode_idle: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_round: Callable[[RoundInfo], None] | None = None,
+        target_kv: TargetKV | None | str = "auto",
+        kv_publish_tokens: int = 32,
+        kv_publish_growth: float = 0.25,
     ) -> None:
         self.scorer = scorer
         self.uri = uri
@@ -148,6 +172,20 @@ class VerifierRole:
         # answering while a pass runs; in process they run inline.
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="verifier") if offload else None
         self.objects = Objects(mlc, self._executor)
+        # Pages of the committed prefix (docs/reliability.md, scenario 2): "auto" takes them from a
+        # scorer with a paged cache; None publishes and imports nothing.
+        self.target_kv: TargetKV | None = target_kv_of(scorer, target_digest) if target_kv == "auto" else \
+            target_kv  # type: ignore[assignment]
+        # A publish whenever the published prefix would grow by max(tokens, growth x published):
+        # bytes written stay within 1 / growth + 1 times the final object's (a geometric series)
+        # while a fail-over recomputes at most about growth x n + tokens positions.
+        self.kv_publish_tokens = kv_publish_tokens
+        self.kv_publish_growth = kv_publish_growth
+        # Encoding and storing pages run on a thread of their own: never in the way of a pass,
+        # a verdict or an append (only the copy out of the cache shares the scoring thread).
+        self._kv_executor = ThreadPoolExecutor(1, thread_name_prefix="verifier-kv") \
+            if self.target_kv is not None else None
+        self._kv_objects = Objects(mlc, self._kv_executor)
         self.mlc = mlc
         self.sessions = SessionRegistry()
         self.load = VerifierLoad(max_batch)
@@ -190,8 +228,9 @@ class VerifierRole:
             for future in live.waiting.values():
                 if not future.done():
                     future.cancel()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False)
+        for executor in (self._executor, self._kv_executor):
+            if executor is not None:
+                executor.shutdown(wait=False)
 
     def status(self) -> Status:
         self.load.queue = len(self._queue) + self._fetching
@@ -248,13 +287,76 @@ class VerifierRole:
                 view = await self.objects.call(log_.read)
             except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
                 raise BadRequest(f"commit_log cannot be opened: {exc}") from None
-            live = _Live(session, log_, view.etag, tokens_object(session), self.clock())
+            live = _Live(session, log_, view.etag, tokens_object(session), self.clock(), kv_ref=kv_object(session))
             if live.tokens_ref is not None and session.committed:
                 # A resumed session's output, in this epoch's object before anyone is assigned to it.
                 await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
+            if message.resume is not None:
+                await self._resume_kv(live, message.resume.target_kv)
             self._live[message.session] = live
             self._wake.set()
         return state
+
+    async def _resume_kv(self, live: _Live, ref: str | None) -> None:
+        """Import the pages a resume names, before any pass of the session; whatever goes wrong
+        (none named, unreadable, another model's, other tokens) leaves a cold prefill to the
+        first pass, which is always correct, and is counted by reason."""
+        session = live.session
+        if self.target_kv is None:
+            self.metrics.resume("cold", "unsupported")
+            return
+        if ref is None:
+            self.metrics.resume("cold", "none")
+            return
+        committed = (*session.prompt, *session.output(0).tokens)
+        try:
+            data = await self._kv_objects.get(ref)
+            pages = await self._kv_objects.call(self.target_kv.decode_kv, data)
+            n = await self.objects.call(self.target_kv.import_kv, session.session, pages, committed)
+        except ValueError as exc:
+            log.warning("session %s: target KV %s refused: %s", session.session.hex()[:8], ref, exc)
+            self.metrics.resume("cold", "refused")
+            return
+        except Exception as exc:  # missing, evicted, the MLC unreachable: compute instead
+            log.warning("session %s: target KV %s unavailable: %s", session.session.hex()[:8], ref, exc)
+            self.metrics.resume("cold", "unavailable")
+            return
+        self.metrics.resume("pages" if n else "cold", "" if n else "refused", positions=n)
+
+    def _maybe_publish_kv(self, live: _Live) -> None:
+        session = live.session
+        if self.target_kv is None or live.kv_ref is None or live.kv_busy or session.closed:
+            return
+        grown = len(session.prompt) + session.committed - live.kv_published
+        if grown < max(self.kv_publish_tokens, int(live.kv_published * self.kv_publish_growth)):
+            return
+        live.kv_busy = True
+        self._spawn(self._publish_kv(live))
+
+    async def _publish_kv(self, live: _Live) -> None:
+        """Copy the committed prefix out of the cache (between passes), encode and store it
+        (off the event loop and the scoring thread). A failure is logged and counted: a later
+        fail-over then recomputes more, nothing else changes."""
+        assert self.target_kv is not None and live.kv_ref is not None
+        session = live.session
+        done = False
+        try:
+            committed = (*session.prompt, *session.output(0).tokens)
+            pages = await self.objects.call(self.target_kv.export_kv, session.session, committed)
+            if pages is None:
+                return
+            data = await self._kv_objects.call(self.target_kv.encode_kv, pages)
+            await self._kv_objects.put(live.kv_ref, data)
+            live.kv_published = len(committed)
+            self.metrics.kv_published(len(data))
+            done = True
+        except Exception as exc:
+            log.warning("session %s: target KV not published to %s: %s", session.session.hex()[:8], live.kv_ref, exc)
+            self.metrics.kv_publish_failed()
+        finally:
+            live.kv_busy = False
+        if done:  # rounds committed meanwhile were skipped (one publish at a time): catch up now
+            self._maybe_publish_kv(live)
 
     def _open_sessions(self) -> int:
         ended = (State.FINISHED, State.FAILED, State.FENCED)
@@ -481,6 +583,7 @@ class VerifierRole:
         live.changed = asyncio.Event()
         for event in done.events:
             self._spawn(self._send_event(event))
+        self._maybe_publish_kv(live)
         self.metrics.round(done.verdict, len(item.work.proposed), item.started if item.future else None)
         if self.on_round is not None:
             v = done.verdict
