@@ -2,7 +2,10 @@
 
 Reads SmolLM2, Llama 3.x and Qwen2.5 shapes (see ``config.py``). Attention reads and
 writes a :class:`~sdcp_fast.model.paged_kv.PagedKVCache`; one forward pass serves a
-ragged batch (each sequence brings any number of new tokens after its cached ones).
+ragged batch (each sequence brings any number of new tokens after its cached ones). Two
+attention paths: ``paged_attention`` reads K and V through the block table (the kernel
+library's triton kernel on CUDA; nothing read on the host, so a pass can be a CUDA graph),
+or the cache is gathered and handed to SDPA with a padded mask (exact on CPU).
 q/k weights use the Hugging Face layout (RoPE rotates the two halves of each head).
 ``torch.compile`` is left to the caller (see ``runner.ModelRunner(compile=True)``).
 """
@@ -15,6 +18,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from sdcp_fast.kernels import paged_attention
 
 from .config import ModelConfig
 from .paged_kv import PagedKVCache
@@ -59,14 +64,71 @@ class BatchLayout:
 
     sessions: list[bytes]
     positions: torch.Tensor  # [T] int64
-    slots: torch.Tensor  # [T] int64 cache slots of the new tokens
-    table: torch.Tensor  # [B, max_blocks] int32
-    seq_lens: torch.Tensor  # [B] int32, cached + new
+    slots: torch.Tensor  # [T] int64 cache slots of the new tokens (-1: a padding row, not written)
+    table: torch.Tensor  # [B, max_blocks] int32 (int64 on the paged path)
+    seq_lens: torch.Tensor  # [B] int32, cached + new (int64 on the paged path)
     q_lens: list[int]
     # Padded views, for B > 1: flat index of each (b, t) query / (b, j) key, and the mask.
     q_index: torch.Tensor | None = None  # [B, Tmax]
     k_index: torch.Tensor | None = None  # [B, Lmax]
     mask: torch.Tensor | None = None  # [B, 1, Tmax, Lmax] bool, True = attend
+    # The paged path: the kernel backend of ``paged_attention`` (None: gather + SDPA) and the
+    # first query row of each session.
+    attention: str | None = None
+    cu_q: torch.Tensor | None = None  # [B + 1] int64
+
+    @staticmethod
+    def pack(cache: PagedKVCache, sessions: list[bytes], new_tokens: list[list[int]], *, batch: int | None = None,
+             width: int | None = None) -> tuple[torch.Tensor, int]:
+        """Reserve cache slots for each session's new tokens and pack what a paged pass reads
+        into one int64 host tensor, so that it reaches the device in one copy:
+        ``tokens [T] | positions [T] | slots [T] | seq_lens [B] | cu_q [B + 1] | table [B, W]``.
+
+        ``batch`` pads the batch with sessions that bring as many rows as the first one
+        (token 0, slot -1 so nothing is written, table row 0) and ``width`` pads the table:
+        the fixed shapes of a captured CUDA graph. A padding row reads block 0 and its output
+        is discarded. Returns the tensor and the table's width."""
+        toks: list[int] = []
+        pos: list[int] = []
+        slots: list[int] = []
+        lens: list[int] = []
+        cu = [0]
+        for s, new in zip(sessions, new_tokens, strict=True):
+            start = len(cache.seq(s).tokens)
+            slots.extend(cache.append_slots(s, new))
+            toks.extend(new)
+            pos.extend(range(start, start + len(new)))
+            lens.append(start + len(new))
+            cu.append(cu[-1] + len(new))
+        rows = len(new_tokens[0]) if new_tokens else 0
+        pad = (batch or len(sessions)) - len(sessions)
+        if pad < 0:
+            raise ValueError(f"batch {batch} < {len(sessions)} sessions")
+        for _ in range(pad):
+            toks.extend([0] * rows)
+            pos.extend(range(rows))
+            slots.extend([-1] * rows)
+            lens.append(rows)
+            cu.append(cu[-1] + rows)
+        blocks = [cache.seqs[s].blocks for s in sessions] + [[]] * pad
+        need = max([1, -(-rows // cache.block_size), *(len(b) for b in blocks)])
+        if width is not None and width < need:
+            raise ValueError(f"table width {width} < {need} blocks")
+        width = width or need
+        table = [x for b in blocks for x in (*b, *[0] * (width - len(b)))]
+        return torch.tensor([*toks, *pos, *slots, *lens, *cu, *table], dtype=torch.int64), width
+
+    @classmethod
+    def paged(cls, meta: torch.Tensor, sessions: list[bytes], rows: int, batch: int, width: int,
+              attention: str) -> tuple[torch.Tensor, BatchLayout]:
+        """The tokens ``[T]`` and the layout, as views of ``meta`` (made by :meth:`pack`,
+        already on the cache's device; anything after the table is ignored) for ``rows``
+        query rows of ``batch`` sessions."""
+        T, B = rows, batch
+        tokens, positions, slots = meta[:T], meta[T : 2 * T], meta[2 * T : 3 * T]
+        seq_lens, cu_q = meta[3 * T : 3 * T + B], meta[3 * T + B : 3 * T + 2 * B + 1]
+        table = meta[3 * T + 2 * B + 1 : 3 * T + 2 * B + 1 + B * width].view(B, width)
+        return tokens, cls(sessions, positions, slots, table, seq_lens, [], attention=attention, cu_q=cu_q)
 
     @classmethod
     def build(cls, cache: PagedKVCache, sessions: list[bytes], new_tokens: list[list[int]]) -> BatchLayout:
@@ -128,6 +190,11 @@ class Attention(nn.Module):
         v = self.wv(x).view(T, self.n_kv, self.hd)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         cache.write(layer, k.to(cache.dtype), v.to(cache.dtype), lay.slots)
+        if lay.attention is not None:  # K and V read in place through the block table
+            assert lay.cu_q is not None
+            out = paged_attention(q, cache.k[layer], cache.v[layer], lay.table, lay.seq_lens, lay.cu_q,
+                                  backend=lay.attention)  # [T, H, D]
+            return self.wo(out.reshape(T, -1))
         keys, vals = cache.gather(layer, lay.table, lay.seq_lens)  # [sum(seq_lens), Hkv, D]
         keys, vals = keys.to(q.dtype), vals.to(q.dtype)
         if lay.mask is None:  # one sequence, one query: it sees every cached position

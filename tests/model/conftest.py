@@ -1,14 +1,22 @@
-"""Fixtures: a small random Llama (fast, exact checks) and the real SmolLM2 (marked ``model``)."""
+"""Fixtures: a small random Llama (fast, exact checks) and the real SmolLM2 (marked ``model``).
+
+Without a GPU the runner's triton attention runs through triton's interpreter, so
+TRITON_INTERPRET is set before anything imports triton (it is read at decoration time).
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
 
-from sdcp_fast.model.config import ModelConfig
-from sdcp_fast.model.llama import Transformer, rope_inv_freq
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from sdcp_fast.model.config import ModelConfig  # noqa: E402
+from sdcp_fast.model.llama import Transformer, rope_inv_freq  # noqa: E402
 
 SMALL = ModelConfig(vocab_size=97, dim=48, n_layers=3, n_heads=6, n_kv_heads=2, ffn_dim=80, rope_theta=500.0,
                     tie_embeddings=False)
