@@ -19,7 +19,7 @@ from sdcp_fast.embedded import embedded
 from sdcp_fast.model.config import ModelConfig
 from sdcp_fast.model.drafters import ModelDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
-from sdcp_fast.model.kv_pages import Layout, decode
+from sdcp_fast.model.kv_pages import Layout, PagedTargetKV, decode
 from sdcp_fast.model.llama import Transformer, rope_inv_freq
 from sdcp_fast.model.runner import ModelRunner, greedy_token
 from sdcp_fast.protocol.identity import Peer, PeerRole
@@ -81,7 +81,25 @@ def counter(role: VerifierRole, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
-def failover(tmp_path: Any, *, pages_at_b: bool) -> dict[str, Any]:
+class NoPages:
+    """The MLC as verifier A sees it when every write of target KV pages fails."""
+
+    def __init__(self, mlc: Any) -> None:
+        self.mlc = mlc
+
+    def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Any:
+        if "/target_kv/" in uri:
+            raise ConnectionError("the MLC refused the pages")
+        return self.mlc.put(uri, data, lease_ttl)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.mlc, name)
+
+
+def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
+    """``mode``: ``pages`` (B imports A's pages), ``cold`` (B's scorer offers no pages),
+    ``foreign`` (B's pages adapter is another model's: A's pages are refused), ``unpublished``
+    (A's publishes all fail: the router names none)."""
     model = small_model()
     clock = Clock()
     network = InProcessNetwork()
@@ -93,8 +111,8 @@ def failover(tmp_path: Any, *, pages_at_b: bool) -> dict[str, Any]:
             killed.append(info.round)
             network.unregister(ACTIVE)  # partitioned: it answers nobody from now on
 
-    def verifier(uri: str, runner: ModelRunner, on_round: Any = None, **kw: Any) -> VerifierRole:
-        role = VerifierRole(runner, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+    def verifier(uri: str, runner: ModelRunner, on_round: Any = None, store: Any = mlc, **kw: Any) -> VerifierRole:
+        role = VerifierRole(runner, uri=uri, mlc=store, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
                             target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
                             output_wait=0.1, on_round=on_round, **kw)
         network.register(uri, role.handler)
@@ -107,8 +125,11 @@ def failover(tmp_path: Any, *, pages_at_b: bool) -> dict[str, Any]:
         network.register(ROUTER, router.handler)
         runner_a, runner_b = CountingRunner(model, block_size=4), CountingRunner(model, block_size=4)
         # A publishes after every commit (the test needs its newest prefix in the MLC).
-        active = verifier(ACTIVE, runner_a, kill_after_round_3, kv_publish_tokens=1, kv_publish_growth=0.0)
-        standby = verifier(STANDBY, runner_b, **({} if pages_at_b else {"target_kv": None}))
+        active = verifier(ACTIVE, runner_a, kill_after_round_3, kv_publish_tokens=1, kv_publish_growth=0.0,
+                          store=NoPages(mlc) if mode == "unpublished" else mlc)
+        b_kv: Any = {"pages": "auto", "unpublished": "auto", "cold": None,
+                     "foreign": PagedTargetKV(runner_b.cache, hashlib.sha256(b"another model").digest())}[mode]
+        standby = verifier(STANDBY, runner_b, target_kv=b_kv)
         # The target's own layers as the drafter: every proposal is accepted (rule 1), so rounds are M + 1 tokens.
         drafter = DrafterRole(ModelDrafter(model), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=M,
                               transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
@@ -125,15 +146,18 @@ def failover(tmp_path: Any, *, pages_at_b: bool) -> dict[str, Any]:
             live = active._live[S]
             committed_at_a = len(PROMPT) + live.session.committed
             # A's last publish (of round 3's prefix) completes; the partition does not stop it.
-            await until(lambda: not live.kv_busy and live.kv_published >= committed_at_a)
+            if mode == "unpublished":
+                await until(lambda: not live.kv_busy and active.metrics.kv_failures._value.get() >= 1)
+            else:
+                await until(lambda: not live.kv_busy and live.kv_published >= committed_at_a)
             clock.advance(11.0)
             await standby.report_status()
             await drafter.report_status()
             await router.sweep()
             tokens, _ = await asyncio.wait_for(stream, 15.0)
             ref = object_uri(SCOPE, S, "target_kv", 1)
-            published = decode(mlc.get(ref), Layout.of(runner_a.cache, TARGET))
-            return dict(routed=routed, tokens=tokens, committed_at_a=committed_at_a, published=len(published),
+            published = 0 if mode == "unpublished" else len(decode(mlc.get(ref), Layout.of(runner_a.cache, TARGET)))
+            return dict(routed=routed, tokens=tokens, committed_at_a=committed_at_a, published=published,
                         b=[c for c in runner_b.computed if c[0] == S], active=active, standby=standby)
         finally:
             for role in roles:
@@ -147,27 +171,35 @@ def failover(tmp_path: Any, *, pages_at_b: bool) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("pages_at_b", [True, False], ids=["pages", "cold"])
-def test_the_new_verifier_resumes_from_published_pages_and_computes_only_the_rest(tmp_path, pages_at_b):
-    out = failover(tmp_path, pages_at_b=pages_at_b)
+@pytest.mark.parametrize("mode", ["pages", "cold", "foreign", "unpublished"])
+def test_the_new_verifier_resumes_from_published_pages_and_computes_only_the_rest(tmp_path, mode):
+    out = failover(tmp_path, mode)
     assert out["routed"].verifier == STANDBY and out["routed"].epoch == 2
     # The committed output is the uninterrupted run's (rule 1: the target's greedy decoding).
     assert out["tokens"] == out["expected"]
     committed, published = out["committed_at_a"], out["published"]
-    # A published every committed position it had cached: all but the last round's extra token.
-    assert published == committed - 1
     first_session, first_len, first_computed = out["b"][0]
     assert first_len == committed
-    standby = out["standby"]
-    if pages_at_b:
+    standby, active = out["standby"], out["active"]
+    if mode == "unpublished":
+        # Failed publishes are counted and change nothing else; the router finds no pages to name.
+        assert counter(active, "sdcp_target_kv_published_total") == 0
+        assert counter(active, "sdcp_target_kv_publish_failures_total") >= 1
+        assert counter(standby, "sdcp_resumes_total", kv="cold", reason="none") == 1
+        assert first_computed == committed + M
+        return
+    # A published every committed position it had cached: all but the last round's extra token.
+    assert published == committed - 1
+    assert counter(active, "sdcp_target_kv_published_total") >= 1
+    assert counter(active, "sdcp_target_kv_published_bytes_total") > 0
+    assert counter(active, "sdcp_target_kv_publish_failures_total") == 0
+    if mode == "pages":
         # The last committed position is always computed (its logits are needed); nothing before it.
         assert first_computed == committed - min(published, committed - 1) + M == 1 + M
         assert counter(standby, "sdcp_resumes_total", kv="pages", reason="") == 1
         assert counter(standby, "sdcp_resumed_kv_positions_total") == published
     else:
         assert first_computed == committed + M  # a cold prefill of prompt and output
-        assert counter(standby, "sdcp_resumes_total", kv="cold", reason="unsupported") == 1
-    active = out["active"]
-    assert counter(active, "sdcp_target_kv_published_total") >= 1
-    assert counter(active, "sdcp_target_kv_published_bytes_total") > 0
-    assert counter(active, "sdcp_target_kv_publish_failures_total") == 0
+        reason = "unsupported" if mode == "cold" else "refused"
+        assert counter(standby, "sdcp_resumes_total", kv="cold", reason=reason) == 1
+        assert counter(standby, "sdcp_resumed_kv_positions_total") == 0
