@@ -83,7 +83,7 @@ def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
     quiet = args.quiet or args.json
     drafters = tuple(d.name for d in setup.drafters) if setup.drafters else None
     with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:
-        up = Up(Path(root), model=model, drafters=drafters)
+        up = Up(Path(root), model=model, drafters=drafters, device=None if args.device == "cpu" else args.device)
         if not quiet:
             print("sdcp-fast demo: starting the deployment (sdcp-fast up: MLC, router, 2 verifiers, 2 drafters, "
                   "HTTP/2 + mutual TLS on loopback) ...", flush=True)

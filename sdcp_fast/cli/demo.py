@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
     p.add_argument("--inprocess", action="store_true",
                    help="run the roles in this process (in-process transport) instead of starting sdcp-fast up")
+    from sdcp_fast.services.models import add_device_argument
+
+    add_device_argument(p)  # across processes: passed on to the verifiers and drafters up starts
 
 
 @dataclass
@@ -70,7 +73,7 @@ def _setup(args: argparse.Namespace, model: str) -> Setup:
     from sdcp_fast.data import prompts as builtin_prompts
     from sdcp_fast.services.models import TOY_DRAFTERS, load_drafter, load_target
 
-    target = load_target(model)
+    target = load_target(model, args.device)
     specs = [s.strip() for s in args.drafters.split(",") if s.strip()]
     if target.name == "toy" and args.drafters == DEFAULT_DRAFTERS:
         specs = list(TOY_DRAFTERS)
@@ -126,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
             model = "toy"
     quiet = args.quiet or args.json
     if not quiet:
-        print(f"sdcp-fast demo: loading {model} ...", flush=True)
+        print(f"sdcp-fast demo: loading {model}" + ("" if args.device == "cpu" else f" on {args.device}") + " ...",
+              flush=True)
     try:
         setup = _setup(args, model)
     except (FileNotFoundError, ValueError) as exc:

@@ -9,6 +9,7 @@ HELP = "serve an SDCP drafter role (proposes tokens from a draft model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sdcp_fast.services.models import add_device_argument
     from sdcp_fast.services.runner import add_service_arguments
 
     p.add_argument("--drafter", default="ngram",
@@ -19,6 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tokens proposed per round (default: chosen by §6.2 from measured acceptance and costs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the drafter's own sampling (default 0)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_device_argument(p)
     add_service_arguments(p, name="drafter-a", port=8511)
 
 
@@ -31,7 +33,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         security = Security.from_args(args, "drafter-a")
-        drafter, _ = load_drafter(args.drafter, load_target(args.model))
+        drafter, _ = load_drafter(args.drafter, load_target(args.model, args.device))
     except (FileNotFoundError, ValueError) as exc:
         print(f"sdcp-fast drafter: {exc}", file=sys.stderr)
         return 2

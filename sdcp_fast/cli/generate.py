@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    from sdcp_fast.services.models import add_device_argument
+
+    add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
 
 
@@ -37,12 +40,17 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.model.runner import ModelRunner
     from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
     from sdcp_fast.protocol import Sampling
+    from sdcp_fast.services.models import check_device, place_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
+        check_device(args.device)
         lm = loader.load(args.model)
+        lm.model.to(args.device)
         drafter = make_drafter(args.drafter, lm)
+        if drafter is not None:
+            place_drafter(drafter, lm.model.embed.weight.device)
     except (loader.ModelNotFound, ValueError) as exc:
         print(f"sdcp-fast generate: {exc}", file=sys.stderr)
         return 2

@@ -9,6 +9,7 @@ HELP = "serve the SDCP verifier role (the target model; the only party that comm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    from sdcp_fast.services.models import add_device_argument
     from sdcp_fast.services.runner import add_service_arguments
 
     p.add_argument("--model", default="auto", help="target: toy, smollm2, a GGUF file or an HF directory "
@@ -18,6 +19,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long a batch waits for the sessions that owe a proposal (default 5 ms)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    add_device_argument(p)
     add_service_arguments(p, name="verifier", port=8501)
 
 
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(args.log_level)
     try:
         security = Security.from_args(args, "verifier")
-        target = load_target(args.model)
+        target = load_target(args.model, args.device)
     except (FileNotFoundError, ValueError) as exc:
         print(f"sdcp-fast verifier: {exc}", file=sys.stderr)
         return 2

@@ -107,7 +107,7 @@ class GraphBank:
                 step()
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.pool):
+        with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = step()
         self.pool = graph.pool()
         self.captures += 1

@@ -45,6 +45,8 @@ class ModelRunner:
                  attention: str = "auto", cuda_graphs: bool | None = None,
                  graph_buckets: tuple[int, ...] | None = None) -> None:
         cfg = model.cfg
+        self._options = dict(n_layers=n_layers, block_size=block_size, num_blocks=num_blocks, max_blocks=max_blocks,
+                             compile=compile, attention=attention, cuda_graphs=cuda_graphs, graph_buckets=graph_buckets)
         self.model = model
         self.n_layers = n_layers or cfg.n_layers
         if not 1 <= self.n_layers <= cfg.n_layers:
@@ -71,6 +73,12 @@ class ModelRunner:
     @property
     def device(self) -> torch.device:
         return self.cache.device
+
+    def to(self, device: torch.device | str) -> ModelRunner:
+        """Move the model to ``device`` and start over there with the same options and an
+        empty cache (cached sessions are dropped: the next call recomputes them)."""
+        self.__init__(self.model.to(device), **self._options)  # type: ignore[misc]
+        return self
 
     @torch.inference_mode()
     def _run(self, sessions: list[bytes], committed: list[Sequence[int]], extra: list[Sequence[int]],

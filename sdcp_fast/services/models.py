@@ -52,11 +52,39 @@ def resolve(spec: str) -> str:
         return "toy"
 
 
+def check_device(device: str) -> str:
+    """A ``--device`` value (``cpu``, ``cuda``, ``cuda:N``), checked: a ``ValueError`` with a
+    clear message where it names no device of this machine."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise ValueError(f"--device {device}: expected cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {device}: expected cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"--device {device}: no CUDA device here")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    return device
+
+
+def add_device_argument(p: Any) -> None:
+    """``--device`` on the commands that load a model (the same words everywhere)."""
+    p.add_argument("--device", default="cpu",
+                   help="where the model runs: cpu (default), cuda or cuda:N (paged attention and CUDA graphs)")
+
+
 @functools.lru_cache(maxsize=4)
-def load_target(spec: str) -> Target:
-    """The target named by ``spec`` (raises ``FileNotFoundError``/``ValueError`` with a clear
-    message when it cannot be loaded)."""
+def load_target(spec: str, device: str = "cpu") -> Target:
+    """The target named by ``spec``, its weights on ``device`` (raises
+    ``FileNotFoundError``/``ValueError`` with a clear message when it cannot be loaded)."""
     spec = resolve(spec)
+    check_device(device)
+    if spec == "toy" and device != "cpu":
+        raise ValueError(f"--device {device}: the toy target has no weights to move")
     if spec == "toy":
         from sdcp_fast.model.toy import WORDS, ToyTarget, decode, encode
 
@@ -72,6 +100,7 @@ def load_target(spec: str) -> Target:
     from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
 
     lm = loader.load(spec)
+    lm.model.to(device)
     tok = lm.tokenizer
     if tok is None:
         raise ValueError(f"{spec} has no tokenizer")
@@ -79,7 +108,9 @@ def load_target(spec: str) -> Target:
         name=spec, scorer=ModelRunner(lm.model), vocab_size=lm.config.vocab_size, digest=weights_digest(lm.model),
         tokenizer_digest=tokenizer_digest(tok), encode=lambda text: encode(tok, text),
         decode=lambda ids: decode(tok, list(ids)), chat=chat_prompt if uses_chatml(lm) else None,
-        stop=tuple(stop_tokens(lm)), describe=f"{spec} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size})",
+        stop=tuple(stop_tokens(lm)),
+        describe=f"{spec} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size}"
+                 + ("" if device == "cpu" else f", on {device}") + ")",
         loaded=lm,
     )
 
@@ -102,6 +133,16 @@ def load_drafter(spec: str, target: Target) -> tuple[Drafter, bytes]:
     drafter = make_drafter(spec, target.loaded)
     if drafter is None:
         raise ValueError("'none' is no drafter")
+    place_drafter(drafter, target.loaded.model.embed.weight.device)
     inner = getattr(drafter, "runner", None)
     own = inner is not None and inner.model is not target.loaded.model
     return drafter, weights_digest(inner.model) if own else model_digest(f"{target.name}/{drafter.name}")
+
+
+def place_drafter(drafter: Drafter, device: Any) -> None:
+    """A model drafter's weights on its target's ``device``: a separate draft is loaded on
+    the CPU (its borrowed embedding already on the target's device); layer skipping shares
+    the target's weights, already there."""
+    runner = getattr(drafter, "runner", None)
+    if runner is not None and any(p.device != device for p in runner.model.parameters()):
+        runner.to(device)

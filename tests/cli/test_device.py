@@ -1,0 +1,83 @@
+"""``--device`` on the commands that load a model: parsed the same way everywhere, CPU by
+default, and a clear error where the machine has no CUDA device."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sdcp_fast.cli import build_parser, main
+from sdcp_fast.services.models import check_device, load_target
+
+COMMANDS = {
+    "generate": ["--prompt", "hi"],
+    "demo": [],
+    "verifier": [],
+    "drafter": [],
+}
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without CUDA")
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_device_defaults_to_cpu_and_takes_cuda(command: str) -> None:
+    parser = build_parser()
+    assert parser.parse_args([command, *COMMANDS[command]]).device == "cpu"
+    assert parser.parse_args([command, *COMMANDS[command], "--device", "cuda"]).device == "cuda"
+    assert parser.parse_args([command, *COMMANDS[command], "--device", "cuda:1"]).device == "cuda:1"
+
+
+def test_check_device() -> None:
+    assert check_device("cpu") == "cpu"
+    for bad in ("tpu", "gpu", "cuda:x"):
+        with pytest.raises(ValueError, match="expected cpu, cuda or cuda:N"):
+            check_device(bad)
+
+
+@no_cuda
+def test_no_cuda_device_here() -> None:
+    with pytest.raises(ValueError, match="no CUDA device here"):
+        check_device("cuda")
+    with pytest.raises(ValueError, match="no CUDA device here"):
+        load_target("tiny-target", "cuda")
+
+
+def test_the_toy_target_stays_on_the_cpu() -> None:
+    assert load_target("toy", "cpu").name == "toy"
+    if torch.cuda.is_available():
+        with pytest.raises(ValueError, match="toy target has no weights"):
+            load_target("toy", "cuda")
+
+
+@no_cuda
+@pytest.mark.parametrize("argv", [
+    ["generate", "--model", "tiny-target", "--prompt", "hi", "--max-new", "2"],
+    ["demo", "--inprocess", "--model", "tiny-target", "--drafters", "ngram", "--sessions", "1", "--max-new", "2"],
+    ["demo", "--model", "tiny-target", "--drafters", "ngram", "--sessions", "1", "--max-new", "2"],
+    ["verifier", "--model", "tiny-target", "--insecure"],
+    ["drafter", "--model", "tiny-target", "--insecure"],
+], ids=["generate", "demo-inprocess", "demo-services", "verifier", "drafter"])
+def test_commands_refuse_cuda_without_a_device(argv: list[str], capsys) -> None:
+    assert main([*argv, "--device", "cuda"]) == 2
+    assert "--device cuda: no CUDA device here" in capsys.readouterr().err
+
+
+@no_cuda
+def test_bench_model_refuses_cuda_without_a_device(capsys, tmp_path: Path) -> None:
+    path = Path(__file__).parents[2] / "bench" / "model.py"
+    spec = importlib.util.spec_from_file_location("bench_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("bench_model", module)
+    spec.loader.exec_module(module)
+    assert module.main(["--device", "cuda", "--model", "tiny-target", "--out", str(tmp_path)]) == 2
+    assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_generate_runs_on_the_cpu_by_default(capsys) -> None:
+    assert main(["generate", "--model", "tiny-target", "--prompt", "The word", "--max-new", "4", "--raw",
+                 "--drafter", "model:tiny-draft", "--json"]) == 0
+    assert '"tokens"' in capsys.readouterr().out
