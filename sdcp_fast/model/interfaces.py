@@ -79,7 +79,7 @@ class TargetKV(Protocol):
         """A copy of the cached positions holding ``committed``'s longest prefix (None: none)."""
         ...
 
-    def encode_kv(self, pages: object) -> bytes:
+    def encode_kv(self, pages: object) -> bytes | memoryview:
         ...
 
     def decode_kv(self, data: object) -> object:

@@ -105,26 +105,30 @@ def snapshot(cache: PagedKVCache, session: bytes, committed: Sequence[int], mode
     return Pages(Layout.of(cache, model), cache.block_size, tuple(st.tokens[:n]), k, v)
 
 
-def encode(pages: Pages) -> bytes:
+def encode(pages: Pages) -> memoryview:
+    """The object's bytes: one buffer, each layer copied into it once (from the device, if the
+    cache is on one), no intermediate concatenation."""
     lay, n = pages.layout, len(pages)
-    head = _HEAD.pack(MAGIC, lay.model, lay.n_layers, lay.n_kv_heads, lay.head_dim, _CODES[lay.dtype], 0,
-                      pages.block_size, n)
-    out = bytearray(HEADER_BYTES + 4 * n + lay.payload_bytes(n))
-    out[:HEADER_BYTES] = head
-    out[HEADER_BYTES:HEADER_BYTES + 4 * n] = struct.pack(f">{n}I", *pages.tokens)
-    # One host copy of all layers, written straight into the object's buffer.
-    flat = torch.cat([t.reshape(-1) for kv in zip(pages.k, pages.v, strict=True) for t in kv]).cpu()
-    payload = memoryview(out)[HEADER_BYTES + 4 * n:]
-    torch.frombuffer(payload, dtype=torch.uint8).copy_(flat.view(torch.uint8))
-    return bytes(out)
+    start = HEADER_BYTES + 4 * n
+    out = torch.empty(start + lay.payload_bytes(n), dtype=torch.uint8)
+    buf = out.numpy().data
+    _HEAD.pack_into(buf, 0, MAGIC, lay.model, lay.n_layers, lay.n_kv_heads, lay.head_dim, _CODES[lay.dtype], 0,
+                    pages.block_size, n)
+    struct.pack_into(f">{n}I", buf, HEADER_BYTES, *pages.tokens)
+    values = out[start:].view(lay.dtype).view(2 * lay.n_layers, n, lay.n_kv_heads, lay.head_dim)
+    for layer, (k, v) in enumerate(zip(pages.k, pages.v, strict=True)):
+        values[2 * layer].copy_(k)
+        values[2 * layer + 1].copy_(v)
+    return buf
 
 
 def decode(data: Any, expect: Layout, *, device: torch.device | str = "cpu") -> Pages:
-    """Parse and check pages against ``expect`` (model digest and shape); PagesRefused otherwise."""
+    """Parse and check pages against ``expect`` (model digest and shape); PagesRefused otherwise.
+    The values alias ``data`` when it is writable (a private copy, as ``Objects.get`` returns)."""
     raw = memoryview(data).cast("B")
     if len(raw) < HEADER_BYTES:
         raise PagesRefused("shorter than the header")
-    magic, model, n_layers, heads, dim, code, _, block_size, n = _HEAD.unpack(raw[:HEADER_BYTES])
+    magic, model, n_layers, heads, dim, code, _, block_size, n = _HEAD.unpack_from(raw, 0)
     if magic != MAGIC:
         raise PagesRefused("not target KV pages (bad magic)")
     if model != expect.model:
@@ -133,16 +137,16 @@ def decode(data: Any, expect: Layout, *, device: torch.device | str = "cpu") -> 
     want = (expect.n_layers, expect.n_kv_heads, expect.head_dim, expect.dtype)
     if got != want:
         raise PagesRefused(f"the pages' shape {got} is not this cache's {want}")
-    size = HEADER_BYTES + 4 * n + expect.payload_bytes(n)
-    if len(raw) != size:
-        raise PagesRefused(f"{len(raw)} bytes where the header says {size}")
-    tokens = struct.unpack(f">{n}I", raw[HEADER_BYTES:HEADER_BYTES + 4 * n])
-    flat = torch.frombuffer(bytearray(raw[HEADER_BYTES + 4 * n:]), dtype=expect.dtype).to(device)
-    per = n * heads * dim
-    parts = list(flat.split(per)) if per else [flat] * (2 * n_layers)
-    k = [parts[2 * i].view(n, heads, dim) for i in range(n_layers)]
-    v = [parts[2 * i + 1].view(n, heads, dim) for i in range(n_layers)]
-    return Pages(expect, block_size, tokens, k, v)
+    start = HEADER_BYTES + 4 * n
+    if len(raw) != start + expect.payload_bytes(n):
+        raise PagesRefused(f"{len(raw)} bytes where the header says {start + expect.payload_bytes(n)}")
+    tokens = struct.unpack_from(f">{n}I", raw, HEADER_BYTES)
+    payload = raw[start:] if not raw.readonly else memoryview(bytearray(raw[start:]))
+    count = 2 * n_layers * n * heads * dim
+    flat = torch.frombuffer(payload, dtype=expect.dtype, count=count) if count else torch.empty(0, dtype=expect.dtype)
+    values = flat.to(device).view(2 * n_layers, n, heads, dim)
+    return Pages(expect, block_size, tokens, [values[2 * i] for i in range(n_layers)],
+                 [values[2 * i + 1] for i in range(n_layers)])
 
 
 def install(cache: PagedKVCache, session: bytes, pages: Pages, committed: Sequence[int]) -> int:
@@ -172,7 +176,7 @@ class PagedTargetKV:
     def export_kv(self, session: bytes, committed: Sequence[int]) -> Pages | None:
         return snapshot(self.cache, session, committed, self.layout.model)
 
-    def encode_kv(self, pages: Any) -> bytes:
+    def encode_kv(self, pages: Any) -> memoryview:
         return encode(pages)
 
     def decode_kv(self, data: Any) -> Pages:

@@ -288,12 +288,15 @@ class VerifierRole:
             except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
                 raise BadRequest(f"commit_log cannot be opened: {exc}") from None
             live = _Live(session, log_, view.etag, tokens_object(session), self.clock(), kv_ref=kv_object(session))
+            # Served from now on: the router names this verifier before the open returns, and an
+            # output reader must not find the session unknown (it would fail it over again). No
+            # round can be scored before the open returns: nobody is assigned to it yet.
+            self._live[message.session] = live
             if live.tokens_ref is not None and session.committed:
                 # A resumed session's output, in this epoch's object before anyone is assigned to it.
                 await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
             if message.resume is not None:
                 await self._resume_kv(live, message.resume.target_kv)
-            self._live[message.session] = live
             self._wake.set()
         return state
 

@@ -108,7 +108,7 @@ def small_pages() -> tuple[PagedKVCache, bytes]:
         c.write(layer, torch.randn(3, 1, 4), torch.randn(3, 1, 4), slots)
     pages = snapshot(c, b"a", [5, 6, 7], MODEL)
     assert pages is not None
-    return c, encode(pages)
+    return c, bytes(encode(pages))
 
 
 def test_pages_of_another_model_or_shape_are_refused() -> None:
