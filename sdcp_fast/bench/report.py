@@ -102,3 +102,43 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     if not common:
         lines.append("no configuration in common")
     return "\n".join(lines)
+
+
+PEER_KINDS = {"inprocess": "SDCP, roles in one process", "embedded": "SDCP, sdcp-fast up over HTTP/2 + mTLS",
+              "hf": "HF transformers generate", "remote": "SDCP, the remote deployment"}
+
+
+def peers_table(report: dict[str, Any]) -> str:
+    """The peers side by side at one session in flight (batch 1): target-only and the first
+    drafter in process, the same over the network, HF greedy and assisted generation; then
+    what distribution costs at every level both were measured at."""
+    summary, drafters = report["summary"], report["settings"]["drafters"]
+    first = drafters[0] if drafters else None
+    kinds = {c["name"]: c["path"] for c in report["configs"]}
+    names = [n for n in summary if n == "target-only" or n == first or kinds.get(n) in ("embedded", "hf", "remote")]
+    lines = ["peers side by side, one session in flight (batch 1):",
+             f"{'config':26} {'what':38} {'tok/s':>6} {'spread':>11} {'x':>5} {'ttft p50 ms':>11} "
+             f"{'itl p50 ms':>10} {'accept':>6}"]
+    for name in names:
+        f = summary[name].get("1", summary[name].get(1))  # type: ignore[call-overload]
+        if f is None:
+            continue
+        t = f["tokens_per_s"]
+        lines.append(f"{name:26} {PEER_KINDS.get(kinds.get(name, ''), ''):38} {_f(t['median']):>6} "
+                     f"{_f(t['min']) + '-' + _f(t['max']):>11} {_f(f.get('speedup'), '.2f'):>5} "
+                     f"{_f(f['ttft_s']['p50'], '.0f', 1e3):>11} {_f(f['itl_s']['p50'], '.1f', 1e3):>10} "
+                     f"{_f(f['acceptance'], '.3f'):>6}")
+    up = next((n for n in summary if kinds.get(n) == "embedded"), None)
+    if up and first in summary:
+        costs = []
+        for level, f in summary[up].items():
+            base = summary[first].get(level)
+            if base and base["tokens_per_s"]["median"] and f["tokens_per_s"]["median"]:
+                costs.append(f"{f['tokens_per_s']['median'] / base['tokens_per_s']['median']:.2f} at {level}")
+        if costs:
+            lines.append(f"distribution: {up} makes {', '.join(costs)} sessions the tokens/s of {first} in process")
+    if not any(kinds.get(n) == "hf" for n in names):
+        lines.append("HF transformers: not measured (" + next(
+            (n.split(": ", 1)[1] for n in report["notes"] if n.startswith("HF assisted generation skipped")),
+            "not asked for") + ")")
+    return "\n".join(lines)

@@ -6,8 +6,8 @@ the comparison lives there: target-only decoding (no drafter: the verifier decod
 session itself), each drafter with a fixed M, the first drafter with §6.2's adaptive M and
 without cross-session batching (a verifier scoring one session per pass). Over the network a
 deployment is what it was started with: ``--embedded`` starts ``sdcp-fast up`` with the
-first drafter (adaptive M, as its drafters run), which sits next to the in-process
-``<drafter>/adaptive-M`` to show what distribution costs; ``--router`` measures a running
+first drafter, the same fixed M and batch limit (and device), which sits next to the in-process
+``<drafter>`` row to show what distribution costs; ``--router`` measures a running
 deployment, whose target-only figure is measured in process when its model is here.
 """
 
@@ -60,7 +60,7 @@ def configurations(plan: Plan) -> list[Config]:
             out.append(Config(f"{d}/adaptive-M", "inprocess", d, None))
             out.append(Config(f"{d}/no-batching", "inprocess", d, plan.m, max_batch=1))
     if plan.embedded and plan.drafters:
-        out.append(Config(f"up:{plan.drafters[0]}", "embedded", plan.drafters[0], None))
+        out.append(Config(f"up:{plan.drafters[0]}", "embedded", plan.drafters[0], plan.m))
     if plan.remote is not None:
         out.append(Config("remote", "remote", None, None))
     return out
@@ -75,7 +75,18 @@ def _prompts(plan: Plan, level: int) -> Workload:
     return replace(plan.workload, prompts=take(list(plan.workload.prompts), n))
 
 
+def skipped(config: Config, level: int) -> str | None:
+    """Why ``config`` is not run at ``level``: work that another configuration already does."""
+    if config.max_batch == 1 and level == 1 and config.path == "inprocess":
+        return "no cross-session batching at one session in flight is the batched configuration (nothing to batch)"
+    if config.path == "hf" and level != 1:
+        return "the HF peer runs at batch 1"
+    return None
+
+
 def run(plan: Plan) -> dict[str, Any]:
+    import os
+
     from tqdm import tqdm
 
     from sdcp_fast.bench.environment import environment
@@ -83,6 +94,8 @@ def run(plan: Plan) -> dict[str, Any]:
     from sdcp_fast.bench.remote import run_remote
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    t_start = time.perf_counter()
+    load_start = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
     configs = configurations(plan)
     target = None
     models: dict[str, bytes] = {}
@@ -98,28 +111,56 @@ def run(plan: Plan) -> dict[str, Any]:
         for d in plan.drafters:
             drafters[d] = load_drafter(d, target)
             models[f"drafter:{d}"] = drafters[d][1]
-    total = sum(len(_prompts(plan, lv).prompts) for lv in plan.levels) * plan.repeats * len(configs)
+    if plan.hf and plan.drafters and target is not None:
+        configs += _hf_configs(plan, target)
+    elif plan.hf and target is not None and not plan.remote:
+        plan.notes.append("HF assisted generation skipped: no drafter to compare")
+    for config in configs:
+        if config.max_batch == 1 and config.path == "inprocess" and 1 in plan.levels:
+            plan.notes.append(f"{config.name} is not run at 1 session: {skipped(config, 1)}; see "
+                              f"{config.drafter} at 1")
+    work = [(c, lv) for c in configs for lv in plan.levels if skipped(c, lv) is None]
+    if any(c.path == "hf" for c in configs) and 1 not in plan.levels:
+        work += [(c, 1) for c in configs if c.path == "hf"]
+    total = sum(len(_prompts(plan, lv).prompts) for _, lv in work) * plan.repeats
     runs: list[RunSample] = []
     bar = tqdm(total=total, unit="session", disable=not plan.progress, dynamic_ncols=True)
     up = None
+    deployment: dict[str, Any] | None = None  # how long sdcp-fast up took to start, each process's command line
     try:
         for config in configs:
             remote = plan.remote
-            if config.path == "embedded":
-                bar.set_description(f"starting sdcp-fast up ({config.drafter})")
-                up, remote = _start_up(plan, config)
-            for level in plan.levels:
+            for level in [lv for c, lv in work if c == config]:
+                if config.path == "embedded" and up is None:
+                    bar.set_description(f"starting sdcp-fast up ({config.drafter})")
+                    t = time.perf_counter()
+                    up = _start_up(plan, config)
+                    deployment = {"start_s": time.perf_counter() - t,
+                                  "services": {name: svc.argv for name, svc in up[0].services.items()}}
+                if up is not None:
+                    remote = up[2]
                 bar.set_description(f"{config.name} @{level}")
                 workload = _prompts(plan, level)
                 if config.path == "inprocess":
                     assert target is not None
-                    runs += run_inprocess(target, None if config.drafter is None else drafters[config.drafter],
-                                          config, workload, level, plan.repeats, backend=plan.backend,
-                                          on_session=lambda: bar.update(1), timeout=plan.timeout)
+                    done = run_inprocess(target, None if config.drafter is None else drafters[config.drafter],
+                                         config, workload, level, plan.repeats, backend=plan.backend,
+                                         on_session=lambda: bar.update(1), timeout=plan.timeout)
+                elif config.path == "hf":
+                    from sdcp_fast.bench.peers import run_hf
+
+                    assert target is not None
+                    done = run_hf(target, config.drafter, config.name, workload, plan.repeats,
+                                  on_session=lambda: bar.update(1))
                 else:
                     assert remote is not None
-                    runs += run_remote(remote, config, workload, level, plan.repeats,
-                                       on_session=lambda: bar.update(1), timeout=plan.timeout)
+                    done = run_remote(remote, config, workload, level, plan.repeats,
+                                      on_session=lambda: bar.update(1), timeout=plan.timeout)
+                runs += done
+                rates = sorted(sum(s.tokens for s in r.samples) / r.wall for r in done if r.wall)
+                if rates and plan.progress:
+                    bar.write(f"  {config.name} @{level}: {rates[len(rates) // 2]:.1f} tok/s median of {len(rates)} "
+                              f"({rates[0]:.1f}-{rates[-1]:.1f})")
             if up is not None:
                 up[0].stop()
                 up[1].cleanup()
@@ -129,18 +170,6 @@ def run(plan: Plan) -> dict[str, Any]:
         if up is not None:
             up[0].stop()
             up[1].cleanup()
-    if plan.hf and plan.drafters and target is not None:
-        from sdcp_fast.bench.peers import hf_unavailable, run_hf
-
-        why = hf_unavailable(target, plan.drafters[0])
-        if why is None and plan.workload.rule == 2:
-            why = "rule 2: HF's sampling draws other randoms, so the outputs are not comparable"
-        if why is None:
-            configs.append(Config("hf-greedy", "hf", None, None, max_batch=1))
-            configs.append(Config(f"hf-assisted:{plan.drafters[0]}", "hf", plan.drafters[0], None, max_batch=1))
-            runs += run_hf(target, plan.drafters[0], _prompts(plan, 1))
-        else:
-            plan.notes.append(f"HF assisted generation skipped: {why}")
     summary: dict[str, dict[int, dict[str, Any]]] = {}
     for config in configs:
         for level in sorted({r.sessions for r in runs if r.config == config.name}):
@@ -150,12 +179,14 @@ def run(plan: Plan) -> dict[str, Any]:
         add_speedups(summary, TARGET_ONLY)
         if plan.workload.rule == 1:
             _same_as_target_only(summary, runs, plan.notes)
-    if plan.embedded and plan.device != "cpu":
-        plan.notes.append(f"--device {plan.device} applies to the in-process configurations; sdcp-fast up's "
-                          "services choose their own device")
     if plan.remote is not None and target is None:
         plan.notes.append("remote: no target-only figure (the model is not loaded here: pass --model to measure "
                           "target-only decoding in process)")
+    env = environment(models)
+    env["load_average_start"] = load_start
+    noise = _noise(summary, load_start, env["load_average"], env["cpu_count"])
+    if noise:
+        plan.notes.append(noise)
     return {
         "schema": reports.SCHEMA, "started": started, "command": plan.command,
         "settings": {"model": target.name if target is not None else (plan.remote.model if plan.remote else None),
@@ -165,11 +196,30 @@ def run(plan: Plan) -> dict[str, Any]:
                      "backend": plan.backend, "warmup": "one session per deployment before the measured runs, "
                                                          "not counted"},
         "configs": [c.to_json() for c in configs],
-        "environment": environment(models),
+        "embedded": deployment,
+        "environment": env,
+        "wall_s": time.perf_counter() - t_start,
         "notes": plan.notes,
         "summary": summary,
         "runs": [r.to_json() for r in runs],
     }
+
+
+def _noise(summary: dict[str, dict[int, dict[str, Any]]], load_start: list[float] | None,
+           load_end: list[float] | None, cpus: int | None) -> str | None:
+    """The machine's noise as this run saw it: how far repeats of the same configuration and
+    level were apart, and the load average before and after."""
+    spreads = sorted(((t["max"] - t["min"]) / t["median"], f"{name}@{level}")
+                     for name, levels in summary.items() for level, f in levels.items()
+                     for t in [f["tokens_per_s"]] if t["n"] > 1 and t["median"])
+    load = (f"load average {load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end on {cpus} CPUs"
+            if load_start and load_end else "")
+    if not spreads:
+        return f"noise: one repeat, no spread measured; {load}" if load else None
+    mid = spreads[len(spreads) // 2][0]
+    worst, where = spreads[-1]
+    return (f"noise: repeats of one configuration and level were {mid:.0%} apart in tokens/s (median over "
+            f"configurations; at most {worst:.0%}, {where}); {load}").rstrip("; ")
 
 
 def _same_as_target_only(summary: dict[str, dict[int, dict[str, Any]]], runs: list[RunSample],
@@ -212,11 +262,42 @@ def _on_device(target: Any, device: str) -> Any:
     return replace(target, scorer=ModelRunner(target.loaded.model))
 
 
-def _start_up(plan: Plan, config: Config) -> tuple[tuple[Any, Any], Remote]:
+def _hf_configs(plan: Plan, target: Any) -> list[Config]:
+    """The HF peers, or none with the reason in the notes."""
+    from sdcp_fast.bench.peers import hf_unavailable
+
+    d = plan.drafters[0]
+    why = hf_unavailable(target, d)
+    if why is None and plan.workload.rule == 2:
+        why = "rule 2: HF's sampling draws other randoms, so the outputs are not comparable"
+    if why is not None:
+        plan.notes.append(f"HF assisted generation skipped: {why}")
+        return []
+    return [Config("hf-greedy", "hf", None, None, max_batch=1), Config(f"hf-assisted:{d}", "hf", d, None, max_batch=1)]
+
+
+def services_take_device() -> bool:
+    """Whether ``sdcp-fast verifier`` and ``drafter`` accept ``--device`` (for ``sdcp-fast up``)."""
+    import argparse
+
+    from sdcp_fast.cli import drafter, verifier
+
+    for cli in (verifier, drafter):
+        p = argparse.ArgumentParser()
+        cli.add_arguments(p)
+        if "--device" not in p._option_string_actions:
+            return False
+    return True
+
+
+def _start_up(plan: Plan, config: Config) -> tuple[Any, Any, Remote]:
+    """``sdcp-fast up`` with the configuration's drafter, M and batch limit (and the device)."""
     from sdcp_fast.services.up import Up
 
+    device = None if plan.device == "cpu" else plan.device
     tmp = tempfile.TemporaryDirectory(prefix="sdcp-bench-up-")
-    up = Up(Path(tmp.name), model=plan.model, drafters=(config.drafter,) if config.drafter else None)
+    up = Up(Path(tmp.name), model=plan.model, drafters=(config.drafter,) if config.drafter else None,
+            fixed_m=config.m, max_batch=config.max_batch, device=device)
     try:
         up.start()
     except Exception:
@@ -225,7 +306,7 @@ def _start_up(plan: Plan, config: Config) -> tuple[tuple[Any, Any], Remote]:
         raise
     e = up.endpoints()
     verifiers = [s.uri for s in up.services.values() if s.role == "verifier"]
-    return (up, tmp), Remote(up.services["router"].uri, e["ca"], e["client_cert"], e["client_key"], verifiers)
+    return up, tmp, Remote(up.services["router"].uri, e["ca"], e["client_cert"], e["client_key"], verifiers)
 
 
 def finish(report: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:

@@ -15,6 +15,11 @@ HELP = "measure tokens/s, latency, acceptance and speedup (in process, sdcp-fast
 
 REAL_DRAFTERS = "ngram,model:smollm2-draft"
 TOY_DRAFTERS = "toy-good,toy-weak"
+# Sized so that the default run (every configuration, sdcp-fast up and the HF peers) ends within
+# 10 minutes on the reference machine (2 shared CPU cores; docs/benchmarks.md has its time), and
+# --quick in about a third of that with the same outputs.
+DEFAULTS = {"sessions": "1,4", "prompts": 4, "max_new": 32, "repeats": 3}
+QUICK = {"sessions": "1,4", "prompts": 4, "max_new": 16, "repeats": 1}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,26 +39,30 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "with --router: none, so no in-process target-only figure)")
     p.add_argument("--drafters", default=None,
                    help=f"comma-separated drafter specs (default {REAL_DRAFTERS}; toy: {TOY_DRAFTERS})")
-    p.add_argument("--sessions", default=None, help="concurrency levels, comma-separated (default 1,4,16)")
+    p.add_argument("--sessions", default=None, help=f"concurrency levels, comma-separated (default {DEFAULTS['sessions']})")
     p.add_argument("--prompts", default=None,
-                   help="number of built-in prompts per run (default 12), or a FILE.jsonl of {\"text\", \"kind\"}")
+                   help=f"number of built-in prompts per run (default {DEFAULTS['prompts']}, one of each kind), or a "
+                        "FILE.jsonl of {\"text\", \"kind\"}")
     p.add_argument("--prompt-set", choices=("bench", "eval"), default="bench",
                    help="built-in prompts: bench (prose, code, lists, repetition; default) or eval (the chat and "
                         "copy prompts of docs/models.md)")
-    p.add_argument("--max-new", type=int, default=None, help="output tokens per session (default 48)")
+    p.add_argument("--max-new", type=int, default=None, help=f"output tokens per session (default {DEFAULTS['max_new']})")
     p.add_argument("--rule", type=int, choices=(1, 2), default=1, help="acceptance rule (default 1, greedy)")
     p.add_argument("--profile", default="sample", help="rule 2 sampling profile: sample, nucleus, topk")
     p.add_argument("--rate", type=float, default=None,
                    help="open loop: sessions arrive as a Poisson process at this rate per second (default: closed "
                         "loop, each level's sessions all in flight)")
-    p.add_argument("--repeats", type=int, default=None, help="measured repeats per configuration and level (default 3)")
-    p.add_argument("--m", type=int, default=4, help="the fixed M of the fixed-M configurations (default 4)")
+    p.add_argument("--repeats", type=int, default=None, help=f"measured repeats per configuration and level (default "
+                                                                    f"{DEFAULTS['repeats']})")
+    p.add_argument("--m", type=int, default=4, help="the fixed M of the fixed-M configurations, sdcp-fast up's drafters' too (default 4)")
     p.add_argument("--no-variants", action="store_true", help="skip adaptive M and no-batching")
     p.add_argument("--no-hf", action="store_true", help="skip HF transformers assisted generation")
     p.add_argument("--quick", action="store_true",
-                   help="a short run with the same outputs: 4 prompts, 16 tokens, sessions 1,4, one repeat, the "
-                        "first drafter only")
-    p.add_argument("--device", default="cpu", help="cpu or cuda (target and drafters on a GPU where present)")
+                   help=f"a short run with the same outputs: {QUICK['prompts']} prompts, {QUICK['max_new']} tokens, "
+                        f"sessions {QUICK['sessions']}, one repeat, the first drafter only")
+    p.add_argument("--device", default="cpu",
+                   help="cpu, cuda or cuda:N: the in-process target and drafters, and the verifiers and drafters "
+                        "sdcp-fast up starts (--embedded)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads of the in-process target (default: half the CPUs, so that the event "
                         "loop and other processes keep the rest)")
@@ -96,12 +105,15 @@ def run(args: argparse.Namespace) -> int:
     print(reports.table(report["summary"]))
     print()
     print(reports.breakdown_table(report["summary"]))
+    print()
+    print(reports.peers_table(report))
     for note in report["notes"]:
         print(f"note: {note}")
     la = report["environment"]["load_average"]
     if la:
         print(f"machine: {report['environment']['cpu_count']} CPUs, load average {la[0]:.1f} at the end "
               "(figures on a shared machine vary: see the spread)")
+    print(f"wall time {report['wall_s']:.0f} s; command: {report['command']}")
     print("written: " + ", ".join(str(p) for p in written))
     return 0
 
@@ -128,6 +140,12 @@ def _plan(args: argparse.Namespace) -> object:
             raise ValueError(f"--device {args.device}: no CUDA device here")
         if model == "toy":
             raise ValueError("--device: the toy target has no weights to move")
+        from sdcp_fast.bench.runner import services_take_device
+
+        if not args.inprocess and remote is None and not services_take_device():
+            raise ValueError(f"--device {args.device}: sdcp-fast verifier and drafter have no --device here, so "
+                             "sdcp-fast up cannot move its services (measure with --inprocess, or start the roles "
+                             "yourself and use --router)")
     # The built-in prompts in the toy model's words only for a toy target.
     toy = model == "toy" or (model is None and remote is not None and served_model(remote) == "toy")
     drafters = [d.strip() for d in (args.drafters or (TOY_DRAFTERS if toy else REAL_DRAFTERS)).split(",") if d.strip()]
@@ -137,13 +155,14 @@ def _plan(args: argparse.Namespace) -> object:
         if not shipped_path("smollm2-draft").is_dir():
             drafters.remove("model:smollm2-draft")
     quick = args.quick
-    levels = [int(x) for x in (args.sessions or ("1,4" if quick else "1,4,16")).split(",")]
-    repeats = args.repeats or (1 if quick else 3)
-    max_new = args.max_new or (16 if quick else 48)
+    preset = QUICK if quick else DEFAULTS
+    levels = [int(x) for x in (args.sessions or str(preset["sessions"])).split(",")]
+    repeats = args.repeats or int(preset["repeats"])
+    max_new = args.max_new or int(preset["max_new"])
     if args.prompts and Path(args.prompts).is_file():
         prompts = wl.from_file(Path(args.prompts))
     else:
-        n = int(args.prompts) if args.prompts else (4 if quick else 12)
+        n = int(args.prompts) if args.prompts else int(preset["prompts"])
         prompts = list(wl.take(wl.builtin(toy, eval_set=args.prompt_set == "eval"), n))
     if args.rule == 2 and args.profile not in wl.PROFILES:
         raise ValueError(f"unknown profile {args.profile!r} (expected {', '.join(wl.PROFILES)})")

@@ -32,7 +32,8 @@ def test_report_holds_every_configuration_with_samples_and_environment(report_di
     assert env["git"]["commit"] and env["versions"]["torch"] and env["cpu_count"]
     assert set(env["models"]) >= {"target", "tokenizer", "drafter:toy-good"}
     for name in names:
-        assert set(report["summary"][name]) == {"1", "2"}
+        # without batching one session in flight is the batched configuration: not run twice
+        assert set(report["summary"][name]) == ({"2"} if name.endswith("/no-batching") else {"1", "2"})
         for fig in report["summary"][name].values():
             assert fig["repeats"] == 2 and fig["tokens"] == 2 * 3 * 6
             assert fig["tokens_per_s"]["median"] > 0 and fig["ttft_s"]["p50"] is not None
@@ -43,8 +44,9 @@ def test_report_holds_every_configuration_with_samples_and_environment(report_di
     assert good["acceptance"] > 0.3 and good["accepted_per_round"] > 0 and good["speedup_bound"] > 0
     assert report["summary"]["toy-good/no-batching"]["2"]["batch_sizes"] == {"1": pytest.approx(
         report["summary"]["toy-good/no-batching"]["2"]["target_passes"])}
-    # 2 levels x 2 repeats per configuration, every session with its arrival, output and rounds
-    assert len(report["runs"]) == 4 * len(names)
+    assert any(n.startswith("toy-good/no-batching is not run at 1 session") for n in report["notes"])
+    # 2 levels x 2 repeats per configuration (no-batching: 1 level), every session with its arrival, output, rounds
+    assert len(report["runs"]) == 4 * len(names) - 2
     for run in report["runs"]:
         assert len(run["samples"]) == 3 and run["wall"] > 0
         for s in run["samples"]:
@@ -99,3 +101,44 @@ def test_device_without_cuda_is_refused(capsys: pytest.CaptureFixture[str]) -> N
         pytest.skip("a CUDA device is present: the refusal is for machines without one")
     assert main(["bench", "--model", "toy", "--device", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_report_states_warmup_noise_and_why_the_hf_peer_was_skipped(report_dir: Path) -> None:
+    report = json.loads((report_dir / "report.json").read_text())
+    assert "not counted" in report["settings"]["warmup"]
+    assert report["wall_s"] > 0 and report["environment"]["load_average_start"] is not None
+    noise = next(n for n in report["notes"] if n.startswith("noise: "))
+    assert "apart in tokens/s" in noise and "load average" in noise
+    [hf] = [n for n in report["notes"] if n.startswith("HF assisted generation skipped: ")]
+    assert "the target is toy" in hf or "transformers is not installed" in hf
+    assert not any(c["path"] == "hf" for c in report["configs"])
+
+
+def test_peers_table_says_what_it_could_not_measure(report_dir: Path) -> None:
+    from sdcp_fast.bench.report import peers_table
+
+    table = peers_table(json.loads((report_dir / "report.json").read_text()))
+    rows = [ln.split()[0] for ln in table.splitlines()[2:]]
+    assert rows[:2] == ["target-only", "toy-good"]
+    assert "HF transformers: not measured (" in table
+
+
+def test_open_loop_sessions_arrive_as_drawn_and_progress_is_shown(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from sdcp_fast.bench.workload import Workload, builtin, take
+
+    out = tmp_path / "rate"
+    assert main(["bench", "--model", "toy", "--inprocess", "--drafters", "toy-good", "--no-variants", "--rate", "20",
+                 "--sessions", "2", "--prompts", "4", "--max-new", "4", "--repeats", "1", "--no-plots",
+                 "--out", str(out)]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["rate"] == 20 and "open loop, Poisson 20.0/s" in report["settings"]["workload"]
+    drawn = Workload(take(builtin(toy=True), 4), 4, rate=20).arrivals(4)
+    for run in report["runs"]:
+        arrived = [s["arrived"] for s in run["samples"]]
+        # released at the drawn offsets (a little later: the event loop), TTFT counted from there
+        assert all(d <= a < d + 0.5 for d, a in zip(drawn, arrived, strict=True)) and arrived[-1] > 0
+        assert all(s["opened"] >= s["arrived"] and s["first"] >= s["opened"] for s in run["samples"])
+    captured = capsys.readouterr()
+    assert "toy-good @2" in captured.err  # the live display: configuration and level
+    assert "toy-good @2: " in captured.out and " tok/s median of 1" in captured.out
