@@ -312,10 +312,14 @@ class VerifierRole:
             self.metrics.resume("cold", "none")
             return
         committed = (*session.prompt, *session.output(0).tokens)
+        kv = self.target_kv
+
+        def load(data: Any) -> int:  # parsing is cheap (the values are not copied): one hop, not two
+            return kv.import_kv(session.session, kv.decode_kv(data), committed)
+
         try:
-            data = await self._kv_objects.get(ref)
-            pages = await self._kv_objects.call(self.target_kv.decode_kv, data)
-            n = await self.objects.call(self.target_kv.import_kv, session.session, pages, committed)
+            # On the time to first token: where scoring runs, not on the publishing thread.
+            n = await self.objects.call(load, await self.objects.get(ref))
         except ValueError as exc:
             log.warning("session %s: target KV %s refused: %s", session.session.hex()[:8], ref, exc)
             self.metrics.resume("cold", "refused")
