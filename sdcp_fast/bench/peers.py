@@ -16,8 +16,9 @@ from sdcp_fast.bench.workload import Workload
 
 def hf_unavailable(target: Any, drafter: str | None) -> str | None:
     """Why the HF peer cannot run here, or None."""
-    if importlib.util.find_spec("transformers") is None:
-        return "transformers is not installed (pip install 'sdcp-fast[compare]')"
+    for package in ("transformers", "accelerate"):  # accelerate: transformers loads a GGUF file only with it
+        if importlib.util.find_spec(package) is None:
+            return f"{package} is not installed (pip install 'sdcp-fast[compare]')"
     if importlib.util.find_spec("gguf") is None:
         return "transformers reads the SmolLM2 GGUF through the gguf package, which is not installed"
     if target.name != "smollm2":
@@ -60,10 +61,13 @@ def _dtype(torch: Any) -> dict[str, Any]:
 @functools.lru_cache(maxsize=1)
 def _hf_target() -> Any:
     import torch
+    import transformers
     from transformers import AutoModelForCausalLM
 
     from sdcp_fast.model import loader
 
+    transformers.logging.set_verbosity_error()  # its load report and progress bars would break the bench's display
+    transformers.logging.disable_progress_bar()
     path = loader.smollm2_path()
     return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, **_dtype(torch))
 
