@@ -80,6 +80,9 @@ class Objects:
     async def release(self, lease: str) -> None:
         await self._run(self.mlc.release, lease)
 
+    async def delete(self, uri: str) -> None:
+        await self._run(self.mlc.delete, uri)
+
     async def exists(self, uri: str) -> bool:
         return bool(await self._run(self.mlc.contains, uri))
 

@@ -332,7 +332,16 @@ class VerifierRole:
 
     def _maybe_publish_kv(self, live: _Live) -> None:
         session = live.session
-        if self.target_kv is None or live.kv_ref is None or live.kv_busy or session.closed:
+        if self.target_kv is None or live.kv_ref is None or live.kv_busy:
+            return
+        if session.state in (State.FINISHED, State.FAILED):
+            # Nobody resumes an ended session: its pages only take room in the MLC. (A fenced
+            # one's stay: if its successor dies before publishing, the next resume uses them.)
+            if live.kv_published:
+                live.kv_published = 0
+                self._spawn(self._drop_kv(live.kv_ref))
+            return
+        if session.closed:
             return
         grown = len(session.prompt) + session.committed - live.kv_published
         if grown < max(self.kv_publish_tokens, int(live.kv_published * self.kv_publish_growth)):
@@ -364,6 +373,12 @@ class VerifierRole:
             live.kv_busy = False
         if done:  # rounds committed meanwhile were skipped (one publish at a time): catch up now
             self._maybe_publish_kv(live)
+
+    async def _drop_kv(self, ref: str) -> None:
+        try:
+            await self._kv_objects.delete(ref)
+        except Exception as exc:  # evicted already, or the MLC away: LRU reclaims it in time
+            log.info("target KV %s not deleted: %s", ref, exc)
 
     def _open_sessions(self) -> int:
         ended = (State.FINISHED, State.FAILED, State.FENCED)

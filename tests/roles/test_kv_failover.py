@@ -155,6 +155,9 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             await drafter.report_status()
             await router.sweep()
             tokens, _ = await asyncio.wait_for(stream, 15.0)
+            # B published its own epoch's pages on the way, and deleted them once the session ended.
+            ended = object_uri(SCOPE, S, "target_kv", 2)
+            await until(lambda: not standby._live[S].kv_busy and not mlc.contains(ended))
             ref = object_uri(SCOPE, S, "target_kv", 1)
             published = 0 if mode == "unpublished" else len(decode(mlc.get(ref), Layout.of(runner_a.cache, TARGET)))
             return dict(routed=routed, tokens=tokens, committed_at_a=committed_at_a, published=published,
@@ -193,6 +196,8 @@ def test_the_new_verifier_resumes_from_published_pages_and_computes_only_the_res
     assert counter(active, "sdcp_target_kv_published_total") >= 1
     assert counter(active, "sdcp_target_kv_published_bytes_total") > 0
     assert counter(active, "sdcp_target_kv_publish_failures_total") == 0
+    if mode != "cold":
+        assert counter(standby, "sdcp_target_kv_published_total") >= 1
     if mode == "pages":
         # The last committed position is always computed (its logits are needed); nothing before it.
         assert first_computed == committed - min(published, committed - 1) + M == 1 + M
