@@ -46,9 +46,11 @@ if Pybind11Extension is not None:
             "sdcp_fast._C",
             sorted(glob.glob("csrc/*.cpp")),
             include_dirs=["csrc"],
-            # Built from source on the machine that runs it, so tune for it unless asked not to.
-            extra_compile_args=["-O3", "-fopenmp"]
-            + ([] if os.environ.get("SDCP_PORTABLE") == "1" else ["-march=native"]),
+            # Sources included by the .cpp files: a change to one rebuilds the extension.
+            depends=sorted(glob.glob("csrc/*.h") + glob.glob("csrc/*.inc")),
+            # No -march: the build runs on any x86-64 (a wheel may travel). The sampling kernels
+            # carry AVX2 variants and pick one at run time from what the CPU reports.
+            extra_compile_args=["-O3", "-fopenmp"],
             extra_link_args=["-fopenmp"],
             cxx_std=17,
         )

@@ -126,4 +126,12 @@ void register_sampling(py::module_& m) {
     m.def("sampling_sample_from_probs", &sample_rows, "inverse CDF per row");
     m.def("sampling_verify_greedy", &greedy, "rule 1 of §6.4 over a ragged batch");
     m.def("sampling_verify_speculative", &speculative, "rule 2 of §6.4 over a ragged batch");
+    m.def("sampling_isas", &sdcp::available_isas, "instruction sets this CPU runs, most portable first");
+    m.def("sampling_isa", &sdcp::isa, "the instruction set the sampling kernels use");
+    m.def(
+        "sampling_set_isa",
+        [](const std::string& name) {
+            if (!sdcp::set_isa(name)) throw py::value_error("instruction set not available here: " + name);
+        },
+        "use another instruction set (one of sampling_isas())");
 }

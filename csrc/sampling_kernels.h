@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 namespace sdcp {
 
@@ -34,5 +36,11 @@ void verify_speculative(const void* target, LogitType type, int64_t vocab, const
                         const int64_t* top_k, const int64_t* top_p_milli, const float* q_probs,
                         const int64_t* tokens, const int64_t* cu, int64_t batch, const double* uniforms,
                         int32_t* accepted, int32_t* emitted, int64_t width, bool* bad);
+
+// Instruction sets: those this CPU runs (most portable first), the one in use, and a switch
+// to another of them (false if it cannot run here). The choice is process-wide.
+std::vector<std::string> available_isas();
+std::string isa();
+bool set_isa(const std::string& name);
 
 }  // namespace sdcp
