@@ -556,6 +556,9 @@ class VerifierRole:
                 await self._commit(item, accepted, token, len(batch))
             except Exception as exc:  # one session's trouble (e.g. re-opened meanwhile) is not the batch's
                 log.warning("session %s: round not committed: %s", item.work.session.hex()[:8], exc)
+                assert item.live is not None
+                if item.live.session.state is State.COMMITTING:  # never left half-done (see _commit)
+                    item.live.session.append_done(ok=False)
                 self._settle(item, InternalError("the round could not be committed"))
         if self._self_decoding():
             self._wake.set()
@@ -577,17 +580,21 @@ class VerifierRole:
                 log.warning("session %s: could not write %s: %s", item.work.session.hex()[:8], live.tokens_ref, exc)
         try:
             etag = await self.objects.call(append_checked, live.log, append.record, live.etag)
-        except PreconditionFailed:
-            etag = await self._after_failed_append(live, append.record)
         except Fenced:
             etag = None
-        except Exception as exc:  # no answer: the log read again says what happened (§6.8)
-            log.warning("session %s: commit-log append failed: %s", item.work.session.hex()[:8], exc)
+        except Exception as exc:  # a 412, or no answer: the log read again says what happened (§6.8)
             try:
-                if str((await self.objects.call(live.log.read)).etag) == str(live.etag):
-                    raise ConnectionError("the log is as we left it: nothing was appended")
+                if not isinstance(exc, PreconditionFailed):
+                    log.warning("session %s: commit-log append failed: %s", item.work.session.hex()[:8], exc)
+                    if str((await self.objects.call(live.log.read)).etag) == str(live.etag):
+                        raise ConnectionError("the log is as we left it: nothing was appended")
                 etag = await self._after_failed_append(live, append.record)
-            except Exception:  # nothing was appended: release nothing (§6.3); a 5xx the drafter retries
+            except Exception:
+                # Nothing is known to be appended: release nothing (§6.3), and leave the round so
+                # that the drafter's retry (a 5xx) scores it again; if the record did land, that
+                # retry's append gets a 412 and the log read then says "committed". (A 412 whose
+                # read failed too, the MLC restarting, once left the round half-done: every retry
+                # was "pending" and no append was tried again.)
                 session.append_done(ok=False)
                 self._settle(item, InternalError("the commit log could not be appended"))
                 return
