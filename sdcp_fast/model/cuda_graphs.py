@@ -37,9 +37,14 @@ def width_for(blocks: int) -> int:
     return 1 << max(0, blocks - 1).bit_length()
 
 
+# Turns a step into (replay, output buffer): a CUDA graph here; tests on CPU pass one that
+# runs the step again and copies its result into the buffer.
+Capture = Callable[[Callable[[], torch.Tensor]], tuple[Callable[[], object], torch.Tensor]]
+
+
 @dataclass
 class _Graph:
-    graph: torch.cuda.CUDAGraph
+    replay: Callable[[], object]
     meta: torch.Tensor  # the static input: BatchLayout.pack's tensor on the device
     out: torch.Tensor  # [batch * rows, V] float32 logits, the graph's output buffer
 
@@ -48,14 +53,16 @@ class GraphBank:
     """Captured paged passes of one runner (``model``'s first ``n_layers`` over ``cache``)."""
 
     def __init__(self, model: Transformer, cache: PagedKVCache, n_layers: int,
-                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, max_rows: int = 16) -> None:
-        if cache.device.type != "cuda":
+                 buckets: tuple[int, ...] = DEFAULT_BUCKETS, max_rows: int = 16, attention: str = "triton",
+                 capture: Capture | None = None) -> None:
+        if capture is None and cache.device.type != "cuda":
             raise ValueError("CUDA graphs need the model on a CUDA device")
-        self.model, self.cache, self.n_layers = model, cache, n_layers
+        self.model, self.cache, self.n_layers, self.attention = model, cache, n_layers, attention
         self.buckets, self.max_rows = tuple(sorted(buckets)), max_rows
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
         self.pool: tuple[int, int] | None = None  # one memory pool shared by every graph
         self._storage: tuple[int, ...] = ()
+        self._capture_step = capture or self._cuda_capture
         self.captures = 0
 
     def fits(self, sessions: list[bytes], new: list[list[int]], n_out: list[int]) -> bool:
@@ -82,12 +89,12 @@ class GraphBank:
         g = self.graphs.get(key)
         if g is None:
             g = self.graphs[key] = self._capture(host, padded * rows, padded, width)
-        g.meta.copy_(host.pin_memory(), non_blocking=True)
-        g.graph.replay()
+        g.meta.copy_(host.pin_memory() if g.meta.is_cuda else host, non_blocking=True)
+        g.replay()
         return g.out[: batch * rows].clone()
 
     def _step(self, meta: torch.Tensor, rows: int, batch: int, width: int) -> Callable[[], torch.Tensor]:
-        tokens, lay = BatchLayout.paged(meta, [], rows, batch, width, attention="triton")
+        tokens, lay = BatchLayout.paged(meta, [], rows, batch, width, attention=self.attention)
 
         def step() -> torch.Tensor:
             hidden = self.model.forward(tokens, self.cache, lay, n_layers=self.n_layers)  # [T, dim]
@@ -97,7 +104,11 @@ class GraphBank:
 
     def _capture(self, host: torch.Tensor, rows: int, batch: int, width: int) -> _Graph:
         meta = host.to(self.cache.device)
-        step = self._step(meta, rows, batch, width)
+        replay, out = self._capture_step(self._step(meta, rows, batch, width))
+        self.captures += 1
+        return _Graph(replay, meta, out)
+
+    def _cuda_capture(self, step: Callable[[], torch.Tensor]) -> tuple[Callable[[], object], torch.Tensor]:
         # Warm-up off the capture (triton compiles here, the allocator settles); it writes
         # the same K and V the replay will write, so it changes nothing.
         side = torch.cuda.Stream()
@@ -110,5 +121,4 @@ class GraphBank:
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
             out = step()
         self.pool = graph.pool()
-        self.captures += 1
-        return _Graph(graph, meta, out)
+        return graph.replay, out

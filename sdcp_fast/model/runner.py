@@ -67,7 +67,7 @@ class ModelRunner:
                 raise ValueError(f"cuda_graphs needs the model on a CUDA device, not {dev}")
             if self.attention != "triton":
                 raise ValueError("cuda_graphs needs attention='triton' (the gather + SDPA path has data-dependent shapes)")
-            self.graphs = GraphBank(model, self.cache, self.n_layers, **(
+            self.graphs = GraphBank(model, self.cache, self.n_layers, attention=self.attention, **(
                 {"buckets": graph_buckets} if graph_buckets else {}))
 
     @property

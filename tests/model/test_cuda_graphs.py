@@ -1,6 +1,7 @@
 """CUDA graphs of the runner's decode and verify passes: replay equals eager, per bucket, and a
-step reads nothing back on the host. Needs a CUDA device (the padded layout the graphs
-replay is tested on CPU in test_paged_attention.py)."""
+step reads nothing back on the host. The graph tests need a CUDA device; on CPU the same
+scenarios run through the graph bank with a stand-in capture (padding, buckets, static
+buffers), and test_paged_attention.py checks the padded layout under the triton interpreter."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import copy
 import pytest
 import torch
 
-from sdcp_fast.model.cuda_graphs import DEFAULT_BUCKETS, bucket_for, width_for
+from sdcp_fast.model.cuda_graphs import DEFAULT_BUCKETS, GraphBank, bucket_for, width_for
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.runner import ModelRunner
 
@@ -33,12 +34,21 @@ def cuda_model(small_model):
     return copy.deepcopy(small_model).to("cuda")
 
 
-@needs_cuda
-@pytest.mark.gpu
-def test_decode_replay_equals_eager(cuda_model) -> None:
-    graphed = ModelRunner(cuda_model, block_size=4, num_blocks=4)  # the pool grows: graphs are captured again
-    eager = ModelRunner(cuda_model, block_size=4, num_blocks=4, cuda_graphs=False)
-    assert graphed.graphs is not None and graphed.attention == "triton" and eager.graphs is None
+def eager_capture(step):
+    """A stand-in for a CUDA graph on CPU: replay runs the step again into the same buffer."""
+    out = step()
+    return (lambda: out.copy_(step())), out
+
+
+def graphed_on_cpu(model, **kw) -> ModelRunner:
+    """A CPU runner whose decode and verify passes go through the graph bank's padding,
+    buckets and static buffers, replayed eagerly (reference attention: fast on CPU)."""
+    r = ModelRunner(model, attention="reference", **kw)
+    r.graphs = GraphBank(model, r.cache, r.n_layers, attention="reference", capture=eager_capture)
+    return r
+
+
+def decode_scenario(graphed: ModelRunner, eager: ModelRunner) -> None:
     seqs = {b"a": seq(5, 1), b"b": seq(12, 2), b"c": seq(1, 3)}
     for r in (graphed, eager):
         for s, p in seqs.items():
@@ -49,14 +59,10 @@ def test_decode_replay_equals_eager(cuda_model) -> None:
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
         for (s, c), row in zip(batch, want, strict=True):
             seqs[s] = [*c, int(row.argmax())]
-    assert graphed.graphs.captures >= 3
+    assert graphed.graphs is not None and graphed.graphs.captures >= 3
 
 
-@needs_cuda
-@pytest.mark.gpu
-def test_verify_replay_equals_eager_and_ragged_rounds_run_eagerly(cuda_model) -> None:
-    graphed = ModelRunner(cuda_model, block_size=4)
-    eager = ModelRunner(cuda_model, block_size=4, cuda_graphs=False)
+def verify_scenario(graphed: ModelRunner, eager: ModelRunner) -> None:
     committed = {b"a": seq(9, 4), b"b": seq(3, 5)}
     for r in (graphed, eager):
         for s, c in committed.items():
@@ -70,11 +76,36 @@ def test_verify_replay_equals_eager_and_ragged_rounds_run_eagerly(cuda_model) ->
         # accept the first rnd tokens, then a correction: the next pass is M + 1 rows again
         for r in reqs:
             committed[r.session] = [*r.committed, *r.proposal[:rnd], 11]
+    assert graphed.graphs is not None
     captured = graphed.graphs.captures
     ragged = [ScoreRequest(b"a", committed[b"a"], seq(2, 50)), ScoreRequest(b"b", committed[b"b"], seq(4, 51))]
     for w, g in zip(eager.score(ragged), graphed.score(ragged), strict=True):
         torch.testing.assert_close(g, w, atol=ATOL, rtol=0)
-    assert graphed.graphs.captures == captured
+    assert graphed.graphs.captures == captured  # a ragged round runs eagerly
+
+
+def test_graph_bank_decode_on_cpu(small_model) -> None:
+    decode_scenario(graphed_on_cpu(small_model, block_size=4, num_blocks=4),
+                    ModelRunner(small_model, block_size=4, num_blocks=4))
+
+
+def test_graph_bank_verify_on_cpu(small_model) -> None:
+    verify_scenario(graphed_on_cpu(small_model, block_size=4), ModelRunner(small_model, block_size=4))
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_decode_replay_equals_eager(cuda_model) -> None:
+    graphed = ModelRunner(cuda_model, block_size=4, num_blocks=4)  # the pool grows: graphs are captured again
+    eager = ModelRunner(cuda_model, block_size=4, num_blocks=4, cuda_graphs=False)
+    assert graphed.graphs is not None and graphed.attention == "triton" and eager.graphs is None
+    decode_scenario(graphed, eager)
+
+
+@needs_cuda
+@pytest.mark.gpu
+def test_verify_replay_equals_eager_and_ragged_rounds_run_eagerly(cuda_model) -> None:
+    verify_scenario(ModelRunner(cuda_model, block_size=4), ModelRunner(cuda_model, block_size=4, cuda_graphs=False))
 
 
 @needs_cuda
