@@ -17,6 +17,23 @@ _CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2, torch.float64: 
           torch.int64: 5, torch.bool: 6}
 
 
+def isas() -> list[str]:
+    """Instruction sets the C++ kernels can use on this CPU, most portable first."""
+    return list(native.module().sampling_isas())
+
+
+def isa() -> str:
+    """The instruction set in use: the widest this CPU runs unless capped by the environment
+    variable ``SDCP_CPU_ISA`` (scalar, avx2) or changed by :func:`use_isa`."""
+    return str(native.module().sampling_isa())
+
+
+def use_isa(name: str) -> None:
+    """Switch every later call, process-wide, to ``name`` (one of :func:`isas`); for tests
+    and benchmarks. ValueError if this CPU cannot run it."""
+    native.module().sampling_set_isa(name)
+
+
 def _arg(t: torch.Tensor) -> tuple[int, int, tuple[int, ...], tuple[int, ...]]:
     return (t.data_ptr(), _CODES[t.dtype], tuple(t.shape), tuple(t.stride()))
 
