@@ -65,16 +65,33 @@ def test_commands_refuse_cuda_without_a_device(argv: list[str], capsys) -> None:
     assert "--device cuda: no CUDA device here" in capsys.readouterr().err
 
 
-@no_cuda
-def test_bench_model_refuses_cuda_without_a_device(capsys, tmp_path: Path) -> None:
+def bench_model():
     path = Path(__file__).parents[2] / "bench" / "model.py"
     spec = importlib.util.spec_from_file_location("bench_model", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("bench_model", module)
     spec.loader.exec_module(module)
-    assert module.main(["--device", "cuda", "--model", "tiny-target", "--out", str(tmp_path)]) == 2
+    return module
+
+
+@no_cuda
+@pytest.mark.parametrize("synthetic", [[], ["--synthetic", "tiny-target"]], ids=["preset", "synthetic"])
+def test_bench_model_refuses_cuda_without_a_device(synthetic: list[str], capsys, tmp_path: Path) -> None:
+    argv = ["--device", "cuda", "--model", "tiny-target", "--out", str(tmp_path), *synthetic]
+    assert bench_model().main(argv) == 2
     assert "no CUDA device here" in capsys.readouterr().err
+
+
+def test_bench_model_synthetic_runs_on_the_cpu(tmp_path: Path) -> None:
+    import json
+
+    argv = ["--synthetic", "tiny-target", "--batches", "1,2", "--steps", "1", "--prompt-len", "8", "--threads", "1",
+            "--out", str(tmp_path)]
+    assert bench_model().main(argv) == 0
+    report = json.loads((tmp_path / "runner-tiny-target-cpu-sdpa.json").read_text())
+    assert report["device"] == "cpu" and [r["batch"] for r in report["rows"]] == [1, 2]
+    assert all(r["eager_decode_ms"] > 0 and r["eager_verify_ms"] > 0 for r in report["rows"])
 
 
 def test_generate_runs_on_the_cpu_by_default(capsys) -> None:
