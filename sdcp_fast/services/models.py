@@ -77,12 +77,15 @@ def add_device_argument(p: Any) -> None:
                    help="where the model runs: cpu (default), cuda or cuda:N (paged attention and CUDA graphs)")
 
 
-@functools.lru_cache(maxsize=4)
 def load_target(spec: str, device: str = "cpu") -> Target:
     """The target named by ``spec``, its weights on ``device`` (raises
-    ``FileNotFoundError``/``ValueError`` with a clear message when it cannot be loaded)."""
-    spec = resolve(spec)
-    check_device(device)
+    ``FileNotFoundError``/``ValueError`` with a clear message when it cannot be loaded); one
+    load per resolved name and device in a process."""
+    return _load_target(resolve(spec), check_device(device))
+
+
+@functools.lru_cache(maxsize=4)
+def _load_target(spec: str, device: str) -> Target:
     if spec == "toy" and device != "cpu":
         raise ValueError(f"--device {device}: the toy target has no weights to move")
     if spec == "toy":
