@@ -110,15 +110,19 @@ def encode(pages: Pages) -> memoryview:
     cache is on one), no intermediate concatenation."""
     lay, n = pages.layout, len(pages)
     start = HEADER_BYTES + 4 * n
-    out = torch.empty(start + lay.payload_bytes(n), dtype=torch.uint8)
+    # From a GPU cache: page-locked, so the copies below are DMA transfers queued back to back.
+    cuda = bool(pages.k) and pages.k[0].is_cuda
+    out = torch.empty(start + lay.payload_bytes(n), dtype=torch.uint8, pin_memory=cuda)
     buf = out.numpy().data
     _HEAD.pack_into(buf, 0, MAGIC, lay.model, lay.n_layers, lay.n_kv_heads, lay.head_dim, _CODES[lay.dtype], 0,
                     pages.block_size, n)
     struct.pack_into(f">{n}I", buf, HEADER_BYTES, *pages.tokens)
     values = out[start:].view(lay.dtype).view(2 * lay.n_layers, n, lay.n_kv_heads, lay.head_dim)
     for layer, (k, v) in enumerate(zip(pages.k, pages.v, strict=True)):
-        values[2 * layer].copy_(k)
-        values[2 * layer + 1].copy_(v)
+        values[2 * layer].copy_(k, non_blocking=cuda)
+        values[2 * layer + 1].copy_(v, non_blocking=cuda)
+    if cuda:
+        torch.cuda.current_stream(pages.k[0].device).synchronize()
     return buf
 
 

@@ -152,3 +152,19 @@ def test_a_scorer_without_a_paged_cache_has_no_pages() -> None:
     from sdcp_fast.model.toy import ToyTarget
 
     assert target_kv_of(ToyTarget(), MODEL) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a CUDA cache needs a GPU")
+def test_a_gpu_cache_round_trips_through_host_bytes() -> None:
+    c = PagedKVCache(2, 2, 8, block_size=4, num_blocks=2, device="cuda")
+    slots = torch.tensor(c.append_slots(b"a", list(range(7))), dtype=torch.int64, device="cuda")
+    for layer in range(2):
+        c.write(layer, torch.randn(7, 2, 8, device="cuda"), torch.randn(7, 2, 8, device="cuda"), slots)
+    raw = encode(snapshot(c, b"a", list(range(7)), MODEL))
+    d = PagedKVCache(2, 2, 8, block_size=16, num_blocks=1, device="cuda")
+    assert install(d, b"b", decode(bytearray(raw), Layout.of(d, MODEL), device="cuda"), list(range(7))) == 7
+    lens = torch.tensor([7], dtype=torch.int32, device="cuda")
+    for layer in range(2):
+        for got, want in zip(d.gather(layer, d.block_table([b"b"]), lens), c.gather(layer, c.block_table([b"a"]), lens),
+                             strict=True):
+            assert torch.equal(got, want)
