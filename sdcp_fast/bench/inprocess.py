@@ -190,7 +190,10 @@ async def _deployment(target: Any, drafter: tuple[Any, bytes] | None, config: Co
                 await asyncio.sleep(delay)
             arrived = time.perf_counter() - t0[0]
             async with gate:
-                sample = SessionSample(i, workload.prompts[i].kind, arrived, time.perf_counter() - t0[0])
+                opened = time.perf_counter() - t0[0]
+                # Closed loop, a session arrives when a slot frees; open loop, when it was drawn,
+                # so that its TTFT includes the queueing.
+                sample = SessionSample(i, workload.prompts[i].kind, arrived if workload.rate else opened, opened)
                 run.samples.append(sample)
                 await one(i, sample, workload.max_new)
             if on_session is not None:

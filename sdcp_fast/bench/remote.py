@@ -75,7 +75,9 @@ class _Client:
                 total[k] = total.get(k, 0.0) + v
         return total
 
-    async def session(self, body: dict[str, Any], sample: SessionSample, t0: float, timeout: float) -> None:
+    async def session(self, body: dict[str, Any], sample: SessionSample, t0: float,
+                      timeout: float) -> list[tuple[float, str]]:
+        """Streams one completion into ``sample``; the pieces of text with their times."""
         pieces: list[tuple[float, str]] = []
         try:
             r = await self.h2.request_stream(self.remote.router, "POST", "v1/chat/completions",
@@ -110,6 +112,7 @@ class _Client:
         chars = sum(len(p) for _, p in pieces) or 1
         sample.chunks = [(t, sample.tokens * len(p) / chars) for t, p in pieces]  # type: ignore[misc]
         sample.output = "".join(p for _, p in pieces)
+        return pieces
 
     async def ready(self, model: str, text: str, within: float) -> None:
         """Waits until the router knows a live verifier (a deployment just started has not
@@ -178,8 +181,9 @@ async def _runs(remote: Remote, config: Config, workload: Workload, level: int, 
         for k in range(repeats):
             run = RunSample(config.name, level, k)
             before = await client.counters()
-            await _measure(client, model, run, workload, level, on_session, timeout)
+            pieces = await _measure(client, model, run, workload, level, on_session, timeout)
             run.counters = _delta(await client.counters(), before)
+            estimate_missing_tokens(run, pieces)
             lat_sum = run.counters.get("sdcp_verdict_latency_seconds_sum", 0.0)
             if lat_sum:  # proposal received to verdict released, at the verifiers; the rest is outside them
                 run.phases["verifier"] = lat_sum
@@ -190,8 +194,9 @@ async def _runs(remote: Remote, config: Config, workload: Workload, level: int, 
 
 
 async def _measure(client: _Client, model: str, run: RunSample, workload: Workload, level: int,
-                   on_session: Callable[[], None] | None, timeout: float) -> None:
+                   on_session: Callable[[], None] | None, timeout: float) -> dict[int, list[tuple[float, str]]]:
     n = len(workload.prompts)
+    pieces: dict[int, list[tuple[float, str]]] = {}
     offsets = workload.arrivals(n)
     gate = asyncio.Semaphore(level)
     t0 = time.perf_counter()
@@ -202,13 +207,33 @@ async def _measure(client: _Client, model: str, run: RunSample, workload: Worklo
             await asyncio.sleep(delay)
         arrived = time.perf_counter() - t0
         async with gate:
-            sample = SessionSample(i, workload.prompts[i].kind, arrived, time.perf_counter() - t0)
+            opened = time.perf_counter() - t0
+            # Closed loop, a session arrives when a slot frees; open loop, when it was drawn,
+            # so that its TTFT includes the queueing.
+            sample = SessionSample(i, workload.prompts[i].kind, arrived if workload.rate else opened, opened)
             run.samples.append(sample)
-            await client.session(body_for(model, workload.prompts[i].text, workload, i, workload.max_new),
-                                 sample, t0, timeout)
+            pieces[i] = await client.session(body_for(model, workload.prompts[i].text, workload, i,
+                                                      workload.max_new), sample, t0, timeout)
         if on_session is not None:
             on_session()
 
     await asyncio.gather(*(session(i) for i in range(n)))
     run.wall = time.perf_counter() - t0
     run.samples.sort(key=lambda s: s.index)
+    return pieces
+
+
+def estimate_missing_tokens(run: RunSample, pieces: dict[int, list[tuple[float, str]]]) -> None:
+    """A stream that ends in an error sends no ``usage``: such sessions share the tokens the
+    verifiers emitted in the run beyond those the others reported, by their share of the text
+    (marked ``tokens_estimated``), so that a failed session's output still counts."""
+    missing = [s for s in run.samples if not s.tokens and any(p for _, p in pieces.get(s.index, ()))]
+    rest = run.counters.get("sdcp_emitted_tokens_total", 0.0) - sum(s.tokens for s in run.samples)
+    if not missing or rest <= 0:
+        return
+    chars = {s.index: sum(len(p) for _, p in pieces[s.index]) for s in missing}
+    total = sum(chars.values())
+    for s in missing:
+        s.tokens = round(rest * chars[s.index] / total)
+        s.chunks = [(t, s.tokens * len(p) / chars[s.index]) for t, p in pieces[s.index]]  # type: ignore[misc]
+        s.tokens_estimated = True

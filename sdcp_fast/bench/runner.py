@@ -182,6 +182,15 @@ def run(plan: Plan) -> dict[str, Any]:
     if plan.remote is not None and target is None:
         plan.notes.append("remote: no target-only figure (the model is not loaded here: pass --model to measure "
                           "target-only decoding in process)")
+    for name, levels in summary.items():
+        for level, f in levels.items():
+            if f["sessions_failed"]:
+                common = max(f["problems"], key=f["problems"].get) if f["problems"] else "?"
+                plan.notes.append(f"{name}@{level}: {f['sessions_failed']} of {f['sessions']} sessions ended in a "
+                                  f"problem, mostly {common!r}" + (
+                                      f"; the tokens of {f['sessions_tokens_estimated']} were estimated from the "
+                                      "verifiers' emitted count (a failed stream reports no usage)"
+                                      if f["sessions_tokens_estimated"] else ""))
     env = environment(models)
     env["load_average_start"] = load_start
     noise = _noise(summary, load_start, env["load_average"], env["cpu_count"])

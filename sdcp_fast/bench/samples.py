@@ -38,6 +38,7 @@ class SessionSample:
     finish: str | None = None
     problems: list[str] = field(default_factory=list)
     output: list[int] | str | None = None
+    tokens_estimated: bool = False  # remote, no usage reported (docs/benchmarks.md)
 
 
 @dataclass(frozen=True)

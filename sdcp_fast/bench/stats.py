@@ -54,6 +54,7 @@ def itl(chunks: Sequence[tuple[float, int]]) -> list[float]:
 def summarize(runs: Sequence[RunSample]) -> dict[str, Any]:
     """The figures of one configuration at one concurrency level, over its repeats."""
     tps, per_session, ttft, lat, acc_hist = [], [], [], [], Counter[int]()
+    sessions = failed = estimated = 0
     rounds = proposed = accepted = drafter_rounds = tokens = passes = 0
     escalations: Counter[str] = Counter()
     batches: Counter[int] = Counter()
@@ -73,6 +74,9 @@ def summarize(runs: Sequence[RunSample]) -> dict[str, Any]:
                 session_seconds += (s.finished or s.first) - s.opened
             lat += itl(s.chunks)
             problems.update(s.problems)
+            sessions += 1
+            failed += bool(s.problems)
+            estimated += s.tokens_estimated
         problems.update(run.problems)
         for r in run.rounds:
             rounds += 1
@@ -113,7 +117,8 @@ def summarize(runs: Sequence[RunSample]) -> dict[str, Any]:
         phases["other"] = max(0.0, wall - sum(phases.values()))
         breakdown = {k: phases[k] / rounds for k in PHASE_ORDER if k in phases}
     return {
-        "repeats": len(runs), "tokens": tokens,
+        "repeats": len(runs), "tokens": tokens, "sessions": sessions, "sessions_failed": failed,
+        "sessions_tokens_estimated": estimated,
         "tokens_per_s": spread(tps),
         "tokens_per_s_per_session": pcts(per_session) | {"median": statistics.median(per_session) if per_session else None},
         "ttft_s": pcts(ttft), "itl_s": pcts(lat),
@@ -124,7 +129,7 @@ def summarize(runs: Sequence[RunSample]) -> dict[str, Any]:
         "rounds": rounds, "drafter_rounds": drafter_rounds, "target_passes": passes,
         "tokens_per_pass": tokens / passes if passes else None,
         "escalations": dict(escalations), "problems": dict(problems),
-        "batch_sizes": dict(sorted(batches.items())),
+        "batch_sizes": dict(sorted(batches.items())) or _batch_buckets(runs),
         "mean_batch": _mean_batch(batches, runs),
         "t_pass_s": pass_seconds / passes if passes and pass_seconds else None,
         "t_draft_token_s": phases.get("draft", 0.0) / drafted if drafted else None,
@@ -139,6 +144,22 @@ def _mean_batch(batches: Counter[int], runs: Sequence[RunSample]) -> float | Non
     total = sum(r.counters.get("sdcp_batch_size_sum", 0.0) for r in runs)
     count = sum(r.counters.get("sdcp_batch_size_count", 0.0) for r in runs)
     return total / count if count else None  # a deployment's histogram (remote runs)
+
+
+def _batch_buckets(runs: Sequence[RunSample]) -> dict[str, float]:
+    """Passes by batch size from a deployment's histogram (remote runs): ``"<=4"`` counts the
+    passes of 3 or 4 sessions when the bucket below is 2 (the histogram's resolution)."""
+    cumulative: Counter[float] = Counter()
+    for run in runs:
+        for key, v in run.counters.items():
+            if key.startswith("sdcp_batch_size_bucket{") and 'le="+Inf"' not in key:
+                cumulative[float(key.split('le="')[1].split('"')[0])] += v
+    out, below = {}, 0.0
+    for le in sorted(cumulative):
+        if cumulative[le] - below:
+            out[f"<={le:g}"] = cumulative[le] - below
+        below = cumulative[le]
+    return out
 
 
 def _merge_counters(runs: Sequence[RunSample]) -> dict[str, float]:

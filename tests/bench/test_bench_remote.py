@@ -39,6 +39,8 @@ def test_remote_run_measures_the_deployment_through_its_front_end(up: Up, tmp_pa
     # rounds and acceptance come from the verifiers' own counters, read before and after
     assert fig["rounds"] > 0 and fig["acceptance"] is not None and fig["target_passes"] > 0
     assert fig["breakdown_s_per_round"]["verifier"] > 0
+    # the batch-size distribution from the verifiers' histogram, at its resolution
+    assert sum(fig["batch_sizes"].values()) == fig["target_passes"] and all(k.startswith("<=") for k in fig["batch_sizes"])
     assert any("no target-only figure" in n for n in report["notes"])
     [run] = report["runs"]
     assert all(s["finish"] == "length" and isinstance(s["output"], str) and s["output"] for s in run["samples"])
