@@ -99,7 +99,8 @@ class NoPages:
 def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
     """``mode``: ``pages`` (B imports A's pages), ``cold`` (B's scorer offers no pages),
     ``foreign`` (B's pages adapter is another model's: A's pages are refused), ``unpublished``
-    (A's publishes all fail: the router names none)."""
+    (A's publishes all fail: the router names none), ``offload`` (as ``pages``, both verifiers
+    scoring on a thread of their own, as the services do)."""
     model = small_model()
     clock = Clock()
     network = InProcessNetwork()
@@ -114,7 +115,7 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
     def verifier(uri: str, runner: ModelRunner, on_round: Any = None, store: Any = mlc, **kw: Any) -> VerifierRole:
         role = VerifierRole(runner, uri=uri, mlc=store, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
                             target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round, **kw)
+                            output_wait=0.1, on_round=on_round, offload=mode == "offload", **kw)
         network.register(uri, role.handler)
         return role
 
@@ -127,7 +128,7 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
         # A publishes after every commit (the test needs its newest prefix in the MLC).
         active = verifier(ACTIVE, runner_a, kill_after_round_3, kv_publish_tokens=1, kv_publish_growth=0.0,
                           store=NoPages(mlc) if mode == "unpublished" else mlc)
-        b_kv: Any = {"pages": "auto", "unpublished": "auto", "cold": None,
+        b_kv: Any = {"pages": "auto", "offload": "auto", "unpublished": "auto", "cold": None,
                      "foreign": PagedTargetKV(runner_b.cache, hashlib.sha256(b"another model").digest())}[mode]
         standby = verifier(STANDBY, runner_b, target_kv=b_kv)
         # The target's own layers as the drafter: every proposal is accepted (rule 1), so rounds are M + 1 tokens.
@@ -174,7 +175,7 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
     return out
 
 
-@pytest.mark.parametrize("mode", ["pages", "cold", "foreign", "unpublished"])
+@pytest.mark.parametrize("mode", ["pages", "offload", "cold", "foreign", "unpublished"])
 def test_the_new_verifier_resumes_from_published_pages_and_computes_only_the_rest(tmp_path, mode):
     out = failover(tmp_path, mode)
     assert out["routed"].verifier == STANDBY and out["routed"].epoch == 2
@@ -198,7 +199,7 @@ def test_the_new_verifier_resumes_from_published_pages_and_computes_only_the_res
     assert counter(active, "sdcp_target_kv_publish_failures_total") == 0
     if mode != "cold":
         assert counter(standby, "sdcp_target_kv_published_total") >= 1
-    if mode == "pages":
+    if mode in ("pages", "offload"):
         # The last committed position is always computed (its logits are needed); nothing before it.
         assert first_computed == committed - min(published, committed - 1) + M == 1 + M
         assert counter(standby, "sdcp_resumes_total", kv="pages", reason="") == 1
