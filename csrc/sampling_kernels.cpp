@@ -1,7 +1,7 @@
 // CPU kernels for SDCP verification. Definitions: sdcp_fast/kernels/reference.py.
 //
 // One source (sampling_impl.inc) compiled once per instruction set: scalar (any CPU),
-// AVX2 + FMA and AVX-512, each in a region compiled for that set, so the extension itself
+// AVX2 + FMA and AVX-512 (F), each in a region compiled for that set, so the extension itself
 // needs no -march flag and runs on any x86-64. The set is chosen at run time from what the
 // CPU reports (SDCP_CPU_ISA=scalar|avx2|avx512 caps it; set_isa changes it, for tests and
 // benchmarks).
@@ -47,6 +47,20 @@ namespace {
 }  // namespace avx2
 #if defined(__clang__)
 #pragma clang attribute pop
+#pragma clang attribute push(__attribute__((target("avx512f,avx2,fma,bmi,bmi2,popcnt"))), apply_to = function)
+#else
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx2,fma,bmi,bmi2,popcnt")
+#endif
+namespace avx512 {
+namespace {
+#include "simd_avx512.inc"
+#include "sampling_impl.inc"
+}  // namespace
+}  // namespace avx512
+#if defined(__clang__)
+#pragma clang attribute pop
 #else
 #pragma GCC pop_options
 #endif
@@ -70,6 +84,7 @@ const Impl kImpls[] = {
     SDCP_IMPL(scalar),
 #ifdef SDCP_X86
     SDCP_IMPL(avx2),
+    SDCP_IMPL(avx512),
 #endif
 };
 constexpr int kNumImpls = int(sizeof(kImpls) / sizeof(kImpls[0]));
@@ -81,6 +96,7 @@ int supported() {
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("bmi2") &&
         __builtin_cpu_supports("popcnt"))
         best = 1;
+    if (best == 1 && __builtin_cpu_supports("avx512f")) best = 2;
 #endif
     return best;
 }
