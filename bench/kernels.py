@@ -13,6 +13,7 @@ next to the figures.
     python bench/kernels.py                  # CPU: cpu and reference backends
     python bench/kernels.py --device cuda    # GPU: triton (+ FlashInfer), reference on small cases
     python bench/kernels.py --quick          # B=64, M=8, V=32000 only
+    python bench/kernels.py --quick --profiles   # CPU: + top-k/top-p and each instruction set
 
 Writes ``<out>/kernels-<device>.json`` and ``<out>/kernels-<device>.png``.
 """
@@ -176,6 +177,48 @@ def run(device: torch.device, cases: list[tuple[int, int, int]], backends: list[
     return results
 
 
+PROFILES = {"plain": {}, "T=0.7": dict(temperature_milli=700), "T=0.7 top-k 50": dict(temperature_milli=700, top_k=50),
+            "T=0.7 top-p 0.9": dict(temperature_milli=700, top_p_milli=900),
+            "T=0.7 top-k 50 top-p 0.9": dict(temperature_milli=700, top_k=50, top_p_milli=900)}
+
+
+def profile_costs(b: int, m: int, vocab: int, copy_gbps: float) -> list[dict[str, Any]]:
+    """The cpu backend at one shape under each sampling profile (the same batch; acceptance,
+    hence the must-read bytes, depends on the profile) and, plain, under each instruction set."""
+    from sdcp_fast.kernels import cpu_backend
+
+    device = torch.device("cpu")
+    args = make_batch(b, m, vocab, device)
+    out: list[dict[str, Any]] = []
+    best = cpu_backend.isa()
+    runs = [(name, prof, best) for name, prof in PROFILES.items()]
+    runs += [("plain", {}, isa) for isa in cpu_backend.isas() if isa != best]
+    try:
+        for name, prof, isa in runs:
+            cpu_backend.use_isa(isa)
+            call = dict(args, **prof)
+            accepted, _, _ = kernels.verify_speculative(**call, backend="cpu")
+            nbytes = must_read_bytes(accepted, m, vocab)
+            seconds = timeit(lambda call=call: kernels.verify_speculative(**call, backend="cpu"), device, reps=50)
+            out.append(dict(profile=name, isa=isa, seconds=seconds, must_read_bytes=nbytes,
+                            mean_accepted=float(accepted.float().mean()), GBps=nbytes / seconds / 1e9,
+                            fraction_of_copy_bandwidth=nbytes / seconds / 1e9 / copy_gbps))
+    finally:
+        cpu_backend.use_isa(best)
+    base = {r["profile"]: r for r in out if r["isa"] == best}
+    for r in out:
+        ref = base["T=0.7"] if r["profile"].startswith("T=0.7") else base["plain"]
+        r["time_vs_plain"] = r["seconds"] / base["plain"]["seconds"]
+        r["time_per_byte_vs_unfiltered"] = (r["seconds"] / r["must_read_bytes"]) / (ref["seconds"] / ref["must_read_bytes"])
+    return out
+
+
+def format_profile(r: dict[str, Any]) -> str:
+    return (f"{r['profile']:<25} {r['isa']:<7} {r['seconds'] * 1e3:7.3f} ms  accepted {r['mean_accepted']:.2f}  "
+            f"{r['GBps']:6.2f} GB/s = {r['fraction_of_copy_bandwidth'] * 100:3.0f}% of copy  "
+            f"{r['time_vs_plain']:.2f}x plain's time, {r['time_per_byte_vs_unfiltered']:.2f}x per byte")
+
+
 def format_row(row: dict[str, Any]) -> str:
     parts = [f"B={row['B']:<3} M={row['M']} V={row['V']:<6} read {row['must_read_bytes'] / 1e6:8.1f} MB"]
     for name, r in row["backends"].items():
@@ -256,6 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--quick", action="store_true", help="only the target case")
+    ap.add_argument("--profiles", action="store_true",
+                    help="CPU: also time top-k/top-p profiles and each instruction set at B=64, M=8, V=32000")
     ap.add_argument("--out", default="bench/results")
     ap.add_argument("--max-input-gb", type=float, default=None,
                     help="skip cases with larger inputs (default 1.5 on CPU, 40 on CUDA)")
@@ -278,13 +323,17 @@ def main(argv: list[str] | None = None) -> int:
     results = run(device, cases, backends, max_gb)
     add_ratios(results, copy_gbps)
     lines = summary(results, device)
+    profiles = profile_costs(64, 8, 32000, copy_gbps) if opts.profiles and device.type == "cpu" else []
+    lines += [format_profile(r) for r in profiles]
     print("\n".join(lines))
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = dict(device=str(device), machine=platform.machine(), cpu_count=os.cpu_count(),
                 torch_threads=torch.get_num_threads(), copy_GBps=copy_gbps,
+                cpu_isa=native.module().sampling_isa() if device.type == "cpu" else None,
                 gpu=torch.cuda.get_device_name() if device.type == "cuda" else None, summary=lines)
-    (out / f"kernels-{device.type}.json").write_text(json.dumps(dict(meta=meta, results=results), indent=1))
+    (out / f"kernels-{device.type}.json").write_text(json.dumps(dict(meta=meta, results=results, profiles=profiles),
+                                                                indent=1))
     plot(results, copy_gbps, out / f"kernels-{device.type}.png", f"verify_speculative on {device} "
          f"({meta['gpu'] or platform.processor() or platform.machine()})")
     print(f"wrote {out}/kernels-{device.type}.json and .png")
