@@ -8,7 +8,8 @@ measured runs from the sweep (fence, read, open at B with ``resume``, re-assign)
 token of the new epoch in the front end's output stream: B's first round, which is where a
 cold B prefills prompt and output and a B with pages computes only the positions after them.
 The drafter is the target itself (rule 1, every proposal accepted, fixed M), so both runs
-propose the same tokens and differ only in B's KV.
+propose the same tokens. A publishes its pages (default cadence) in both; they differ only in
+whether B imports them ("pages") or prefills prompt and output itself ("cold").
 
     .venv/bin/python bench/failover.py                     # tiny-target, 3 repeats
     .venv/bin/python bench/failover.py --model smollm2 --prompt 512 --repeats 3
