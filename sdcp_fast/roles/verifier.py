@@ -293,8 +293,13 @@ class VerifierRole:
             # round can be scored before the open returns: nobody is assigned to it yet.
             self._live[message.session] = live
             if live.tokens_ref is not None and session.committed:
-                # A resumed session's output, in this epoch's object before anyone is assigned to it.
-                await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
+                try:
+                    # A resumed session's output, in this epoch's object before anyone is assigned to it.
+                    await self.objects.put(live.tokens_ref, pack_tokens(session.output(0).tokens))
+                except BaseException:  # not opened after all: the router's retry writes it again
+                    if self._live.get(message.session) is live:
+                        del self._live[message.session]
+                    raise
             if message.resume is not None:
                 await self._resume_kv(live, message.resume.target_kv)
             self._wake.set()
