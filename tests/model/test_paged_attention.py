@@ -1,5 +1,6 @@
 """The model's paged path (``paged_attention`` reads K and V through the block table) against
-the gather + SDPA path and the dense forward; the padded layout a CUDA graph replays.
+the gather + SDPA path, the plain reference forward and ``forward_dense``; the padded layout
+a CUDA graph replays.
 
 Without a GPU the triton kernel runs on CPU tensors through triton's interpreter (set in
 conftest.py), so the shapes stay small."""
@@ -47,6 +48,8 @@ def test_verify_and_decode_equal_the_sdpa_path(small_model, attention: str) -> N
         torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
         ref = dense_logits(small_model, [*r.committed, *r.proposal])[len(r.committed) - 1:]
         torch.testing.assert_close(got.cpu(), ref, atol=ATOL, rtol=0)
+        dense = small_model.logits(small_model.forward_dense(torch.tensor([[*r.committed, *r.proposal]])))[0]
+        torch.testing.assert_close(got.cpu(), dense[len(r.committed) - 1:], atol=ATOL, rtol=0)
     # Next round: two of a's proposal accepted plus a correction, b decodes, c forks.
     a = reqs[0].committed + reqs[0].proposal[:2] + [7]
     nxt = [ScoreRequest(b"a", a, seq(3, 6)), ScoreRequest(b"b", reqs[1].committed + [9], seq(4, 7)),
