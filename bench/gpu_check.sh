@@ -7,7 +7,7 @@
 #   1. builds the C++ extension in place;
 #   2. runs the CUDA tests: tests/kernels on the GPU (triton compiled, CUDA-graph capture,
 #      no-sync, the statistical tests), the CUDA variants in tests/model (the runner's paged
-#      attention and CUDA graphs among them) and tests/cache;
+#      attention and CUDA graphs among them), tests/cache, and generate / demo --device cuda;
 #   3. bench/kernels.py --device cuda (triton vs vllm_style, FlashInfer, the HBM copy bandwidth);
 #   4. bench/model.py --synthetic llama-3.2-1b --device cuda (the model runner: paged attention,
 #      CUDA graphs, against HF transformers on the same random weights; no checkpoint travels)
@@ -71,7 +71,8 @@ fi
 step "2. CUDA tests"
 timeout 120 "$PY" -m pytest tests/kernels -q -p no:cacheprovider -rs -m "not slow" \
     2>&1 | tee "$OUT/gpu-tests-kernels.log" | tail -15 || status=1
-timeout 60 "$PY" -m pytest tests/model tests/cache -q -p no:cacheprovider -rs -k "cuda or device or paged" \
+timeout 60 "$PY" -m pytest tests/model tests/cache tests/cli/test_device.py -q -p no:cacheprovider -rs \
+    -k "cuda or device or paged" \
     2>&1 | tee "$OUT/gpu-tests-model-cache.log" | tail -8 || status=1
 
 step "3. kernel bench"
