@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -60,7 +61,7 @@ class GraphBank:
         self.model, self.cache, self.n_layers, self.attention = model, cache, n_layers, attention
         self.buckets, self.max_rows = tuple(sorted(buckets)), max_rows
         self.graphs: dict[tuple[int, int, int], _Graph] = {}
-        self.pool: tuple[int, int] | None = None  # one memory pool shared by every graph
+        self.pool: Any = None  # one memory pool shared by every graph
         self._storage: tuple[int, ...] = ()
         self._capture_step = capture or self._cuda_capture
         self.captures = 0

@@ -8,7 +8,7 @@ import torch
 
 from sdcp_fast.model.interfaces import ScoreRequest
 
-from .cuda_graphs import GraphBank
+from .cuda_graphs import DEFAULT_BUCKETS, GraphBank
 from .llama import BatchLayout, Transformer
 from .paged_kv import PagedKVCache
 
@@ -67,8 +67,8 @@ class ModelRunner:
                 raise ValueError(f"cuda_graphs needs the model on a CUDA device, not {dev}")
             if self.attention != "triton":
                 raise ValueError("cuda_graphs needs attention='triton' (the gather + SDPA path has data-dependent shapes)")
-            self.graphs = GraphBank(model, self.cache, self.n_layers, attention=self.attention, **(
-                {"buckets": graph_buckets} if graph_buckets else {}))
+            self.graphs = GraphBank(model, self.cache, self.n_layers, buckets=graph_buckets or DEFAULT_BUCKETS,
+                                    attention=self.attention)
 
     @property
     def device(self) -> torch.device:
