@@ -23,7 +23,7 @@ from .llama import BatchLayout, Transformer
 from .paged_kv import PagedKVCache
 
 # Batch buckets: small ones one by one (decode at low batch is what graphs are for), then
-# steps of 16 as vLLM's capture sizes.
+# steps of 16, then 32, as vLLM's capture sizes.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
