@@ -23,7 +23,7 @@ from .llama import BatchLayout, Transformer
 from .paged_kv import PagedKVCache
 
 # Batch buckets, as vLLM's capture sizes: 1, 2, 4, 8, then steps of 8 to 32, of 16 to 128,
-# of 32 to 256 (padding costs at most a fifth of a batch past 16).
+# of 32 to 256.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 16, 24, 32, 48, 64, 80, 96, 112, 128, 160, 192, 224, 256)
 
 
