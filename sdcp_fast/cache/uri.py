@@ -3,7 +3,10 @@
 ``mlc://<scope-hex>/<session>/<kind>/<round>``: the 16-byte KVSP scope of the session
 contract (32 lowercase hex digits) is the namespace, so one scope's accounting and
 clean-up never touch another's. ``<session>`` is the base64url session id of §5.1;
-``<round>`` is omitted for per-session objects (``prompt_kv``, ``commit_log``).
+``<round>`` is omitted for per-session objects (``prompt_kv``, ``commit_log``). A round may
+carry its writer's tag, ``<round>.<tag>``: the object's first writer owns it (docs/security.md),
+so a drafter that takes over a session names its rows apart from those its predecessor
+left under the same round.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ KINDS = frozenset({"q_rows", "draft_kv", "prompt_kv", "target_kv", "committed_to
 NO_SCOPE = "-"
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
+_TAG = re.compile(r"^[A-Za-z0-9_\-]{1,32}$")
 _SCOPE = re.compile(r"^[0-9a-f]{32}$")
 
 
@@ -28,13 +32,17 @@ class ObjectName:
     session: str
     kind: str
     round: int | None = None
+    tag: str | None = None  # the writer's, after the round
 
     def __str__(self) -> str:
         tail = "" if self.round is None else f"/{self.round}"
+        if self.tag is not None:
+            tail += f".{self.tag}"
         return f"{SCHEME}{self.scope.hex()}/{self.session}/{self.kind}{tail}"
 
 
-def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None = None) -> str:
+def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None = None, *,
+               tag: str | None = None) -> str:
     """The URI of one draft artifact; ``session`` may be the 16 raw bytes or its base64url form."""
     if len(scope) != 16:
         raise ValueError("scope is the contract's 16-byte KVSP Scope ID")
@@ -42,11 +50,13 @@ def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None 
         raise ValueError(f"unknown object kind {kind!r}")
     if round is not None and round < 0:
         raise ValueError("round is a uint")
+    if tag is not None and (round is None or not _TAG.match(tag)):
+        raise ValueError("a tag follows a round: 1-32 of [A-Za-z0-9_-]")
     if isinstance(session, bytes):
         if len(session) != 16:
             raise ValueError("session is the 16-byte session id")
         session = session_path_id(session)
-    return str(ObjectName(scope, session, kind, round))
+    return str(ObjectName(scope, session, kind, round, tag))
 
 
 def parse(uri: str) -> ObjectName:
@@ -58,12 +68,15 @@ def parse(uri: str) -> ObjectName:
         raise ValueError(f"expected mlc://<scope-hex32>/<session>/<kind>[/<round>]: {uri!r}")
     if not all(_SEGMENT.match(p) for p in parts[1:]):
         raise ValueError(f"bad path segment in {uri!r}")
-    round_ = None
+    round_, tag = None, None
     if len(parts) == 4:
-        if not parts[3].isdigit():
+        digits, dot, tag_ = parts[3].partition(".")
+        if not digits.isdigit():
             raise ValueError(f"round must be decimal: {uri!r}")
-        round_ = int(parts[3])
-    return ObjectName(bytes.fromhex(parts[0]), parts[1], parts[2], round_)
+        if dot and not _TAG.match(tag_):
+            raise ValueError(f"a round's tag is 1-32 of [A-Za-z0-9_-]: {uri!r}")
+        round_, tag = int(digits), (tag_ if dot else None)
+    return ObjectName(bytes.fromhex(parts[0]), parts[1], parts[2], round_, tag)
 
 
 _SESSION = re.compile(r"^[A-Za-z0-9_\-]{1,64}$")  # base64url, no padding, no dots

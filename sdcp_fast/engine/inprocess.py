@@ -209,7 +209,8 @@ class Deployment:
         self.verifier = VerifierRole(
             e.scorer, uri=VERIFIER, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
             target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
-            clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0)
+            clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0,
+            target_kv=None)  # one verifier: no other one could resume from published pages
         self.drafters = {
             d.name: DrafterRole(d, uri=drafter_uri(d.name), mlc=e.mlc, router=ROUTER, seed=e.seed,
                                 fixed_m=e.fixed_m, clock=e.clock,

@@ -101,6 +101,7 @@ class DrafterRole:
         self.fixed_m = fixed_m
         self.status_ttl_ms = status_ttl_ms
         self.retries = retries
+        self._tag = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:12]  # names our q rows (_publish)
         # Preparing the next proposal pays only where drafting runs beside the event loop.
         self.speculate = offload if speculate is None else speculate
         self.speculation = {"prepared": 0, "used": 0}  # next proposals drafted ahead, and sent
@@ -332,10 +333,28 @@ class DrafterRole:
         q_ref, lease = None, None
         if q_rows is not None:
             # The rows stay in the MLC under our lease until the verdict (§6.2).
+            # Tagged with our name: the rows a dead predecessor left under this round are its own.
             q_ref = object_uri(record.assignment.contract.scope or bytes(16), record.session, "q_rows",
-                               record.round + 1)
-            lease = await self.objects.put(q_ref, q_rows[: len(tokens)].contiguous(), LEASE_TTL)
+                               record.round + 1, tag=self._tag)
+            lease = await self._put_retrying(q_ref, q_rows[: len(tokens)].contiguous())
         return record.propose(tokens, self.status(), q_rows=q_ref), lease
+
+    async def _put_retrying(self, uri: str, data: Any) -> str | None:
+        """Put under our lease, riding out an MLC restart with the proposals' backoff: a session
+        whose rows cannot be stored has no proposal to send, and giving up would leave it with
+        a drafter that never proposes again."""
+        for attempt in range(self.retries + 1):
+            try:
+                return await self.objects.put(uri, data, LEASE_TTL)
+            except SdcpProblem as problem:
+                if problem.status < 500 or attempt >= self.retries:
+                    raise
+            except (ConnectionError, TimeoutError, OSError):
+                if attempt >= self.retries:
+                    raise
+            self.metrics.store_retries.inc()
+            await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt))
+        return None  # pragma: no cover - the loop always returns or raises
 
     async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
         """Propose until a verdict or a problem answers; None when the round produced no verdict."""

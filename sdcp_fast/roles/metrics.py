@@ -132,6 +132,8 @@ class DrafterMetrics(RoleMetrics):
         self.proposals = Counter("sdcp_proposals", "Proposals sent (first tries)", registry=r)
         self.retries = Counter("sdcp_proposal_retries", "Proposals sent again (§6.9 lost messages)", registry=r)
         self.drafted = Counter("sdcp_drafted_tokens", "Draft tokens proposed", registry=r)
+        self.store_retries = Counter("sdcp_store_retries", "q-row puts tried again (the MLC was unreachable)",
+                                     registry=r)
 
     def proposal(self, tokens: int, attempt: int) -> None:
         if attempt:

@@ -119,6 +119,7 @@ class RouterRole:
         self.sessions: dict[bytes, _Routed] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # one reassignment or fail-over at a time
+        self._undelivered: dict[bytes, Assignment] = {}  # assignments whose drafter did not get them
         self.routes = Routes()
         self.metrics = RouterMetrics.mount(self.routes)
         self.routes.add("PUT", r"instances/(?P<iid>[^/]+)/status", self._put_status)
@@ -281,9 +282,14 @@ class RouterRole:
             # reassignment and fail-over, for the transport's whole timeout. The verifier already
             # knows the drafter; a late delivery is harmless, and its expiry reassigns the session.
             await asyncio.wait_for(self.client.assign(assignment.drafter, confirmed(routed, state)),
-                                   4 * self.sweep_interval)
+                                   max(4 * self.sweep_interval, 1.0))  # room for _call_again's tries
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             log.warning("session %s: assignment to %s failed: %s", assignment.session.hex()[:8], assignment.drafter, exc)
+            # A drafter that never got it never proposes, and its status stays fresh, so no
+            # expiry would ever reassign the session: the sweep delivers it again.
+            self._undelivered[assignment.session] = assignment
+        else:
+            self._undelivered.pop(assignment.session, None)
 
     async def _sweeper(self) -> None:
         while True:
@@ -308,6 +314,13 @@ class RouterRole:
                 if late is not None:
                     with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                         await self._assign(routed, late)
+            for session, assignment in list(self._undelivered.items()):
+                routed = self.sessions[session].routed
+                if routed.done or routed.drafter != assignment.drafter or routed.epoch != assignment.epoch:
+                    del self._undelivered[session]  # since replaced, or over
+                    continue
+                with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+                    await self._assign(routed, assignment)
             for routed in expired_verifiers(open_, self.table, now):
                 await self._failover(routed)
 

@@ -149,9 +149,10 @@ def decode_body(cls: type[M], request: Request) -> M:
 class SdcpClient:
     """Typed calls to every resource of Table 1 through one transport."""
 
-    def __init__(self, transport: Transport, *, timeout: float | None = None) -> None:
+    def __init__(self, transport: Transport, *, timeout: float | None = None, attempts: int = 4) -> None:
         self.transport = transport
         self.timeout = timeout
+        self.attempts = attempts  # of an idempotent call whose connection was lost (_call_again)
 
     async def _call(self, base: str, method: str, path: str, message: Any = None, answer: type[M] | None = None,
                     query: Mapping[str, str] | None = None, timeout: float | None = None) -> M | None:
@@ -171,13 +172,27 @@ class SdcpClient:
             return answer.decode(response.body)  # type: ignore[attr-defined,no-any-return]
         raise problem_from_response(response.status, _problem_body(response))
 
+    async def _call_again(self, base: str, method: str, path: str, message: Any, answer: type[M] | None = None) -> M | None:
+        """A call its receiver answers the same when it is repeated (POST sessions is
+        idempotent, §6.1; PUT drafter; a repeated assignment restarts the drafter from the same
+        state): a connection lost before the answer is tried again a few times at once, so one
+        cut connection neither fails a session's open nor leaves an assignment undelivered."""
+        for attempt in range(self.attempts):
+            try:
+                return await self._call(base, method, path, message, answer)
+            except ConnectionError:
+                if attempt == self.attempts - 1:
+                    raise
+                await asyncio.sleep(0.05 * 2 ** attempt)
+        return None  # pragma: no cover - the loop always returns or raises
+
     # -- verifier ------------------------------------------------------------------------
     async def open_session(self, verifier: str, message: SessionOpen) -> SessionState:
-        return await self._call(verifier, "POST", "sessions", message, SessionState)  # type: ignore[return-value]
+        return await self._call_again(verifier, "POST", "sessions", message, SessionState)  # type: ignore[return-value]
 
     async def put_drafter(self, verifier: str, assignment: Assignment) -> SessionState:
         path = f"sessions/{session_path_id(assignment.session)}/drafter"
-        return await self._call(verifier, "PUT", path, assignment, SessionState)  # type: ignore[return-value]
+        return await self._call_again(verifier, "PUT", path, assignment, SessionState)  # type: ignore[return-value]
 
     async def propose(self, verifier: str, proposal: Proposal) -> Verdict:
         return await self._call(verifier, "POST", "proposals", proposal, Verdict)  # type: ignore[return-value]
@@ -193,7 +208,7 @@ class SdcpClient:
 
     # -- drafter -------------------------------------------------------------------------
     async def assign(self, drafter: str, assignment: Assignment) -> None:
-        await self._call(drafter, "POST", "assignments", assignment)
+        await self._call_again(drafter, "POST", "assignments", assignment)
 
     # -- router --------------------------------------------------------------------------
     async def status(self, router: str, status: Status) -> None:

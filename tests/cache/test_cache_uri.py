@@ -14,6 +14,26 @@ def test_object_uri_round_trips():
     assert str(parse(uri)) == uri
 
 
+def test_a_round_may_carry_its_writers_tag():
+    uri = object_uri(SCOPE, bytes(range(16)), "q_rows", 7, tag="d-1a2b")
+    assert uri.endswith("/q_rows/7.d-1a2b")
+    assert parse(uri) == ObjectName(SCOPE, "AAECAwQFBgcICQoLDA0ODw", "q_rows", 7, "d-1a2b")
+    assert str(parse(uri)) == uri and uri != object_uri(SCOPE, bytes(range(16)), "q_rows", 7)
+
+
+@pytest.mark.parametrize("tag", ["", "a.b", "a/b", "x" * 33, "é"])
+def test_a_bad_tag_is_refused(tag):
+    with pytest.raises(ValueError):
+        object_uri(SCOPE, b"s" * 16, "q_rows", 1, tag=tag)
+    with pytest.raises(ValueError):
+        parse(f"mlc://{SCOPE.hex()}/s/q_rows/1.{tag}")
+
+
+def test_a_tag_needs_a_round():
+    with pytest.raises(ValueError):
+        object_uri(SCOPE, b"s" * 16, "prompt_kv", tag="d")
+
+
 def test_per_session_objects_have_no_round():
     uri = object_uri(SCOPE, "sess", "commit_log")
     assert parse(uri).round is None and uri.endswith("/sess/commit_log")

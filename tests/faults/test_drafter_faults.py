@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .faultkit import FaultUp, busiest, check_batch, jobs, metric, reference, run_batch
+from .faultkit import FaultUp, busiest, check_batch, metric, run_batch, steady_jobs
 
 pytestmark = pytest.mark.services
 
@@ -42,8 +42,7 @@ def not_assigned(up: FaultUp) -> float:
 def test_a_killed_drafter_is_replaced_within_two_ttl_and_the_text_is_unchanged(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 2)
-    batch = jobs(rng, 6, 160)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 6, 160, up.m)
     took: list[float] = []
 
     async def faults(progress: asyncio.Event) -> None:
@@ -67,8 +66,7 @@ def test_a_killed_drafter_is_replaced_within_two_ttl_and_the_text_is_unchanged(w
 def test_a_hung_drafter_is_replaced_and_its_late_proposals_are_refused(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 3)
-    batch = jobs(rng, 6, 220)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 6, 220, up.m)
     refused_before = not_assigned(up)
     took: list[float] = []
 

@@ -15,7 +15,7 @@ import random
 
 import pytest
 
-from .faultkit import FaultUp, check_batch, jobs, metric, reference, run_batch
+from .faultkit import FaultUp, check_batch, metric, run_batch, steady_jobs
 
 pytestmark = pytest.mark.services
 
@@ -23,8 +23,7 @@ pytestmark = pytest.mark.services
 def test_cut_and_delayed_connections_commit_no_round_twice(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 4)
-    batch = jobs(rng, 6, 120)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 6, 120, up.m)
     retries = sum(metric(up, n, "sdcp_proposal_retries_total") for n, s in up.services.items() if s.role == "drafter")
 
     async def faults(progress: asyncio.Event) -> None:

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .faultkit import FaultUp, audit, check_batch, jobs, reference, run_batch, words
+from .faultkit import FaultUp, audit, check_batch, run_batch, steady_jobs, words
 
 pytestmark = pytest.mark.services
 
@@ -25,8 +25,7 @@ def test_an_mlc_restart_mid_run_releases_nothing_unappended(whole: FaultUp, seed
     up retrying) fails with an error: it never shows a token its log does not hold."""
     up = whole
     rng = random.Random(seed + 5)
-    batch = jobs(rng, 6, 120)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 6, 120, up.m)
 
     async def faults(progress: asyncio.Event) -> None:
         await asyncio.sleep(rng.uniform(0.2, 1.0))
@@ -55,8 +54,7 @@ def test_a_router_restart_keeps_the_committed_output_of_sessions_in_flight(whole
     new router knows none of these sessions, since it persists nothing, docs/reliability.md)."""
     up = whole
     rng = random.Random(seed + 6)
-    batch = jobs(rng, 6, 140)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 6, 140, up.m)
 
     async def faults(progress: asyncio.Event) -> None:
         await asyncio.sleep(rng.uniform(0.2, 1.0))

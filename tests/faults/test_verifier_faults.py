@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from .faultkit import FaultUp, busiest_verifier, check_batch, jobs, reference, run_batch
+from .faultkit import FaultUp, busiest_verifier, check_batch, run_batch, steady_jobs
 
 pytestmark = pytest.mark.services
 
@@ -24,8 +24,7 @@ def test_kill_9_of_verifiers_at_random_points_changes_no_committed_token(whole: 
     tokens, streamed once each, and its log shows each round once, epochs only going up."""
     up = whole
     rng = random.Random(seed)
-    batch = jobs(rng, 8, 160)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 8, 160, up.m)
     killed: list[str] = []
 
     async def faults(progress: asyncio.Event) -> None:
@@ -53,8 +52,7 @@ def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(who
     front end discards: every client sees its uninterrupted run's text."""
     up = whole
     rng = random.Random(seed + 1)
-    batch = jobs(rng, 6, 140)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 6, 140, up.m)
     stopped: list[str] = []
 
     async def faults(progress: asyncio.Event) -> None:
@@ -84,8 +82,7 @@ def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(who
 def test_seeded_rule2_repeats_its_uninterrupted_run_across_a_failover(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 7)
-    batch = jobs(rng, 4, 120, rule2_every=1)
-    expected = reference(batch, up.m)
+    batch, expected = steady_jobs(rng, 4, 120, up.m, rule2_every=1)
 
     async def faults(progress: asyncio.Event) -> None:
         await asyncio.sleep(rng.uniform(0.2, 1.0))

@@ -326,3 +326,43 @@ def test_verdict_for_a_finished_session_ends_the_drafters_part(tmp_path):
 
     rounds, scored = run(scenario())
     assert rounds[-1].action == Action.FINISH and len(scored) == len(rounds)
+
+
+class FlakyPuts:
+    """The MLC, unreachable for the first ``n`` puts (as while it restarts)."""
+
+    def __init__(self, mlc, n):
+        self.mlc, self.n, self.refused, self.names = mlc, n, 0, []
+
+    def put(self, uri, data, lease_ttl=None):
+        if self.refused < self.n:
+            self.refused += 1
+            raise ConnectionError("the MLC is restarting")
+        self.names.append(uri)
+        return self.mlc.put(uri, data, lease_ttl)
+
+    def __getattr__(self, name):
+        return getattr(self.mlc, name)
+
+
+def test_q_rows_ride_out_an_unreachable_mlc_under_names_of_their_own(tmp_path):
+    """A q-row put that finds the MLC unreachable is tried again (tests/faults, the MLC
+    restart), and the rows are named with the drafter's tag, so a drafter taking a session over
+    is never refused the round a dead predecessor stored (the object's writer owns it)."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            store = FlakyPuts(rig.mlc, 3)
+            role = await rig.drafter_role(fixed_m=3)
+            role.objects.mlc = store
+            other = await rig.drafter_role(uri=OTHER)
+            opened, state = await rig.open(S, contract(RULE_SPECULATIVE, max_new=9), drafter=None)
+            await assign(rig, opened, state)
+            await until(finished(rig))
+            return store, role, other, rig.output_of(S)
+
+    store, role, other, output = run(scenario())
+    assert store.refused == 3 and role.metrics.store_retries._value.get() == 3
+    assert len(output) == 9 and store.names
+    assert all(n.split("/")[-1].endswith("." + role._tag) for n in store.names)
+    assert role._tag != other._tag

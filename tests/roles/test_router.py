@@ -364,3 +364,62 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
     # The standby applies the current sampling policy to the rounds it verifies.
     assert at_standby.sampling_for(at_standby.round) == policy
     assert problems in (None, ["sdcp-stale-epoch"])
+
+
+class Cutting(Logged):
+    """Loses the connection of the first ``cuts[path]`` requests to each resource (before
+    they arrive), as a cut TCP connection does (tests/faults, scenario 5)."""
+
+    def __init__(self, inner, log, cuts):
+        super().__init__(inner, log)
+        self.cuts = dict(cuts)
+
+    async def request(self, base_uri, method, path, **kw):
+        last = path.split("/")[-1]
+        if self.cuts.get(last, 0) > 0:
+            self.cuts[last] -= 1
+            self.log.append((base_uri, method, last + " (cut)"))
+            raise ConnectionError("connection closed before the response")
+        return await super().request(base_uri, method, path, **kw)
+
+
+def _cut_router(rig: RouterRig, cuts) -> None:
+    rig.router_role.client.transport = Cutting(rig.router_role.client.transport.inner, rig.sent, cuts)
+
+
+def test_a_lost_connection_neither_fails_an_open_nor_an_assignment(tmp_path):
+    """Found by the cut-connections scenario: POST sessions (idempotent), PUT drafter and POST
+    assignments are sent again when their connection is lost before the answer."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            _cut_router(rig, {"sessions": 1, "drafter": 2, "assignments": 1})
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            return rig.sent, rig.stubs[DRAFTER].assignments, routed
+
+    sent, assignments, routed = run(scenario())
+    assert [p for _, _, p in sent] == ["sessions (cut)", "sessions", "drafter (cut)", "drafter (cut)", "drafter",
+                                       "assignments (cut)", "assignments"]
+    assert routed.drafter == DRAFTER and [a.session for a in assignments] == [S]
+
+
+def test_an_assignment_the_drafter_never_got_is_delivered_by_the_sweep(tmp_path):
+    """A drafter that never got its assignment never proposes while its status stays fresh, so
+    no expiry would reassign the session: the sweep delivers it again until it arrives."""
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            _cut_router(rig, {"assignments": rig.router_role.client.attempts + 1})
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            before = list(rig.stubs[DRAFTER].assignments)
+            await rig.router_role.sweep()
+            after = list(rig.stubs[DRAFTER].assignments)
+            await rig.router_role.sweep()  # delivered: not again
+            return before, after, rig.stubs[DRAFTER].assignments
+
+    before, after, final = run(scenario())
+    assert before == [] and [a.session for a in after] == [S] and len(final) == 1
