@@ -97,6 +97,12 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.bench.runner import run as run_plan
 
     out = args.out or Path("bench/results") / time.strftime("%Y%m%d-%H%M%S")
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        # Terminated, the bench still stops the sdcp-fast up it started (its own sessions outlive it).
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     print(f"sdcp-fast bench: {plan.model or 'remote'}, {plan.workload.describe()}, sessions "
           f"{','.join(map(str, plan.levels))}, {plan.repeats} repeats, warm-up excluded", flush=True)
     report = run_plan(plan)
