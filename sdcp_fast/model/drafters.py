@@ -53,12 +53,14 @@ class ModelDrafter:
                 tok = greedy_token(logits[0])
             else:
                 probs = apply_sampling_profile(logits, temperature_milli, top_k, top_p_milli)  # [1, V]
-                u = torch.rand(1, generator=generator, dtype=torch.float64)
+                # Drawn on the host generator whatever the device: a seeded draft repeats on either.
+                u = torch.rand(1, generator=generator, dtype=torch.float64).to(probs.device)
                 tok = int(sample_from_probs(probs, u)[0])
                 rows.append(probs[0])
             tokens.append(tok)
             ctx.append(tok)
-        return Draft(tokens, torch.stack(rows) if rows else None)
+        # The rows travel through the MLC as bytes: on the host.
+        return Draft(tokens, torch.stack(rows).cpu() if rows else None)
 
     def release(self, session: bytes) -> None:
         self.runner.release(session)

@@ -37,8 +37,9 @@ def verify_batch(items: Sequence[Scored], logits: Sequence[torch.Tensor], *,
     if sampled:
         works = [items[i].work for i in sampled]
         rows, tokens, cu = _ragged(works, [logits[i] for i in sampled])
-        vocab = rows.shape[1]
-        q = torch.cat([items[i].q if items[i].q is not None else torch.zeros(0, vocab) for i in sampled])
+        vocab, dev = rows.shape[1], rows.device
+        # The kernels take q and the uniforms on the logits' device (the rows come from the MLC).
+        q = torch.cat([items[i].q if items[i].q is not None else torch.zeros(0, vocab) for i in sampled]).to(dev)
         m_max = max(len(w.proposed) for w in works)
         uniforms = torch.zeros(len(works), m_max + 1, 2, dtype=torch.float64)
         for j, work in enumerate(works):
@@ -46,6 +47,7 @@ def verify_batch(items: Sequence[Scored], logits: Sequence[torch.Tensor], *,
             assert u is not None
             uniforms[j, : len(u.accept), 0] = torch.tensor(u.accept, dtype=torch.float64)
             uniforms[j, : len(u.draw), 1] = torch.tensor(u.draw, dtype=torch.float64)
+        uniforms = uniforms.to(dev)
         profile = [w.sampling or Sampling() for w in works]
         temperature = torch.tensor([1000 if s.temperature_milli is None else s.temperature_milli for s in profile])
         top_k = torch.tensor([s.top_k or 0 for s in profile])

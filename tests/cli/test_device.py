@@ -122,9 +122,6 @@ def test_generate_on_cuda_rule1_equals_greedy_decoding(capsys) -> None:
 
 @needs_cuda
 @pytest.mark.gpu
-@pytest.mark.xfail(strict=False, reason="sdcp_fast/roles/scoring.py builds rule-2 q rows and uniforms on the CPU "
-                                        "next to CUDA logits, and ModelDrafter draws its uniform on the CPU "
-                                        "(verify_speculative/sample_from_probs: 'must be on one device')")
 def test_generate_on_cuda_rule2_is_seeded(capsys) -> None:
     args = ("--drafter", "model:tiny-draft", "--rule", "2", "--temperature", "0.8", "--seed", "3")
     assert _generate(capsys, *args) == _generate(capsys, *args)
