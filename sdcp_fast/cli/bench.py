@@ -10,6 +10,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 HELP = "measure tokens/s, latency, acceptance and speedup (in process, sdcp-fast up, or a remote deployment)"
 
@@ -97,15 +98,9 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.bench.runner import run as run_plan
 
     out = args.out or Path("bench/results") / time.strftime("%Y%m%d-%H%M%S")
-    import signal
-    import threading
-
-    if threading.current_thread() is threading.main_thread():
-        # Terminated, the bench still stops the sdcp-fast up it started (its own sessions outlive it).
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     print(f"sdcp-fast bench: {plan.model or 'remote'}, {plan.workload.describe()}, sessions "
           f"{','.join(map(str, plan.levels))}, {plan.repeats} repeats, warm-up excluded", flush=True)
-    report = run_plan(plan)
+    report = _terminable(run_plan, plan)
     written = finish(report, out, plots=not args.no_plots)
     print()
     print(reports.table(report["summary"]))
@@ -122,6 +117,21 @@ def run(args: argparse.Namespace) -> int:
     print(f"wall time {report['wall_s']:.0f} s; command: {report['command']}")
     print("written: " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _terminable(fn: Any, *args: Any) -> Any:
+    """``fn(*args)`` with SIGTERM raising SystemExit, so that a terminated bench still stops the
+    sdcp-fast up it started (whose processes run in sessions of their own and outlive it)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return fn(*args)
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    try:
+        return fn(*args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _plan(args: argparse.Namespace) -> object:
