@@ -36,9 +36,6 @@ def not_assigned(up: FaultUp) -> float:
     return sum(metric(up, name, NOT_ASSIGNED) for name, svc in up.services.items() if svc.role == "verifier")
 
 
-@pytest.mark.xfail(reason="passes on its own (pytest tests/faults/test_drafter_faults.py::...); in the full suite, "
-                          "after the verifier scenarios in the same deployment, its sessions do not finish within "
-                          "150 s: under investigation (issue 14, docs/reliability.md)", strict=False)
 def test_a_killed_drafter_is_replaced_within_two_ttl_and_the_text_is_unchanged(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 2)
@@ -60,9 +57,6 @@ def test_a_killed_drafter_is_replaced_within_two_ttl_and_the_text_is_unchanged(w
     assert took and took[0] < 2 * ttl, f"reassigned {took[0]:.2f} s after the kill (ttl {ttl} s)"
 
 
-@pytest.mark.xfail(reason="passes on its own (pytest tests/faults/test_drafter_faults.py::...); in the full suite, "
-                          "after the verifier scenarios in the same deployment, its sessions do not finish within "
-                          "150 s: under investigation (issue 14, docs/reliability.md)", strict=False)
 def test_a_hung_drafter_is_replaced_and_its_late_proposals_are_refused(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 3)

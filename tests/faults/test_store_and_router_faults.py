@@ -16,9 +16,6 @@ from .faultkit import FaultUp, audit, check_batch, run_batch, steady_jobs, words
 pytestmark = pytest.mark.services
 
 
-@pytest.mark.xfail(reason="open: the rule-2 sessions stall: a drafter whose q-rows put fails while the MLC is down "
-                          "drops the session (roles/drafter.py, _publish) and nobody reassigns it; the rule-1 "
-                          "sessions complete (docs/reliability.md, 'Found by these scenarios')", strict=False)
 def test_an_mlc_restart_mid_run_releases_nothing_unappended(whole: FaultUp, seed: int) -> None:
     """While the MLC is down no append succeeds, so no verdict and no output is released; once
     it is back the sessions go on from their logs. A session that could not (its drafter gave
@@ -43,9 +40,6 @@ def test_an_mlc_restart_mid_run_releases_nothing_unappended(whole: FaultUp, seed
     assert done, "no session completed after the MLC restart"
 
 
-@pytest.mark.xfail(reason="flaky in the full suite: it shares one deployment with the other fault scenarios and "
-                          "has failed after them while passing on its own; open under issue 14 "
-                          "(docs/reliability.md, 'Open')", strict=False)
 def test_a_router_restart_keeps_the_committed_output_of_sessions_in_flight(whole: FaultUp, seed: int) -> None:
     """The clients' streams end with the router; the sessions' committed output does not: each
     log keeps its invariants and what a client saw is a prefix of it, and the drafters and

@@ -42,9 +42,6 @@ def test_kill_9_of_verifiers_at_random_points_changes_no_committed_token(whole: 
     assert all(a.epochs == sorted(a.epochs) for a in audits)
 
 
-@pytest.mark.xfail(reason="flaky in the full suite: it shares one deployment with the other fault scenarios and "
-                          "has failed after them while passing on its own; open under issue 14 "
-                          "(docs/reliability.md, 'Open')", strict=False)
 def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(whole: FaultUp, seed: int) -> None:
     """The busiest verifier is stopped (SIGSTOP) until the router has failed its sessions over,
     then continued: whatever it was doing, its appends meet the fence, so no record of its
@@ -75,10 +72,6 @@ def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(who
         assert a.epochs[-1] == a.fences[-1]
 
 
-@pytest.mark.xfail(reason="the drafter service drafts the next round ahead (roles/drafter.py, speculate), taking "
-                          "the guess of the extra token from the next round's randoms; a new assignment drafts "
-                          "that round afresh, so its proposal, and a seeded rule-2 session's draws, change "
-                          "(docs/reliability.md, 'Rule 2 and the shape of rounds')", strict=False)
 def test_seeded_rule2_repeats_its_uninterrupted_run_across_a_failover(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 7)
