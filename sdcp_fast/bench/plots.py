@@ -44,11 +44,11 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
 
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     colors = {name: f"C{i % 10}" for i, name in enumerate(summary)}  # one colour per configuration in both
-    for name, ttft, lat in _latencies(report):
+    for name, level, ttft, lat in _latencies(report):
         for ax, values in ((a1, ttft), (a2, lat)):
             if values:
                 v = sorted(x * 1e3 for x in values)
-                ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=name, color=colors.get(name))
+                ax.plot(v, [(i + 1) / len(v) for i in range(len(v))], label=f"{name} @{level}", color=colors.get(name))
     a1.set_xlabel("time to first token, ms")
     a2.set_xlabel("inter-token latency, ms")
     for ax in (a1, a2):
@@ -56,7 +56,7 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
         ax.set_xscale("log")
         ax.grid(alpha=0.3)
     a1.legend(fontsize=7)
-    fig.suptitle(f"latency CDFs at the highest concurrency level · {title}", fontsize=9)
+    fig.suptitle(f"latency CDFs, each configuration at its highest concurrency level · {title}", fontsize=9)
     written.append(_save(fig, out / "latency_cdf.png"))
 
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -91,7 +91,8 @@ def plot(report: dict[str, Any], out: Path) -> list[Path]:
     return written
 
 
-def _latencies(report: dict[str, Any]) -> list[tuple[str, list[float], list[float]]]:
+def _latencies(report: dict[str, Any]) -> list[tuple[str, int, list[float], list[float]]]:
+    """TTFT and ITL samples of each configuration at its highest level (the HF peers: 1)."""
     top: dict[str, int] = {}
     for run in report["runs"]:
         top[run["config"]] = max(top.get(run["config"], 0), run["sessions"])
@@ -104,7 +105,7 @@ def _latencies(report: dict[str, Any]) -> list[tuple[str, list[float], list[floa
             if s["first"] is not None:
                 ttft.append(s["first"] - s["arrived"])
             lat.extend(x for x in itl([tuple(c) for c in s["chunks"]]) if x > 0)
-    return [(n, t, la) for n, (t, la) in out.items()]
+    return [(n, top[n], t, la) for n, (t, la) in out.items()]
 
 
 def _save(fig: Any, path: Path) -> Path:
