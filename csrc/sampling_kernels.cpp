@@ -52,6 +52,10 @@ namespace {
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx2,fma,bmi,bmi2,popcnt")
+// GCC 12 reports the _mm512_undefined_* inside its own intrinsics as uninitialized
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 namespace avx512 {
 namespace {
@@ -62,6 +66,7 @@ namespace {
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 #endif  // SDCP_X86
