@@ -155,7 +155,7 @@ async def _deployment(target: Any, drafter: tuple[Any, bytes] | None, config: Co
         from dataclasses import replace
 
         base = spec_for(prompts[i], max_new=max_new, rule=workload.rule, sampling=sampling, stop=target.stop,
-                        m=config.m, target_only=drafter is None)
+                        m=config.m)
         return replace(base, session=session_id_for(workload.seed * 1000 + clock.run.repeat + 1, i))
 
     async def one(i: int, sample: SessionSample, max_new: int) -> None:

@@ -19,7 +19,7 @@ from sdcp_fast.model.interfaces import Drafter, TargetScorer
 from sdcp_fast.protocol import Action, contract_digest, extend_digest, prefix_digest
 from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
-from sdcp_fast.roles.router import RouterRole, SessionSpec
+from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -267,8 +267,7 @@ def generate(
             engine = Engine(scorer, drafters, store, target_digest=model_digest("target"),
                             tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,
                             fixed_m=m, adaptive_m=m is None)
-            specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m,
-                              target_only=drafter is None) for p in prompts]
+            specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m) for p in prompts]
             return engine.run(specs)
         finally:
             if mlc is None:
@@ -276,14 +275,10 @@ def generate(
 
 
 def spec_for(prompt: Sequence[int], *, max_new: int, rule: int = 1, sampling: object = None,
-             stop: Sequence[int] = (), m: int | None = None, target_only: bool = False) -> SessionSpec:
-    """The session the command-line tools ask for: a drafter that keeps being rejected is
-    reduced, switched, then replaced by the target's own decoding, with no cap on that
-    period; target-only sessions are self-decoded from the start."""
+             stop: Sequence[int] = (), m: int | None = None) -> SessionSpec:
+    """The session the command-line tools ask for: the front end's contract
+    (:func:`~sdcp_fast.roles.router.serving_spec`); target-only sessions are self-decoded from
+    the start (the verifier's ``self_decode_idle``)."""
     m_max = max(8, m or 0)
-    return SessionSpec(
-        prompt=tuple(prompt), max_new=max_new, rule=rule, sampling=sampling, stop=tuple(stop),  # type: ignore[arg-type]
-        m_max=m_max, m_init=min(m_max, m or 4),
-        fallback=(Action.REDUCE, Action.SWITCH, Action.SELF_DECODE), self_max=None,
-        self_load=100 if target_only else 50,
-    )
+    return serving_spec(prompt, max_new=max_new, rule=rule, sampling=sampling, stop=tuple(stop),
+                        m_max=m_max, m_init=min(m_max, m or 4))

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 from sdcp_fast.protocol import Action, Sampling, SdcpProblem
 from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
-from sdcp_fast.roles.router import RouterRole, SessionSpec
+from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.transport.base import Request, Response
 
 log = logging.getLogger("sdcp_fast.frontend")
@@ -154,7 +154,7 @@ class Frontend:
         self.router = router
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
-        self.defaults = defaults or SessionSpec(prompt=())
+        self.defaults = defaults or serving_spec()
         self.model = model
         self.max_tokens = max_tokens
         # A client cannot make one request hold a session for an unbounded generation or send

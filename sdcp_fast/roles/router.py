@@ -84,6 +84,18 @@ class SessionSpec:
     session: bytes | None = None  # None: 128 random bits; fix it to reproduce a seeded run (§6.4)
 
 
+def serving_spec(prompt: Sequence[int] = (), **kw: Any) -> SessionSpec:
+    """The contract sdcp_fast asks for on a user's behalf (the front end, ``generate``, the demo,
+    the bench): a drafter that keeps being rejected is reduced, switched, then replaced by the
+    target's own decoding, at any load (``self_load`` 100) and for the rest of the session. No
+    request is failed for its drafts; the target decodes it, as a server without speculation
+    would. ``SessionSpec``'s own defaults keep the draft's full ladder, ending in ``fail``."""
+    kw.setdefault("fallback", (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE))
+    kw.setdefault("self_load", 100)
+    kw.setdefault("self_max", None)
+    return SessionSpec(prompt=tuple(prompt), **kw)
+
+
 @dataclass
 class _Routed:
     routed: RoutedSession

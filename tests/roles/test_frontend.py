@@ -18,7 +18,7 @@ from sdcp_fast.embedded import embedded
 from sdcp_fast.engine.inprocess import Deployment, Engine, model_digest
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
-from sdcp_fast.protocol import Sampling
+from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.identity import PeerRole
 from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
 from sdcp_fast.roles.frontend import Frontend, IncrementalDecoder, ToyWords, mount_frontend
@@ -112,6 +112,19 @@ def test_request_fields_become_the_session_spec(tmp_path: Path) -> None:
     chat = frontend._job({"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 3},
                          chat=True).spec
     assert chat.prompt == tuple(encode(PROMPT)) and chat.max_new == 3
+
+
+def test_a_request_is_never_failed_for_its_drafts_by_default() -> None:
+    """The front end's contract is the command-line tools' (one contract per job): reduce, switch,
+    then the target's own decoding at any load and to the end; no `fail` on the ladder (the
+    bench found requests failed over the network that decoded to the end in process)."""
+    from sdcp_fast.engine.inprocess import spec_for
+
+    spec = Frontend(None, ToyWords(), stop=(EOS,), model="toy")._job({"prompt": PROMPT}, chat=False).spec  # type: ignore[arg-type]
+    assert spec.fallback == (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE)
+    assert (spec.self_load, spec.self_max) == (100, None)
+    tools = spec_for(spec.prompt, max_new=spec.max_new)
+    assert (tools.fallback, tools.self_load, tools.self_max) == (spec.fallback, spec.self_load, spec.self_max)
 
 
 def test_completion_is_greedy_decoding_and_streams_the_same_text(tmp_path: Path) -> None:
