@@ -60,10 +60,10 @@ step "1. build"
 # sdcp_fast.triton_kernels exists only once installed (setup.py maps triton_kernels/ onto it)
 # (the editable install builds the C++ extension too)
 if ! "$PY" -c "import sdcp_fast.triton_kernels" 2>/dev/null; then
-    timeout 50 "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/gpu-build.log" 2>&1 \
+    timeout 90 "$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$OUT/gpu-build.log" 2>&1 \
         || { status=1; tail -5 "$OUT/gpu-build.log"; }
 else
-    timeout 50 "$PY" setup.py -q build_ext --inplace > "$OUT/gpu-build.log" 2>&1 || { status=1; tail -5 "$OUT/gpu-build.log"; }
+    timeout 90 "$PY" setup.py -q build_ext --inplace > "$OUT/gpu-build.log" 2>&1 || { status=1; tail -5 "$OUT/gpu-build.log"; }
 fi
 "$PY" -c "import sdcp_fast.triton_kernels" || status=1
 "$PY" -c "import sdcp_fast.native as n; print(n.status())"
