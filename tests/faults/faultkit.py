@@ -172,7 +172,7 @@ class FaultUp(Up):
         import subprocess
 
         e = self.endpoints()
-        body = json.dumps({"model": "toy", "prompt": "the", "max_tokens": 1})
+        body = json.dumps({"model": self.model, "prompt": "the", "max_tokens": 1})
         deadline = time.monotonic() + timeout
         while True:
             out = subprocess.run(
@@ -217,15 +217,17 @@ class FaultUp(Up):
 
 @dataclass(frozen=True)
 class Job:
-    """One completion request; rule 2 when ``seed`` is set (seeded, so it repeats)."""
+    """One completion request; rule 2 when ``seed`` is set (seeded, so it repeats); ``model``
+    is the name the front end serves (the deployment's target)."""
 
     prompt: str
     max_tokens: int
     session: bytes
     seed: int | None = None
+    model: str = "toy"
 
     def body(self, stream: bool = True) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": "toy", "prompt": self.prompt, "max_tokens": self.max_tokens,
+        body: dict[str, Any] = {"model": self.model, "prompt": self.prompt, "max_tokens": self.max_tokens,
                                 "stream": stream, "sdcp_session": self.session.hex()}
         if self.seed is not None:
             body.update(temperature=TEMPERATURE, seed=self.seed)
@@ -245,30 +247,32 @@ def jobs(rng: random.Random, n: int, max_tokens: int, *, rule2_every: int = 2) -
     return [_job(rng, max_tokens, bool(rule2_every) and i % rule2_every == 1) for i in range(n)]
 
 
-def reference_runs(batch: Sequence[Job], m: int) -> list[Any]:
+def reference_runs(batch: Sequence[Job], m: int, *, target: str = "toy", drafter: str = "toy-good") -> list[Any]:
     """Each job's uninterrupted run, in process, through the same roles with the same drafter,
-    M, session id and sampling (the engine's results: tokens, finish, rounds self-decoded)."""
+    M, session id and sampling (the engine's results: tokens, finish, rounds self-decoded);
+    ``target`` and ``drafter`` are the deployment's (``load_target``/``load_drafter`` specs)."""
     from sdcp_fast.embedded import embedded
     from sdcp_fast.engine.inprocess import Engine
     from sdcp_fast.services.models import load_drafter, load_target
 
-    target = load_target("toy")
-    drafter, digest = load_drafter("toy-good", target)
-    specs = [SessionSpec(prompt=tuple(target.encode(j.prompt)), max_new=j.max_tokens, stop=target.stop,
+    model = load_target(target)
+    draft, digest = load_drafter(drafter, model)
+    specs = [SessionSpec(prompt=tuple(model.encode(j.prompt)), max_new=j.max_tokens, stop=model.stop,
                          session=j.session, rule=1 if j.seed is None else 2,
                          sampling=None if j.seed is None else Sampling(temperature_milli=round(TEMPERATURE * 1000),
                                                                       seed=j.seed))
              for j in batch]
     with embedded() as store:
-        engine = Engine(target.scorer, [drafter], store, target_digest=target.digest,
-                        tokenizer_digest=target.tokenizer_digest, drafter_digests={drafter.name: digest},
+        engine = Engine(model.scorer, [draft], store, target_digest=model.digest,
+                        tokenizer_digest=model.tokenizer_digest, drafter_digests={draft.name: digest},
                         fixed_m=m, adaptive_m=False)
         return list(engine.run(specs))
 
 
-def reference(batch: Sequence[Job], m: int) -> list[list[int]]:
-    """Each job's tokens in its uninterrupted run: what no fault may change (§6.9)."""
-    return [r.tokens for r in reference_runs(batch, m)]
+def reference(batch: Sequence[Job], m: int, **models: str) -> list[list[int]]:
+    """Each job's tokens in its uninterrupted run: what no fault may change (§6.9); ``models``:
+    :func:`reference_runs`'s ``target`` and ``drafter``."""
+    return [r.tokens for r in reference_runs(batch, m, **models)]
 
 
 def steady_jobs(rng: random.Random, n: int, max_tokens: int, m: int, *,
@@ -292,10 +296,13 @@ def steady_jobs(rng: random.Random, n: int, max_tokens: int, m: int, *,
     raise AssertionError("no steady requests drawn in 20 tries")
 
 
-def words(tokens: Sequence[int]) -> list[str]:
-    from sdcp_fast.model.toy import decode
+def words(tokens: Sequence[int], decode: Callable[[Sequence[int]], str] | None = None) -> list[str]:
+    """The words of ``tokens``' text, as ``decode`` (default: the toy model's) writes it."""
+    if decode is None:
+        from sdcp_fast.model.toy import decode as toy_decode
 
-    return decode(list(tokens)).split()
+        return toy_decode(list(tokens)).split()
+    return decode(tokens).split()
 
 
 # -- the front end's client ----------------------------------------------------------------
@@ -473,13 +480,14 @@ def run_batch(up: FaultUp, batch: Sequence[Job], faults: Faults | None = None, t
 
 
 def check_batch(up: FaultUp, seen: Sequence[Seen], expected: Sequence[Sequence[int]], *,
-                rule2_exact: bool = False) -> list[Audit]:
+                rule2_exact: bool = False, decode: Callable[[Sequence[int]], str] | None = None) -> list[Audit]:
     """Every session completed, streamed each token of its commit log once and in order (no
     piece repeated or missing), and its log keeps the audit's invariants (each round once).
     Rule-1 sessions must equal their uninterrupted run token for token; seeded rule-2 ones too
     only with ``rule2_exact`` (docs/reliability.md, "Rule 2 and the shape of rounds": the
     drafter service drafts the next round ahead, and a new drafter or assignment drafts it
-    afresh, so a fault changes the proposals, and with them the draws, of later rounds)."""
+    afresh, so a fault changes the proposals, and with them the draws, of later rounds).
+    ``decode`` writes a log's tokens as the front end does (default: the toy model's words)."""
     audits = []
     for s, tokens in zip(seen, expected, strict=True):
         name = f"session {s.job.session.hex()[:8]} (rule {1 if s.job.seed is None else 2})"
@@ -489,13 +497,13 @@ def check_batch(up: FaultUp, seen: Sequence[Seen], expected: Sequence[Sequence[i
             # Its draws changed, and with them its acceptance: the escalation ladder may end in
             # fail (§6.5), a verdict of the protocol like any other. What was streamed is still
             # its log's tokens, once each.
-            assert s.words == words(a.tokens), f"{name}: the stream is not its log's tokens once each"
+            assert s.words == words(a.tokens, decode), f"{name}: the stream is not its log's tokens once each"
             audits.append(a)
             continue
         assert s.error is None and s.done, f"{name}: {s.error}"
         assert s.finish == "length", name
         assert len(a.tokens) == s.job.max_tokens, name
-        assert s.words == words(a.tokens), f"{name}: the stream is not its log's tokens once each"
+        assert s.words == words(a.tokens, decode), f"{name}: the stream is not its log's tokens once each"
         if exact:
             at = next((i for i, (x, y) in enumerate(zip(a.tokens, tokens, strict=False)) if x != y), None)
             assert a.tokens == list(tokens), f"{name}: log differs from the uninterrupted run at {at}; fences {a.fences}"

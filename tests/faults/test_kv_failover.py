@@ -1,0 +1,200 @@
+"""Scenario 2 of the fault plan across processes (§6.3 "MAY publish the target KV cache", §6.9
+``resume.target_kv``; docs/reliability.md, "Scenario 2: fail-over without a cold prefill"):
+``sdcp-fast up``'s processes serving the shipped ``tiny-target`` (a paged Llama), the busiest
+verifier killed with -9 once its sessions' pages are in the MLC, the standby resuming them from
+those pages instead of prefilling prompt and output again. No committed token may change.
+
+Its own deployment: the shared one (conftest's ``up``) serves the toy target, which keeps no KV.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import shutil
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from .conftest import STATUS_TTL_MS
+from .faultkit import Client, FaultUp, Job, Seen, busiest_verifier, check_batch, metric, reference_runs
+
+pytestmark = pytest.mark.services
+
+TARGET = "tiny-target"
+DRAFTER = "ngram"  # both drafters: a reassignment proposes what the first one would have
+M = 3
+SESSIONS = 3
+PROMPT_WORDS = 120  # with the tail about 220 tokens: the prefill a resume from pages saves
+MAX_TOKENS = 128
+# tiny-target learnt dictionary definitions: after random words its greedy continuation mostly
+# ends with <|endoftext|> within a few dozen tokens; after a phrase repeated this often it goes
+# on repeating it, which the n-gram drafter proposes (so no session needs the verifier to decode
+# rounds itself, and the uninterrupted runs rarely need drawing again).
+TAIL = ", or the like" * 24 + ", or the"
+
+
+@pytest.fixture(scope="module")
+def kv_up(tmp_path_factory: pytest.TempPathFactory, seed: int) -> Iterator[FaultUp]:
+    if shutil.which("curl") is None:
+        pytest.skip("curl is not installed (the kit reads metrics with it)")
+    deployment = FaultUp(tmp_path_factory.mktemp("kv-faults"), model=TARGET, drafters=(DRAFTER, DRAFTER),
+                         status_ttl_ms=STATUS_TTL_MS, seed=seed, m=M)
+    try:
+        deployment.start(timeout=120)
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def _job(rng: random.Random, target: Any) -> Job:
+    """A prompt of ``PROMPT_WORDS`` words of the target's own vocabulary, then ``TAIL``."""
+    vocab = target.loaded.tokenizer.get_vocab()
+    words = sorted(w for w in vocab if w.startswith("Ġ") and w[1:].isalpha() and len(w) > 3)
+    text = target.decode([vocab[w] for w in rng.choices(words, k=PROMPT_WORDS)]).strip() + "." + TAIL
+    return Job(text, MAX_TOKENS, rng.randbytes(16), model=TARGET)
+
+
+def steady_long_jobs(rng: random.Random, n: int) -> tuple[list[Job], list[list[int]]]:
+    """``n`` rule-1 requests whose uninterrupted run commits ``MAX_TOKENS`` tokens without the
+    verifier decoding any round itself (so ending neither at a stop token nor in an escalation
+    that hangs on the verifier's load: faultkit's ``steady_jobs``), with their runs' tokens."""
+    from sdcp_fast.protocol import Action
+    from sdcp_fast.services.models import load_target
+
+    target = load_target(TARGET)
+    batch = [_job(rng, target) for _ in range(n)]
+    runs = reference_runs(batch, M, target=TARGET, drafter=DRAFTER)
+    for _ in range(10):
+        bad = [i for i, r in enumerate(runs)
+               if r.self_decoded or r.finish is not Action.FINISH or len(r.tokens) != MAX_TOKENS]
+        if not bad:
+            for job in batch:
+                assert len(target.encode(job.prompt)) >= 200
+            return batch, [r.tokens for r in runs]
+        for i in bad:
+            batch[i] = _job(rng, target)
+        for i, r in zip(bad, reference_runs([batch[i] for i in bad], M, target=TARGET, drafter=DRAFTER),
+                        strict=True):
+            runs[i] = r
+    raise AssertionError("no steady requests drawn in 10 tries")
+
+
+class Stamped(list[str]):
+    """A stream's pieces, each with the time it arrived (``time.monotonic``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.at: list[float] = []
+
+    def append(self, piece: str) -> None:
+        self.at.append(time.monotonic())
+        super().append(piece)
+
+
+@dataclass
+class Kill:
+    victim: str = ""
+    at: float = 0.0
+    published: float = 0.0  # the victim's sdcp_target_kv_published_total when it was killed
+    log: list[str] = field(default_factory=list)
+
+
+async def _pages_exist(store: Any, up: FaultUp, sessions: Sequence[bytes], epoch: int) -> bool:
+    """Whether the MLC holds every session's target KV pages of ``epoch``."""
+    from sdcp_fast.cache import object_uri
+
+    return all([await store.contains(object_uri(up.scope, s, "target_kv", epoch)) for s in sessions])
+
+
+def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -> tuple[list[Seen], Kill]:
+    """Stream every job at once; once every session has committed tokens and its epoch-1 pages
+    are in the MLC, kill the busiest verifier with -9 and restart it (it comes back empty)."""
+    kill = Kill()
+
+    async def main() -> list[Seen]:
+        from sdcp_fast.services.runner import RemoteStore, Security
+
+        client = Client(up)
+        store = RemoteStore(up.mlc_url(), Security(*up.role_cert("router")))  # the router may read any object
+        progress = asyncio.Event()
+        seen = [Seen(job, pieces=Stamped()) for job in batch]
+        try:
+            streams = asyncio.gather(*(client.stream(s, progress) for s in seen))
+
+            async def inject() -> None:
+                deadline = time.monotonic() + 60
+                while not (all(s.pieces for s in seen) and await _pages_exist(store, up, [j.session for j in batch], 1)):
+                    assert time.monotonic() < deadline, "the sessions' target KV pages never reached the MLC"
+                    await asyncio.sleep(0.05)
+                kill.victim = await busiest_verifier(up)
+                kill.published = await asyncio.to_thread(metric, up, kill.victim, "sdcp_target_kv_published_total")
+                assert kill.published >= 1, f"{kill.victim} published no pages"
+                assert not any(s.done for s in seen), "a session finished before the kill: make MAX_TOKENS larger"
+                up.kill(kill.victim)
+                kill.at = time.monotonic()
+                await asyncio.to_thread(up.restart)
+
+            injector = asyncio.create_task(inject())
+            done = list(await asyncio.wait_for(streams, timeout))
+            await asyncio.wait_for(injector, timeout)
+            return done
+        finally:
+            await client.close()
+            await store.close()
+
+    return asyncio.run(main()), kill
+
+
+def stall(seen: Seen, at: float) -> tuple[float, float] | None:
+    """(the stream's gap around ``at``, seconds from ``at`` to the first piece after it): what
+    the client waited for across the fail-over; None if nothing streamed after ``at``."""
+    times: list[float] = seen.pieces.at  # type: ignore[attr-defined]
+    after = next((i for i, t in enumerate(times) if t > at), None)
+    if after is None:
+        return None
+    before = times[after - 1] if after else at
+    return times[after] - before, times[after] - at
+
+
+def test_the_standby_resumes_from_published_pages_after_a_kill_9(kv_up: FaultUp, seed: int) -> None:
+    """Three rule-1 sessions of ~215-token prompts; once each has committed tokens and published
+    its pages, the busiest verifier is killed with -9 and restarted. Every session completes
+    with its uninterrupted run's tokens, streamed once each, its log keeping the audit's
+    invariants; each session failed over resumed at the other verifier from pages (none cold)."""
+    from sdcp_fast.roles.frontend import HFTokenizer
+    from sdcp_fast.services.models import load_target
+
+    up = kv_up
+    rng = random.Random(seed)
+    batch, expected = steady_long_jobs(rng, SESSIONS)
+    seen, kill = run_with_a_kill(up, batch)
+    audits = check_batch(up, seen, expected, decode=HFTokenizer(load_target(TARGET).loaded.tokenizer).decode)
+
+    failed_over = [(s, a) for s, a in zip(seen, audits, strict=True) if a.fences]
+    assert failed_over, "no session was failed over"
+    assert all(a.epochs == sorted(a.epochs) and a.fences == [2] for _, a in failed_over)
+    survivor = next(n for n, svc in up.services.items() if svc.role == "verifier" and n != kill.victim)
+    pages = metric(up, survivor, 'sdcp_resumes_total{kv="pages"')
+    cold = metric(up, survivor, 'sdcp_resumes_total{kv="cold"')
+    positions = metric(up, survivor, "sdcp_resumed_kv_positions_total")
+    assert (pages, cold) == (len(failed_over), 0), f"resumes at {survivor}: {pages} from pages, {cold} cold"
+    assert positions > 0
+
+    gaps = [g for s, _ in failed_over if (g := stall(s, kill.at)) is not None]
+    print(f"\nkilled {kill.victim} after {kill.published:.0f} page publishes; {len(failed_over)} of {len(seen)} "
+          f"sessions failed over to {survivor}, each resumed from pages ({positions:.0f} positions imported)")
+    for s, _ in failed_over:
+        g = stall(s, kill.at)
+        committed_before = sum(1 for t in s.pieces.at if t <= kill.at)  # type: ignore[attr-defined]
+        print(f"  session {s.job.session.hex()[:8]}: {committed_before} pieces before the kill; "
+              + ("nothing after it" if g is None else f"stream gap {g[0] * 1000:.0f} ms, kill to the first "
+                                                       f"piece after it {g[1] * 1000:.0f} ms"))
+    if gaps:
+        print(f"  TTFT after the fail-over as the client saw it (kill -> next piece; status ttl {STATUS_TTL_MS} "
+              f"ms): median {statistics.median(g[1] for g in gaps) * 1000:.0f} ms, "
+              f"max {max(g[1] for g in gaps) * 1000:.0f} ms")
