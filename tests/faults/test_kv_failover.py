@@ -16,7 +16,7 @@ import shutil
 import statistics
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -104,7 +104,6 @@ class Kill:
     victim: str = ""
     at: float = 0.0
     published: float = 0.0  # the victim's sdcp_target_kv_published_total when it was killed
-    log: list[str] = field(default_factory=list)
 
 
 async def _pages_exist(store: Any, up: FaultUp, sessions: Sequence[bytes], epoch: int) -> bool:
@@ -181,7 +180,7 @@ def stall(seen: Seen, at: float) -> tuple[float, float] | None:
 
 
 def test_the_standby_resumes_from_published_pages_after_a_kill_9(kv_up: FaultUp, seed: int) -> None:
-    """Three rule-1 sessions of ~215-token prompts; once each has committed tokens and published
+    """Three rule-1 sessions of ~220-token prompts; once each has committed tokens and published
     its pages, the busiest verifier is killed with -9 and restarted. Every session completes
     with its uninterrupted run's tokens, streamed once each, its log keeping the audit's
     invariants; each session failed over resumed at the other verifier from pages (none cold)."""
