@@ -52,6 +52,7 @@ class Report:
     seconds: float = 0.0
     sessions_completed: int = 0
     sessions_failed: int = 0  # the client got an error; what it saw is still checked
+    errors: dict[str, int] = field(default_factory=dict)  # the failed sessions' errors, counted
     stuck: int = 0  # of those, sessions whose stream did not end within stuck_after seconds
     tokens_committed: int = 0
     tokens_lost: int = 0
@@ -76,7 +77,7 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         return {"seconds": round(self.seconds, 1), "sessions_completed": self.sessions_completed,
-                "sessions_failed": self.sessions_failed, "stuck": self.stuck, "tokens_committed": self.tokens_committed,
+                "sessions_failed": self.sessions_failed, "errors": self.errors, "stuck": self.stuck, "tokens_committed": self.tokens_committed,
                 "tokens_lost": self.tokens_lost, "duplicates": self.duplicates,
                 "log_violations": self.log_violations, "faults": self.faults, "restarts": self.restarts,
                 "leases_at_end": self.leases_at_end, "processes": self.bounds()}
@@ -103,6 +104,8 @@ def account(up: FaultUp, seen: Seen, report: Report) -> None:
             report.tokens_lost += seen.job.max_tokens - len(a.tokens)
     else:
         report.sessions_failed += 1
+        key = seen.error[:200]
+        report.errors[key] = report.errors.get(key, 0) + 1
 
 
 def sample(up: FaultUp, t: float) -> dict[str, Any]:

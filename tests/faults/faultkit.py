@@ -25,7 +25,7 @@ from typing import Any
 from sdcp_fast.cache import object_uri
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.roles.router import SessionSpec
+from sdcp_fast.roles.router import serving_spec
 from sdcp_fast.services.up import Up
 
 SCOPE = bytes.fromhex("5dc9fa017e57000000000000000000aa")  # fixed, so the test can name each commit log
@@ -257,10 +257,11 @@ def reference_runs(batch: Sequence[Job], m: int, *, target: str = "toy", drafter
 
     model = load_target(target)
     draft, digest = load_drafter(drafter, model)
-    specs = [SessionSpec(prompt=tuple(model.encode(j.prompt)), max_new=j.max_tokens, stop=model.stop,
-                         session=j.session, rule=1 if j.seed is None else 2,
-                         sampling=None if j.seed is None else Sampling(temperature_milli=round(TEMPERATURE * 1000),
-                                                                      seed=j.seed))
+    # The front end's contract (serving_spec), as the deployment's sessions have.
+    specs = [serving_spec(model.encode(j.prompt), max_new=j.max_tokens, stop=model.stop,
+                          session=j.session, rule=1 if j.seed is None else 2,
+                          sampling=None if j.seed is None else Sampling(temperature_milli=round(TEMPERATURE * 1000),
+                                                                       seed=j.seed))
              for j in batch]
     with embedded() as store:
         engine = Engine(model.scorer, [draft], store, target_digest=model.digest,
@@ -277,12 +278,13 @@ def reference(batch: Sequence[Job], m: int, **models: str) -> list[list[int]]:
 
 def steady_jobs(rng: random.Random, n: int, max_tokens: int, m: int, *,
                 rule2_every: int = 2) -> tuple[list[Job], list[list[int]]]:
-    """Like :func:`jobs`, with their uninterrupted runs, keeping only requests whose run never
-    reaches the escalations that hang on the verifier's measured load: ``self_decode`` is taken
-    only under ``self_load`` and ``fail`` follows when it is not (§6.5), so such a session's
-    path, and whether it completes at all, differs between an idle in-process run and loaded
-    services, faults or none (seed 4 drew a rule-2 request whose uninterrupted run failed).
-    A request that does is drawn again, of the same kind."""
+    """Like :func:`jobs`, with their uninterrupted runs, keeping only requests whose run ends
+    normally without reaching ``self_decode`` on the escalation ladder: the ladder's counters
+    belong to a verifier and start afresh after a fail-over or a reassignment (§6.5), so a
+    session that escalates that far may take another path once a fault lands, and a seeded
+    rule-2 one other draws (before the front end's contract became ``serving_spec``, seed 4
+    also drew a rule-2 request whose uninterrupted run ended in ``fail``). A request that does
+    is drawn again, of the same kind."""
     batch = jobs(rng, n, max_tokens, rule2_every=rule2_every)
     runs = reference_runs(batch, m)
     for _ in range(20):
