@@ -3,6 +3,13 @@
 Where CUDA exists the buffers come from torch's pinned allocator (registered with the
 driver); otherwise from the C++ extension (mmap + mlock); without either, from
 bytearray (pageable), and ``pinned`` says so.
+
+A native buffer is its own mapping of whole pages, so objects under ``SMALL_OBJECT`` bytes
+(q rows, committed tokens) are kept in ordinary memory instead: a 200-byte object would
+otherwise cost a 4 KiB page and one of the process's ``vm.max_map_count`` mappings (65,530 by
+default), and puts failed with ``MemoryError`` once ~65,000 small objects were held, far
+below ``max_objects``. Should the mappings still run out, the buffer is pageable rather than
+the put refused.
 """
 
 from __future__ import annotations
@@ -13,6 +20,10 @@ from typing import Any
 
 from sdcp_fast import native
 from sdcp_fast.cache.tiers.base import as_bytes_view
+
+# Below this, page-locking buys little (a copy of a few pages is staged by the driver anyway)
+# and costs a mapping each; at 64 KiB a full 1 GiB tier holds at most 16,384 mappings.
+SMALL_OBJECT = 64 << 10
 
 
 class _RefProbe:
@@ -68,8 +79,11 @@ class HostTier:
             import torch
 
             return torch.empty(n, dtype=torch.uint8, pin_memory=True)
-        if self._native is not None:
-            return self._native.HostBuffer(n)
+        if self._native is not None and n >= SMALL_OBJECT:
+            try:
+                return self._native.HostBuffer(n)
+            except MemoryError:
+                pass  # out of mappings or locked memory: pageable memory still holds the object
         return bytearray(n)
 
     def _view(self, buf: Any) -> memoryview:
