@@ -208,19 +208,28 @@ class RouterRole:
 
     async def open(self, spec: SessionSpec) -> RoutedSession:
         """Create a session (§6.1): POST sessions at a live verifier, then assign a drafter."""
-        now = self.clock()
-        verifier = choose_verifier(self.table, now)
-        if verifier is None:
-            raise Busy("no live verifier: none has reported its status within its ttl_ms")
         session = spec.session if spec.session is not None else new_session_id(os.urandom(16))
         contract = self.contract(spec)
-        routed = RoutedSession(
-            session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
-            commit_log=object_uri(self.scope, session, "commit_log"), verifier=verifier, round=0,
-            committed=0, digest=bytes(32), m_init=spec.m_init,
-            committed_tokens=object_uri(self.scope, session, "committed_tokens", 1),
-        )
-        state = await self.client.open_session(verifier, open_message(routed))
+        unreachable: list[str] = []
+        while True:
+            verifier = choose_verifier(self.table, self.clock(), exclude=tuple(unreachable))
+            if verifier is None:
+                raise Busy("no live verifier: none has reported its status within its ttl_ms"
+                           + (f"; unreachable: {', '.join(unreachable)}" if unreachable else ""))
+            routed = RoutedSession(
+                session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
+                commit_log=object_uri(self.scope, session, "commit_log"), verifier=verifier, round=0,
+                committed=0, digest=bytes(32), m_init=spec.m_init,
+                committed_tokens=object_uri(self.scope, session, "committed_tokens", 1),
+            )
+            try:
+                state = await self.client.open_session(verifier, open_message(routed))
+                break
+            except (ConnectionError, OSError) as exc:
+                # Died since its last status report (found by the soak: a kill just before an
+                # open): its status has not expired yet, but another verifier can take the session.
+                log.warning("session %s: verifier %s unreachable at open: %s", session.hex()[:8], verifier, exc)
+                unreachable.append(verifier)
         self.sessions[session] = _Routed(routed)
         self.metrics.sessions.inc()
         async with self._lock:

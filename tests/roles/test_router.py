@@ -423,3 +423,26 @@ def test_an_assignment_the_drafter_never_got_is_delivered_by_the_sweep(tmp_path)
 
     before, after, final = run(scenario())
     assert before == [] and [a.session for a in after] == [S] and len(final) == 1
+
+
+def test_a_verifier_that_died_since_its_last_report_does_not_fail_an_open(tmp_path):
+    """Found by the soak: a verifier killed just before an open still looks live (its status
+    has not expired); the open goes to another live verifier, and with none left the client
+    gets the documented 503 (sdcp-busy), not a 500."""
+    dead = "inproc://verifier-dead/"
+
+    async def scenario():
+        async with RouterRig(str(tmp_path)) as rig:
+            await rig.report(rig.client(Peer(dead, PeerRole.VERIFIER)), dead, ROLE_VERIFIER, load=0)
+            await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER, load=90)
+            await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
+            routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
+            _cut_router(rig, {"sessions": 100})
+            with pytest.raises(SdcpProblem) as exc:
+                await rig.router_role.open(SessionSpec(PROMPT, session=sid(34)))
+            return routed, rig.sent, exc.value
+
+    routed, sent, problem = run(scenario())
+    assert routed.verifier == VERIFIER
+    assert list(dict.fromkeys(b for b, _, p in sent if p.startswith("sessions"))) == [dead, VERIFIER]
+    assert (problem.status, problem.suffix) == (503, "sdcp-busy")
