@@ -55,6 +55,11 @@ class Resync(Exception):
     """The drafter's view of the committed prefix could not be brought up to date."""
 
 
+def _backoff(attempt: int) -> float:
+    """Seconds before try ``attempt + 1`` of a proposal or a q-row put (capped at 1 s)."""
+    return min(1.0, 0.02 * 2 ** attempt)
+
+
 @dataclass
 class _Prepared:
     """A next proposal drafted while the verifier checked the last one (§6.2 MAY)."""
@@ -353,7 +358,7 @@ class DrafterRole:
                 if attempt >= self.retries:
                     raise
             self.metrics.store_retries.inc()
-            await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt))
+            await asyncio.sleep(_backoff(attempt))
         return None  # pragma: no cover - the loop always returns or raises
 
     async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
@@ -367,7 +372,7 @@ class DrafterRole:
                 verdict = await self.client.propose(verifier, proposal)
             except SdcpProblem as problem:
                 if problem.status >= 500 and attempt < self.retries:
-                    await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt))
+                    await asyncio.sleep(_backoff(attempt))
                     proposal = record.retry(self.status())
                     continue
                 await self._on_problem(assigned, problem)
@@ -375,7 +380,7 @@ class DrafterRole:
             except (ConnectionError, TimeoutError, OSError) as exc:
                 if attempt >= self.retries:
                     raise Resync(f"verifier {verifier} unreachable: {exc}") from None
-                await asyncio.sleep(min(1.0, 0.02 * 2 ** attempt))
+                await asyncio.sleep(_backoff(attempt))
                 proposal = record.retry(self.status())
                 continue
             self._t_verify = 0.8 * self._t_verify + 0.2 * (self.clock() - t0)

@@ -16,17 +16,17 @@ import torch
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.embedded import embedded
-from sdcp_fast.model.config import ModelConfig
 from sdcp_fast.model.drafters import ModelDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.kv_pages import Layout, PagedTargetKV, decode
-from sdcp_fast.model.llama import Transformer, rope_inv_freq
+from sdcp_fast.model.llama import Transformer
 from sdcp_fast.model.runner import ModelRunner, greedy_token
 from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
 from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.transport.inprocess import InProcessNetwork
+from tests.model.conftest import random_model
 
 from .rolekit import DRAFTER, ROUTER, ROUTER_PEER, SCOPE, TOKENIZER, Clock, run, sid, until
 
@@ -34,23 +34,8 @@ S = sid(61)
 ACTIVE = "inproc://verifier-a/"
 STANDBY = "inproc://verifier-b/"
 TARGET = hashlib.sha256(b"tests/roles/kv-failover target").digest()
-CFG = ModelConfig(vocab_size=97, dim=48, n_layers=3, n_heads=6, n_kv_heads=2, ffn_dim=80, rope_theta=500.0,
-                  tie_embeddings=False)
 PROMPT = tuple(torch.randint(1, 97, (40,), generator=torch.Generator().manual_seed(3)).tolist())
 M = 3
-
-
-def small_model() -> Transformer:
-    torch.manual_seed(0)
-    model = Transformer(CFG)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.3)
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-    model.inv_freq = rope_inv_freq(CFG)
-    return model.eval().requires_grad_(False)
 
 
 class CountingRunner(ModelRunner):
@@ -101,7 +86,7 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
     ``foreign`` (B's pages adapter is another model's: A's pages are refused), ``unpublished``
     (A's publishes all fail: the router names none), ``offload`` (as ``pages``, both verifiers
     scoring on a thread of their own, as the services do)."""
-    model = small_model()
+    model = random_model()
     clock = Clock()
     network = InProcessNetwork()
     mlc = embedded(str(tmp_path))
