@@ -50,6 +50,14 @@ def test_reduce_halves_and_restore_is_gradual():
     assert [ctl.after_round(1, 2, 0).m_cap for _ in range(8)] == [3, 4, 5, 6, 7, 8, 8, 8]
 
 
+def test_reduce_rounds_odd_caps_down():
+    """§6.5.1: reduce sets m_cap to max(1, floor(m_cap / 2)); an odd cap tells floor from ceiling."""
+    for cap, reduced in ((7, 3), (5, 2), (3, 1)):
+        ctl = SpeculationControl(contract(m_max=8, low_rounds=1, fallback=(1,)), cap)
+        decision = ctl.after_round(0, cap, 0)
+        assert decision.action is Action.REDUCE and decision.m_cap == reduced
+
+
 def test_reduce_floor_is_one():
     ctl = SpeculationControl(contract(m_max=8, low_rounds=1, fallback=(1, 1)), 1)
     assert ctl.after_round(0, 1, 0).m_cap == 1
