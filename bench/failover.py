@@ -41,10 +41,10 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
                        root: str, n: int) -> dict[str, Any]:
     from sdcp_fast.cache import object_uri
     from sdcp_fast.embedded import embedded
+    from sdcp_fast.model.contract_digests import model_digest
     from sdcp_fast.model.drafters import ModelDrafter
-    from sdcp_fast.model.identity import model_digest
-    from sdcp_fast.model.runner import ModelRunner
-    from sdcp_fast.protocol.identity import Peer, PeerRole
+    from sdcp_fast.model.target_scorer import ModelRunner
+    from sdcp_fast.protocol.peer import Peer, PeerRole
     from sdcp_fast.roles.drafter import DrafterRole
     from sdcp_fast.roles.router import RouterRole, SessionSpec
     from sdcp_fast.roles.verifier import VerifierRole

@@ -65,11 +65,11 @@ def synthetic(args: argparse.Namespace) -> int:
 
     import torch
 
+    from sdcp_fast.deploy.catalog import check_device
     from sdcp_fast.model.config import CONFIGS
     from sdcp_fast.model.interfaces import ScoreRequest
     from sdcp_fast.model.llama import Transformer, rope_inv_freq
-    from sdcp_fast.model.runner import ModelRunner
-    from sdcp_fast.services.models import check_device
+    from sdcp_fast.model.target_scorer import ModelRunner
 
     try:
         check_device(args.device)

@@ -45,7 +45,7 @@ from sdcp_fast.protocol import (  # noqa: E402
     VerifierSession,
 )
 from sdcp_fast.protocol.commitlog import LogRecord, fence_epoch  # noqa: E402
-from sdcp_fast.protocol.identity import PeerRole  # noqa: E402
+from sdcp_fast.protocol.peer import PeerRole  # noqa: E402
 from sdcp_fast.roles.wire import SdcpClient  # noqa: E402
 from sdcp_fast.transport.base import Request, Response  # noqa: E402
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates  # noqa: E402
@@ -120,7 +120,7 @@ def contract() -> Contract:
 
 
 async def _serve(certs: Path) -> None:
-    from sdcp_fast.protocol.identity import Peer
+    from sdcp_fast.protocol.peer import Peer
     from sdcp_fast.roles.verifier import VerifierRole
     from sdcp_fast.transport.h2server import serve
     from sdcp_fast.transport.inprocess import InProcessNetwork

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from sdcp_fast.protocol.identity import PeerRole
+from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 from sdcp_fast.transport.h2client import H2Transport

@@ -10,7 +10,7 @@ package (definitions and quotations, markup stripped; ~20 MB of plain sentences)
 3. a few draft-only steps against the final target (AdamW everywhere, cosine schedules),
 4. both saved as bf16 HF directories in ``sdcp_fast/data/models/tiny-{target,draft}``,
 5. the draft's acceptance (rule 1, M = 4) on held-out paragraphs, through the engine path
-   (``make_drafter("model:...")`` + ``engine.inprocess.generate``), checked equal to greedy.
+   (``make_drafter("model:...")`` + ``deploy.local.generate``), checked equal to greedy.
 
 No network: get the package first (``apt-get download dict-gcide``) and pass the .deb::
 
@@ -41,12 +41,12 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
-from sdcp_fast.engine.inprocess import generate
+from sdcp_fast.deploy.local import generate
 from sdcp_fast.model import loader
 from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.config import CONFIGS
 from sdcp_fast.model.llama import Transformer
-from sdcp_fast.model.runner import ModelRunner
+from sdcp_fast.model.target_scorer import ModelRunner
 
 EOS = "<|endoftext|>"
 VOCAB = 4096

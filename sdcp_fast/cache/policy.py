@@ -1,7 +1,7 @@
 """Who may touch what in an MLC served to the network (docs/security.md, "MLC").
 
 The peer is the one the transport authenticated (a client certificate's URI SANs, read
-by :func:`sdcp_fast.protocol.identity.peer_from_uris`): its base URI is its identity and
+by :func:`sdcp_fast.protocol.peer.peer_from_uris`): its base URI is its identity and
 ``urn:sdcp:role:*`` its role. ``None`` means the transport authenticated nobody (plain
 HTTP, or TLS without client certificates): nothing is checked, as for in-process callers.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from sdcp_fast.cache.store import Head, LeaseCheck, ObjectCheck
 from sdcp_fast.cache.uri import ObjectName
 from sdcp_fast.protocol.commitlog import FenceRecord, LogRecord
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import Forbidden
 
 D, V, R, C, M = PeerRole.DRAFTER, PeerRole.VERIFIER, PeerRole.ROUTER, PeerRole.CLIENT, PeerRole.MLC

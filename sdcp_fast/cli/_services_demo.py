@@ -46,7 +46,7 @@ async def _stream(client: Any, base: str, index: int, body: dict[str, Any], show
 
 
 async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool) -> dict[str, Any]:
-    from sdcp_fast.bench.remote import parse_metrics
+    from sdcp_fast.harness.drive_network import parse_metrics
     from sdcp_fast.transport.h2client import H2Transport
     from sdcp_fast.transport.tls import client_context
 
@@ -77,8 +77,8 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
 
 def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
     texts = setup.texts
-    from sdcp_fast.engine.inprocess import generate
-    from sdcp_fast.services.up import Up
+    from sdcp_fast.deploy.local import generate
+    from sdcp_fast.deploy.up import Up
 
     quiet = args.quiet or args.json
     drafters = tuple(d.name for d in setup.drafters) if setup.drafters else None

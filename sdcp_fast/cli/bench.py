@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.bench import report as reports
+    from sdcp_fast.harness import report as reports
 
     if args.compare:
         try:
@@ -94,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sdcp-fast bench: {exc}", file=sys.stderr)
         return 2
-    from sdcp_fast.bench.runner import finish
-    from sdcp_fast.bench.runner import run as run_plan
+    from sdcp_fast.harness.run import finish
+    from sdcp_fast.harness.run import run as run_plan
 
     out = args.out or Path("bench/results") / time.strftime("%Y%m%d-%H%M%S")
     print(f"sdcp-fast bench: {plan.model or 'remote'}, {plan.workload.describe()}, sessions "
@@ -135,10 +135,10 @@ def _terminable(fn: Any, *args: Any) -> Any:
 
 
 def _plan(args: argparse.Namespace) -> object:
-    from sdcp_fast.bench import workload as wl
-    from sdcp_fast.bench.remote import Remote, served_model
-    from sdcp_fast.bench.runner import Plan
-    from sdcp_fast.services.models import resolve
+    from sdcp_fast.deploy.catalog import resolve
+    from sdcp_fast.harness import workload as wl
+    from sdcp_fast.harness.drive_network import Remote, served_model
+    from sdcp_fast.harness.run import Plan
 
     remote = None
     if args.router:
@@ -156,7 +156,7 @@ def _plan(args: argparse.Namespace) -> object:
             raise ValueError(f"--device {args.device}: no CUDA device here")
         if model == "toy":
             raise ValueError("--device: the toy target has no weights to move")
-        from sdcp_fast.bench.runner import services_take_device
+        from sdcp_fast.harness.run import services_take_device
 
         if not args.inprocess and remote is None and not services_take_device():
             raise ValueError(f"--device {args.device}: sdcp-fast verifier and drafter have no --device here, so "

@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
     p.add_argument("--inprocess", action="store_true",
                    help="run the roles in this process (in-process transport) instead of starting sdcp-fast up")
-    from sdcp_fast.services.models import add_device_argument
+    from sdcp_fast.deploy.catalog import add_device_argument
 
     add_device_argument(p)  # across processes: passed on to the verifiers and drafters up starts
 
@@ -71,7 +71,7 @@ class Setup:
 
 def _setup(args: argparse.Namespace, model: str) -> Setup:
     from sdcp_fast.data import prompts as builtin_prompts
-    from sdcp_fast.services.models import TOY_DRAFTERS, load_drafter, load_target
+    from sdcp_fast.deploy.catalog import TOY_DRAFTERS, load_drafter, load_target
 
     target = load_target(model, args.device)
     specs = [s.strip() for s in args.drafters.split(",") if s.strip()]
@@ -104,7 +104,7 @@ def _setup(args: argparse.Namespace, model: str) -> Setup:
 def _target_only(setup: Setup, specs: list[Any], mlc: Any, backend: str, seed: int) -> tuple[list[list[int]], float]:
     """Target-only decoding of the same sessions through the same roles (the verifier decodes
     each session itself, batched over the sessions): the baseline."""
-    from sdcp_fast.engine.inprocess import Engine
+    from sdcp_fast.deploy.local import Engine
 
     engine = Engine(setup.scorer, [], mlc, target_digest=setup.target_digest,
                     tokenizer_digest=setup.tokenizer_digest, backend=backend, seed=seed)
@@ -113,8 +113,8 @@ def _target_only(setup: Setup, specs: list[Any], mlc: Any, backend: str, seed: i
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdcp_fast.deploy.local import Engine, RoundRecord, spec_for
     from sdcp_fast.embedded import embedded
-    from sdcp_fast.engine.inprocess import Engine, RoundRecord, spec_for
     from sdcp_fast.protocol import Action, Sampling
 
     model = args.model

@@ -9,8 +9,8 @@ HELP = "serve an SDCP drafter role (proposes tokens from a draft model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.services.models import add_device_argument
-    from sdcp_fast.services.runner import add_service_arguments
+    from sdcp_fast.deploy.catalog import add_device_argument
+    from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--drafter", default="ngram",
                    help="ngram | layerskip:L | model:PATH|NAME (toy target: ngram, toy-good, toy-weak)")
@@ -27,8 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from sdcp_fast.services.models import load_drafter, load_target
-    from sdcp_fast.services.runner import Security, configure_logging, listen_address
+    from sdcp_fast.deploy.catalog import load_drafter, load_target
+    from sdcp_fast.deploy.service import Security, configure_logging, listen_address
 
     configure_logging(args.log_level)
     try:
@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, drafter: object, security: object, host: str, port: int) -> int:
-    from sdcp_fast.protocol.identity import Peer, PeerRole
+    from sdcp_fast.deploy.service import RemoteStore, client_transport, serve_role
+    from sdcp_fast.protocol.peer import Peer, PeerRole
     from sdcp_fast.roles.drafter import DrafterRole
-    from sdcp_fast.services.runner import RemoteStore, client_transport, serve_role
 
     role = DrafterRole(
         drafter, uri=args.uri, mlc=RemoteStore(args.mlc, security),  # type: ignore[arg-type]

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    from sdcp_fast.services.models import add_device_argument
+    from sdcp_fast.deploy.catalog import add_device_argument
 
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
@@ -34,13 +34,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from sdcp_fast.engine.inprocess import generate
+    from sdcp_fast.deploy.catalog import check_device, place_drafter
+    from sdcp_fast.deploy.local import generate
     from sdcp_fast.model import loader
     from sdcp_fast.model.build import make_drafter, stop_tokens, uses_chatml
-    from sdcp_fast.model.runner import ModelRunner
+    from sdcp_fast.model.target_scorer import ModelRunner
     from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
     from sdcp_fast.protocol import Sampling
-    from sdcp_fast.services.models import check_device, place_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
     import os
     import sys
 
-    from sdcp_fast.services.runner import Security
+    from sdcp_fast.deploy.service import Security
 
     try:
         security = Security.from_args(args, "mlc")

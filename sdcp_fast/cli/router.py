@@ -9,7 +9,7 @@ HELP = "serve the SDCP router role (status table, assignment, events, fail-over)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.services.runner import add_service_arguments
+    from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--model", default="auto", help="the target model (its digests go into contracts); default auto")
     p.add_argument("--drafter-model", action="append", default=[], metavar="URI=SPEC",
@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def drafter_models(entries: list[str], target: object) -> dict[str, bytes]:
-    from sdcp_fast.services.models import load_drafter
+    from sdcp_fast.deploy.catalog import load_drafter
 
     models = {}
     for entry in entries:
@@ -37,8 +37,8 @@ def drafter_models(entries: list[str], target: object) -> dict[str, bytes]:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from sdcp_fast.services.models import load_target
-    from sdcp_fast.services.runner import Security, configure_logging, listen_address
+    from sdcp_fast.deploy.catalog import load_target
+    from sdcp_fast.deploy.service import Security, configure_logging, listen_address
 
     configure_logging(args.log_level)
     try:
@@ -57,9 +57,9 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace, target: object, models: dict[str, bytes], scope: bytes | None,
                  security: object, host: str, port: int) -> int:
-    from sdcp_fast.protocol.identity import Peer, PeerRole
+    from sdcp_fast.deploy.service import RemoteStore, client_transport, serve_role
+    from sdcp_fast.protocol.peer import Peer, PeerRole
     from sdcp_fast.roles.router import RouterRole
-    from sdcp_fast.services.runner import RemoteStore, client_transport, serve_role
 
     role = RouterRole(
         uri=args.uri, mlc=RemoteStore(args.mlc, security),  # type: ignore[arg-type]

@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
     import time
     from pathlib import Path
 
-    from sdcp_fast.services.runner import configure_logging
-    from sdcp_fast.services.up import Up
+    from sdcp_fast.deploy.service import configure_logging
+    from sdcp_fast.deploy.up import Up
 
     configure_logging("info")
     tmp = None

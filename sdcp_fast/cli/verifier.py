@@ -9,8 +9,8 @@ HELP = "serve the SDCP verifier role (the target model; the only party that comm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.services.models import add_device_argument
-    from sdcp_fast.services.runner import add_service_arguments
+    from sdcp_fast.deploy.catalog import add_device_argument
+    from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--model", default="auto", help="target: toy, smollm2, a GGUF file or an HF directory "
                                                    "(default auto: smollm2 when installed, else toy)")
@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import sys
 
-    from sdcp_fast.services.models import load_target
-    from sdcp_fast.services.runner import Security, configure_logging, listen_address
+    from sdcp_fast.deploy.catalog import load_target
+    from sdcp_fast.deploy.service import Security, configure_logging, listen_address
 
     configure_logging(args.log_level)
     try:
@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, target: object, security: object, host: str, port: int) -> int:
-    from sdcp_fast.protocol.identity import Peer, PeerRole
+    from sdcp_fast.deploy.service import RemoteStore, client_transport, serve_role
+    from sdcp_fast.protocol.peer import Peer, PeerRole
     from sdcp_fast.roles.verifier import VerifierRole
-    from sdcp_fast.services.runner import RemoteStore, client_transport, serve_role
 
     role = VerifierRole(
         target.scorer, uri=args.uri, mlc=RemoteStore(args.mlc, security),  # type: ignore[attr-defined,arg-type]

@@ -40,8 +40,8 @@ from sdcp_fast.protocol import (
     prefix_digest,
     session_path_id,
 )
-from sdcp_fast.protocol.identity import Peer
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import type_suffix
 
 Send = Callable[..., Awaitable[Any]]
@@ -82,7 +82,7 @@ def certificate_peer(path: str) -> Peer:
     """The identity (base URI, role) a certificate gives, read from its URI SANs."""
     from cryptography import x509
 
-    from sdcp_fast.protocol.identity import peer_from_uris
+    from sdcp_fast.protocol.peer import peer_from_uris
 
     with open(path, "rb") as f:
         cert = x509.load_pem_x509_certificate(f.read())

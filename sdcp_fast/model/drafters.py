@@ -18,7 +18,7 @@ from sdcp_fast.kernels import apply_sampling_profile, sample_from_probs
 from sdcp_fast.model.interfaces import Draft
 
 from .llama import Transformer
-from .runner import ModelRunner, greedy_token
+from .target_scorer import ModelRunner, greedy_token
 
 
 def _check(committed: Sequence[int], m: int, rule: int) -> None:

@@ -1,7 +1,7 @@
 """A small Llama-family transformer: RMSNorm, RoPE, grouped-query attention, SwiGLU.
 
 Reads SmolLM2, Llama 3.x and Qwen2.5 shapes (see ``config.py``). Attention reads and
-writes a :class:`~sdcp_fast.model.paged_kv.PagedKVCache`; one forward pass serves a
+writes a :class:`~sdcp_fast.model.kv_cache.PagedKVCache`; one forward pass serves a
 ragged batch (each sequence brings any number of new tokens after its cached ones). Two
 attention paths: ``paged_attention`` reads K and V through the block table (the kernel
 library's triton kernel on CUDA; nothing read on the host, so a pass can be a CUDA graph),
@@ -22,7 +22,7 @@ from torch import nn
 from sdcp_fast.kernels import paged_attention
 
 from .config import ModelConfig
-from .paged_kv import PagedKVCache
+from .kv_cache import PagedKVCache
 
 
 class RMSNorm(nn.Module):

@@ -6,7 +6,6 @@ Servers and engines are thin adapters: decode bytes, call the core, encode.
 from sdcp_fast.protocol.cbor import deterministic_cbor
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
-from sdcp_fast.protocol.identity import Peer, PeerRole, peer_from_uris, require_role
 from sdcp_fast.protocol.messages import (
     MEDIA_TYPE,
     Action,
@@ -27,6 +26,7 @@ from sdcp_fast.protocol.messages import (
     parse_session_path_id,
     session_path_id,
 )
+from sdcp_fast.protocol.peer import Peer, PeerRole, peer_from_uris, require_role
 from sdcp_fast.protocol.problems import (
     BadContract,
     BadProposal,

@@ -54,7 +54,6 @@ from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.contract import contract_digest, parse_contract
 from sdcp_fast.protocol.control import SpeculationControl, self_decode_permitted
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
-from sdcp_fast.protocol.identity import Peer, same_instance
 from sdcp_fast.protocol.messages import (
     RULE_SPECULATIVE,
     Action,
@@ -69,6 +68,7 @@ from sdcp_fast.protocol.messages import (
     SessionState,
     Verdict,
 )
+from sdcp_fast.protocol.peer import Peer, same_instance
 from sdcp_fast.protocol.problems import (
     BadContract,
     BadProposal,

@@ -38,8 +38,8 @@ from sdcp_fast.protocol import (
     prefix_digest,
 )
 from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession, state_from_problem
-from sdcp_fast.protocol.identity import PeerRole, require_role
 from sdcp_fast.protocol.messages import ROLE_DRAFTER
+from sdcp_fast.protocol.peer import PeerRole, require_role
 from sdcp_fast.roles.load import BusyMeter
 from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects

@@ -39,7 +39,7 @@ def _nonblocking(obj: Any) -> bool:
 
 class Objects:
     """Awaitable calls on the MLC: the embedded ``MLC`` (synchronous) or a remote client
-    whose calls are coroutines (a service's :class:`~sdcp_fast.services.runner.RemoteStore`
+    whose calls are coroutines (a service's :class:`~sdcp_fast.deploy.service.RemoteStore`
     over HTTP/2). A remote client's calls are awaited on the loop, never on a thread. Other
     synchronous calls leave the event loop when an ``executor`` is given (a scoring pass, a
     draft); without one they run inline (in process, where a call into the embedded store

@@ -35,8 +35,8 @@ from sdcp_fast.protocol import (
     Status,
 )
 from sdcp_fast.protocol.commitlog import CommitRecord
-from sdcp_fast.protocol.identity import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY, parse_instance_path_id
+from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Forbidden
 from sdcp_fast.protocol.router import (
     RoutedSession,

@@ -34,7 +34,7 @@ import torch
 from sdcp_fast.cache import ObjectUnavailable, object_uri
 from sdcp_fast.commitlog import Fenced, PreconditionFailed, append_checked, open_commit_log
 from sdcp_fast.model.interfaces import ScoreRequest, TargetKV, TargetScorer
-from sdcp_fast.model.kv_pages import target_kv_of
+from sdcp_fast.model.kv_transfer import target_kv_of
 from sdcp_fast.protocol import (
     Assignment,
     BadRequest,
@@ -51,8 +51,8 @@ from sdcp_fast.protocol import (
     parse_session_path_id,
 )
 from sdcp_fast.protocol.commitlog import CommitRecord, classify_failed_append
-from sdcp_fast.protocol.identity import Peer, PeerRole, require_role
 from sdcp_fast.protocol.messages import ROLE_VERIFIER
+from sdcp_fast.protocol.peer import Peer, PeerRole, require_role
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import Pending, RoundDone, ScoreNeeded, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad

@@ -46,7 +46,7 @@ from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record, encode_record
-from sdcp_fast.protocol.identity import Peer
+from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, SdcpProblem
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.problem import http_problem

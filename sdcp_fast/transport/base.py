@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from sdcp_fast.protocol.identity import Peer
+from sdcp_fast.protocol.peer import Peer
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """A development CA and per-instance certificates whose SANs carry the SDCP identity.
 
 Each instance certificate names its base URI and ``urn:sdcp:role:<role>`` as URI SANs (the
-scheme in ``sdcp_fast/protocol/identity.py``), the host of its base URI plus ``localhost``
+scheme in ``sdcp_fast/protocol/peer.py``), the host of its base URI plus ``localhost``
 and ``127.0.0.1`` as DNS/IP SANs, and both the serverAuth and clientAuth usages: every
 instance serves requests and makes them. Keys are ECDSA P-256 (cheap handshakes) and are
 written with mode 0600. This is for development and tests; production operators bring
@@ -22,7 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from sdcp_fast.protocol.identity import PeerRole, role_uri
+from sdcp_fast.protocol.peer import PeerRole, role_uri
 
 CA_DAYS = 3650
 LEAF_DAYS = 825

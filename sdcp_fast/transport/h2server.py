@@ -24,7 +24,7 @@ import h2.events
 import h2.exceptions
 from h2.errors import ErrorCodes
 
-from sdcp_fast.protocol.identity import Peer
+from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.transport.base import Handler, Request, Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack, header_dict, outbound_fields

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import replace
 
-from sdcp_fast.protocol.identity import Peer, same_instance
+from sdcp_fast.protocol.peer import Peer, same_instance
 from sdcp_fast.transport.base import Handler, Request, Response
 
 

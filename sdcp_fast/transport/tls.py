@@ -4,7 +4,7 @@ Both contexts require TLS 1.3, verify the other side against the configured CA o
 the system store: SDCP peers are the operator's own instances), and offer ALPN ``h2``. The
 server requires a client certificate; the client verifies the server's name against the
 certificate's DNS/IP SANs. :func:`peer_of` turns a verified peer certificate into the
-:class:`~sdcp_fast.protocol.identity.Peer` handlers see (its URI SANs, see identity.py).
+:class:`~sdcp_fast.protocol.peer.Peer` handlers see (its URI SANs, see peer.py).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import ssl
 from collections.abc import Sequence
 from typing import cast
 
-from sdcp_fast.protocol.identity import Peer, peer_from_uris
+from sdcp_fast.protocol.peer import Peer, peer_from_uris
 
 ALPN_H2 = "h2"
 

@@ -1,6 +1,6 @@
 """A throwaway CA with a server (127.0.0.1) and client certificates, made with the openssl CLI.
 
-Client certificates carry the identity scheme of sdcp_fast.protocol.identity: a base URI
+Client certificates carry the identity scheme of sdcp_fast.protocol.peer: a base URI
 and a role URN as URI SANs. ``client`` is a drafter (the name older tests use); the others
 are named for what they are.
 """

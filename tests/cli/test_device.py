@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sdcp_fast.cli import build_parser, main
-from sdcp_fast.services.models import check_device, load_target
+from sdcp_fast.deploy.catalog import check_device, load_target
 
 COMMANDS = {
     "generate": ["--prompt", "hi"],

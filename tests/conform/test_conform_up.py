@@ -8,9 +8,9 @@ import json
 import pytest
 
 from sdcp_fast.cli import main
-from sdcp_fast.engine.inprocess import model_digest
+from sdcp_fast.deploy.local import model_digest
+from sdcp_fast.deploy.up import Up
 from sdcp_fast.model.toy import ToyTarget
-from sdcp_fast.services.up import Up
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from sdcp_fast.conform.report import Outcome
 from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import Verdict
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.inprocess import InProcessNetwork

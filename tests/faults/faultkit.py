@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.deploy.up import Up
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.roles.router import serving_spec
-from sdcp_fast.services.up import Up
 
 SCOPE = bytes.fromhex("5dc9fa017e57000000000000000000aa")  # fixed, so the test can name each commit log
 TEMPERATURE = 0.8  # rule 2's requests
@@ -113,7 +113,7 @@ class FaultUp(Up):
     proxies: dict[str, FaultProxy] = field(default_factory=dict)
 
     def plan(self) -> None:
-        from sdcp_fast.services.up import free_port
+        from sdcp_fast.deploy.up import free_port
 
         super().plan()
         for svc in self.services.values():
@@ -251,9 +251,9 @@ def reference_runs(batch: Sequence[Job], m: int, *, target: str = "toy", drafter
     """Each job's uninterrupted run, in process, through the same roles with the same drafter,
     M, session id and sampling (the engine's results: tokens, finish, rounds self-decoded);
     ``target`` and ``drafter`` are the deployment's (``load_target``/``load_drafter`` specs)."""
+    from sdcp_fast.deploy.catalog import load_drafter, load_target
+    from sdcp_fast.deploy.local import Engine
     from sdcp_fast.embedded import embedded
-    from sdcp_fast.engine.inprocess import Engine
-    from sdcp_fast.services.models import load_drafter, load_target
 
     model = load_target(target)
     draft, digest = load_drafter(drafter, model)

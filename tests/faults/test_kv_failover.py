@@ -65,8 +65,8 @@ def steady_long_jobs(rng: random.Random, n: int) -> tuple[list[Job], list[list[i
     """``n`` rule-1 requests whose uninterrupted run commits ``MAX_TOKENS`` tokens without the
     verifier decoding any round itself (so ending neither at a stop token nor in an escalation
     that hangs on the verifier's load: faultkit's ``steady_jobs``), with their runs' tokens."""
+    from sdcp_fast.deploy.catalog import load_target
     from sdcp_fast.protocol import Action
-    from sdcp_fast.services.models import load_target
 
     target = load_target(TARGET)
     batch = [_job(rng, target) for _ in range(n)]
@@ -119,7 +119,7 @@ def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -
     kill = Kill()
 
     async def main() -> list[Seen]:
-        from sdcp_fast.services.runner import RemoteStore, Security
+        from sdcp_fast.deploy.service import RemoteStore, Security
 
         client = Client(up)
         store = RemoteStore(up.mlc_url(), Security(*up.role_cert("router")))  # the router may read any object
@@ -184,8 +184,8 @@ def test_the_standby_resumes_from_published_pages_after_a_kill_9(kv_up: FaultUp,
     its pages, the busiest verifier is killed with -9 and restarted. Every session completes
     with its uninterrupted run's tokens, streamed once each, its log keeping the audit's
     invariants; each session failed over resumed at the other verifier from pages (none cold)."""
+    from sdcp_fast.deploy.catalog import load_target
     from sdcp_fast.roles.frontend import HFTokenizer
-    from sdcp_fast.services.models import load_target
 
     up = kv_up
     rng = random.Random(seed)

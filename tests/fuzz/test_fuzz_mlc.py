@@ -24,7 +24,7 @@ from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord, encode_record
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.servers.mlc import MLCService
 from sdcp_fast.transport.base import Request
 

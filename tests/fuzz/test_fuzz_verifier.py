@@ -35,8 +35,8 @@ from roles.rolekit import (
 from sdcp_fast.cache import object_uri
 from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Output, Policy, Proposal, SessionOpen, Verdict
-from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE, session_path_id
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.transport.base import Request, Response
 
 from .fuzzkit import EXAMPLES, PER_EXAMPLE, check_answer, decoder_problem, mutate, variants

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from sdcp_fast.model.bulk import generate_rows
-from sdcp_fast.model.runner import ModelRunner, greedy_token
+from sdcp_fast.model.target_scorer import ModelRunner, greedy_token
 
 from .conftest import random_model
 

@@ -12,7 +12,7 @@ import torch
 
 from sdcp_fast.model.cuda_graphs import DEFAULT_BUCKETS, GraphBank, bucket_for, width_for
 from sdcp_fast.model.interfaces import ScoreRequest
-from sdcp_fast.model.runner import ModelRunner
+from sdcp_fast.model.target_scorer import ModelRunner
 
 ATOL = 1e-4
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")

@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from sdcp_fast import data
-from sdcp_fast.model import identity, loader
+from sdcp_fast.model import contract_digests, loader
 from sdcp_fast.model.config import ModelConfig
 from sdcp_fast.model.distill import DistillConfig, choose_head_ids, distill, init_draft
 from sdcp_fast.model.drafters import ModelDrafter
@@ -92,11 +92,11 @@ def test_head_ids_round_trip_and_count_in_the_identity(tiny_target, tmp_path) ->
     a = init_draft(target, 1, torch.tensor([0, 2, 5, 7])).eval()
     b = init_draft(target, 1, torch.tensor([0, 2, 5, 8])).eval()
     b.load_state_dict({k: v for k, v in a.state_dict().items() if k != "head_ids"}, strict=False)
-    assert identity.weights_digest(a) != identity.weights_digest(b)
+    assert contract_digests.weights_digest(a) != contract_digests.weights_digest(b)
     loader.save_hf_dir(a, tmp_path / "d", borrow_embedding=True, dtype=torch.float32)
     back = loader.load(tmp_path / "d", borrow=target).model
     assert back.head_ids.tolist() == [0, 2, 5, 7] and back.head_ids.dtype == torch.int64
-    assert identity.weights_digest(back) == identity.weights_digest(a)
+    assert contract_digests.weights_digest(back) == contract_digests.weights_digest(a)
 
 
 def test_choose_head_ids_counts_answers_only() -> None:

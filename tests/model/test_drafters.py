@@ -3,7 +3,7 @@ from __future__ import annotations
 import torch
 
 from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
-from sdcp_fast.model.runner import greedy_token
+from sdcp_fast.model.target_scorer import greedy_token
 
 from .reference import dense_logits
 

@@ -8,8 +8,8 @@ import torch
 
 from sdcp_fast.model import loader
 from sdcp_fast.model.bulk import generate_rows
+from sdcp_fast.model.contract_digests import weights_digest
 from sdcp_fast.model.distill import _Data, _head_pos, _tensors, init_draft, loss_fn
-from sdcp_fast.model.identity import weights_digest
 from sdcp_fast.model.weights import unpermute_rope
 
 from .conftest import SMALL, random_model

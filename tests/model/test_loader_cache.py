@@ -17,7 +17,7 @@ from tokenizers import pre_tokenizers
 
 from sdcp_fast.model import loader
 from sdcp_fast.model.config import ModelConfig
-from sdcp_fast.model.identity import tokenizer_digest
+from sdcp_fast.model.contract_digests import tokenizer_digest
 from sdcp_fast.model.tokenizer import encode
 
 # Shapes only (vocabulary: see N_TOKENS); Q8_0 blocks are 32 wide, so every row length is a multiple of 32.

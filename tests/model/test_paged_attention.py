@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.kv_cache import PagedKVCache
 from sdcp_fast.model.llama import BatchLayout
-from sdcp_fast.model.paged_kv import PagedKVCache
-from sdcp_fast.model.runner import ModelRunner
+from sdcp_fast.model.target_scorer import ModelRunner
 
 from .reference import dense_logits
 

@@ -7,10 +7,10 @@ import importlib.util
 import pytest
 import torch
 
-from sdcp_fast.engine.inprocess import generate
+from sdcp_fast.deploy.local import generate
 from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
-from sdcp_fast.model.runner import ModelRunner
+from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
 
 pytestmark = pytest.mark.model

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from sdcp_fast.engine.inprocess import generate
+from sdcp_fast.deploy.local import generate
 from sdcp_fast.model import loader
 from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.config import CONFIGS
-from sdcp_fast.model.runner import ModelRunner
+from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.model.tokenizer import decode, encode
 from sdcp_fast.protocol import Sampling
 

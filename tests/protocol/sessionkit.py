@@ -1,5 +1,5 @@
 """Builders for verifier-session tests: a contract, an opened and assigned session, proposals,
-and a round driven to its end. Shared by tests/protocol and tests/conformance (§6)."""
+and a round driven to its end. Shared by tests/protocol and tests/spec (§6)."""
 
 from __future__ import annotations
 

@@ -21,8 +21,8 @@ from sessionkit import (
 
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
-from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import Action, Policy, Resume, Sampling, SessionOpen, Verdict
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import (
     BadContract,
     BadProposal,

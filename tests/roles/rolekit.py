@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import torch
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.deploy.local import model_digest
 from sdcp_fast.embedded import embedded
-from sdcp_fast.engine.inprocess import model_digest
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import (
@@ -34,8 +34,8 @@ from sdcp_fast.protocol import (
     contract_digest,
     prefix_digest,
 )
-from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient

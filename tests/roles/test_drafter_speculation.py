@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
+from sdcp_fast.deploy.local import Engine, model_digest
 from sdcp_fast.embedded import embedded
-from sdcp_fast.engine.inprocess import Engine, model_digest
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.roles.router import SessionSpec

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 import torch
 
+from sdcp_fast.deploy.local import Deployment, Engine, model_digest
 from sdcp_fast.embedded import embedded
-from sdcp_fast.engine.inprocess import Deployment, Engine, model_digest
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
 from sdcp_fast.protocol import Action, Sampling
-from sdcp_fast.protocol.identity import PeerRole
 from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.roles.frontend import Frontend, IncrementalDecoder, ToyWords, mount_frontend
 from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.transport import loop
@@ -118,7 +118,7 @@ def test_a_request_is_never_failed_for_its_drafts_by_default() -> None:
     """The front end's contract is the command-line tools' (one contract per job): reduce, switch,
     then the target's own decoding at any load and to the end; no `fail` on the ladder (the
     bench found requests failed over the network that decoded to the end in process)."""
-    from sdcp_fast.engine.inprocess import spec_for
+    from sdcp_fast.deploy.local import spec_for
 
     spec = Frontend(None, ToyWords(), stop=(EOS,), model="toy")._job({"prompt": PROMPT}, chat=False).spec  # type: ignore[arg-type]
     assert spec.fallback == (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE)
@@ -312,7 +312,7 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
     """The active verifier falls silent after round 3 of a streamed rule-1 completion; the
     router fails the session over to the standby (epoch 2). The client's text is the target's
     greedy continuation: no piece repeated, none missing."""
-    from sdcp_fast.protocol.identity import Peer
+    from sdcp_fast.protocol.peer import Peer
     from sdcp_fast.roles.drafter import DrafterRole
     from sdcp_fast.roles.router import RouterRole
     from sdcp_fast.roles.verifier import VerifierRole

@@ -18,10 +18,10 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.embedded import embedded
 from sdcp_fast.model.drafters import ModelDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
-from sdcp_fast.model.kv_pages import Layout, PagedTargetKV, decode
+from sdcp_fast.model.kv_transfer import Layout, PagedTargetKV, decode
 from sdcp_fast.model.llama import Transformer
-from sdcp_fast.model.runner import ModelRunner, greedy_token
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.model.target_scorer import ModelRunner, greedy_token
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
 from sdcp_fast.roles.verifier import VerifierRole

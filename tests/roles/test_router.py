@@ -22,8 +22,8 @@ from sdcp_fast.protocol import (
     prefix_digest,
 )
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_SPECULATIVE
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
 from sdcp_fast.roles.verifier import VerifierRole

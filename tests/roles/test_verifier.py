@@ -27,8 +27,8 @@ from sdcp_fast.protocol import (
     session_path_id,
 )
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.protocol.identity import Peer, PeerRole
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE
 from sdcp_fast.roles.objects import pack_tokens, unpack_tokens
 

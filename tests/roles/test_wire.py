@@ -22,7 +22,7 @@ from sdcp_fast.protocol import (
     instance_path_id,
     session_path_id,
 )
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_MEDIA_TYPE, UnlistedProblem
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, problem_response
 from sdcp_fast.transport.base import Request, Response

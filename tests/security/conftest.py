@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sdcp_fast.protocol.identity import PeerRole
+from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.transport.certs import InstanceSpec, instance_files, write_certificates
 
 ROUTER = "https://127.0.0.1:8500/"

@@ -19,7 +19,7 @@ from sdcp_fast.cache.uri import served_name
 from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import SdcpProblem
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import Forbidden
 from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.roles.wire import SdcpClient

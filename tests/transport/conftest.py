@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from transport_util import CLIENT_URI, SERVER_URI, Certs
 
-from sdcp_fast.protocol.identity import PeerRole
+from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 
 

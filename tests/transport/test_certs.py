@@ -11,7 +11,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from sdcp_fast.cli import main
-from sdcp_fast.protocol.identity import PeerRole, peer_from_uris
+from sdcp_fast.protocol.peer import PeerRole, peer_from_uris
 from sdcp_fast.transport.certs import DEFAULT_INSTANCES, InstanceSpec, write_certificates
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 from transport_util import Certs, run
 
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve

@@ -6,7 +6,7 @@ import ssl
 
 from transport_util import Certs
 
-from sdcp_fast.protocol.identity import Peer, PeerRole
+from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.transport.tls import client_context, peer_of, server_context
 
 

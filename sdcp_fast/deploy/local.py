@@ -1,0 +1,284 @@
+"""SDCP in one process: a router, a verifier and one drafter role per drafter, wired by the
+in-process transport. The roles are the services' roles; only the carrier differs.
+
+:class:`Engine` is the one decoding path of ``sdcp-fast generate``, the in-process demo,
+its target-only baseline and the model bench: it opens sessions at the router, reads their
+output as a front end does, and reports what the verifier committed round by round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from sdcp_fast.model.contract_digests import model_digest
+from sdcp_fast.model.interfaces import Drafter, TargetScorer
+from sdcp_fast.protocol import Action, contract_digest, extend_digest, prefix_digest
+from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.roles.drafter import DrafterRole
+from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
+from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
+from sdcp_fast.transport.inprocess import InProcessNetwork
+
+__all__ = ["Engine", "RoundRecord", "SessionResult", "SessionSpec", "model_digest", "session_id_for"]
+
+ROUTER = "inproc://router/"
+VERIFIER = "inproc://verifier/"
+STALL_SECONDS = 30.0  # no scoring pass and no commit for this long: the remaining sessions end
+
+
+def drafter_uri(name: str) -> str:
+    return f"inproc://drafter/{hashlib.sha256(name.encode()).hexdigest()[:12]}/"
+
+
+def session_id_for(seed: int, index: int) -> bytes:
+    """The session id a seeded in-process run gives its ``index``-th session: §6.4's randoms
+    depend on the session id, so a run repeats exactly only with the same ids."""
+    return hashlib.sha256(f"sdcp-fast/session/{seed}/{index}".encode()).digest()[:16]
+
+
+@dataclass(frozen=True)
+class RoundRecord:
+    """One committed round, as a researcher or the demo wants to see it."""
+
+    session: int
+    round: int
+    drafter: str | None  # None for a self-decoded round
+    proposed: int
+    accepted: int
+    emitted: tuple[int, ...]
+    action: Action
+    m_cap: int
+    digest: bytes
+
+
+@dataclass
+class SessionResult:
+    session: bytes
+    prompt: tuple[int, ...]
+    tokens: list[int] = field(default_factory=list)
+    finish: Action | None = None
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    self_decoded: int = 0
+    digest: bytes = b""
+    chain_ok: bool = False
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+
+class Engine:
+    """Runs sessions through the three roles on the in-process transport."""
+
+    def __init__(
+        self,
+        scorer: TargetScorer,
+        drafters: Sequence[Drafter],
+        mlc: object,
+        *,
+        target_digest: bytes,
+        tokenizer_digest: bytes,
+        drafter_digests: dict[str, bytes] | None = None,
+        backend: str = "auto",
+        seed: int = 0,
+        adaptive_m: bool = True,
+        fixed_m: int | None = None,
+        on_round: Callable[[RoundRecord], None] | None = None,
+        batch_wait: float = 0.005,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scorer = scorer
+        self.drafters = list(drafters)
+        self.mlc = mlc
+        self.target_digest = target_digest
+        self.tokenizer_digest = tokenizer_digest
+        self.drafter_digests = drafter_digests or {d.name: model_digest(d.name) for d in drafters}
+        self.backend = backend
+        self.seed = seed
+        # §6.2's choice of M from measured costs, unless fixed (seeded runs then repeat exactly).
+        self.fixed_m = fixed_m if fixed_m is not None or adaptive_m else 64
+        self.on_round = on_round
+        self.batch_wait = batch_wait
+        self.clock = clock
+        self.target_passes = 0
+        self.verifier: VerifierRole | None = None
+        self.router: RouterRole | None = None
+        self.drafter_roles: dict[str, DrafterRole] = {}
+
+    def run(self, specs: Sequence[SessionSpec]) -> list[SessionResult]:
+        return asyncio.run(self.arun(specs))
+
+    def _spec(self, spec: SessionSpec, index: int) -> SessionSpec:
+        drafters = spec.drafters
+        if drafters is not None:  # names of this engine's drafters, or model digests
+            drafters = tuple(self.drafter_digests[d] if isinstance(d, str) else d for d in drafters)
+        session = spec.session if spec.session is not None else session_id_for(self.seed, index)
+        return replace(spec, drafters=drafters, session=session)
+
+    def deployment(self, on_round: Callable[[RoundInfo], None] | None = None) -> Deployment:
+        """The roles of this engine, wired in process (an async context manager)."""
+        return Deployment(self, on_round)
+
+    async def arun(self, specs: Sequence[SessionSpec]) -> list[SessionResult]:
+        index_of: dict[bytes, int] = {}
+        results: dict[bytes, SessionResult] = {}
+        names = {drafter_uri(d.name): d.name for d in self.drafters}
+
+        def observe(info: RoundInfo) -> None:
+            result = results.get(info.session)
+            if result is None:
+                return
+            result.rounds += 1
+            result.digest = info.digest
+            if info.drafter is None:
+                result.self_decoded += len(info.emitted)
+            else:
+                result.proposed += info.proposed
+                result.accepted += info.accepted
+            if self.on_round is not None:
+                self.on_round(RoundRecord(
+                    session=index_of[info.session], round=info.round,
+                    drafter=None if info.drafter is None else names.get(info.drafter, info.drafter),
+                    proposed=info.proposed, accepted=info.accepted, emitted=info.emitted,
+                    action=Action.parse(int(info.action)), m_cap=info.m_cap, digest=info.digest))
+
+        opened = []
+        async with self.deployment(observe) as deployment:
+            t0 = time.perf_counter()
+            for i, spec in enumerate(specs):
+                routed = await deployment.router.open(self._spec(spec, i))
+                index_of[routed.session] = i
+                d0 = prefix_digest(contract_digest(routed.contract), tuple(spec.prompt))
+                results[routed.session] = SessionResult(routed.session, tuple(spec.prompt), digest=d0)
+                opened.append(routed)
+            readers = [asyncio.create_task(self._read(deployment.router, r.session, results[r.session]))
+                       for r in opened]
+            while not all(task.done() for task in readers):
+                await asyncio.wait(readers, timeout=1.0)
+                if self.clock() - deployment.verifier.progress > STALL_SECONDS:
+                    for task in readers:
+                        task.cancel()
+                    break
+            await asyncio.gather(*readers, return_exceptions=True)
+            seconds = time.perf_counter() - t0
+            self.target_passes = deployment.verifier.target_passes
+            problems = {s: p for role in deployment.drafters.values() for s, p in role.problems.items()}
+        out = []
+        for routed in opened:
+            result = results[routed.session]
+            result.seconds = seconds
+            d0 = prefix_digest(contract_digest(routed.contract), result.prompt)
+            result.chain_ok = extend_digest(d0, result.tokens) == result.digest
+            result.problems.extend(problems.get(routed.session, ()))
+            out.append(result)
+        return out
+
+    @staticmethod
+    async def _read(router: RouterRole, session: bytes, result: SessionResult) -> None:
+        try:
+            async for out in router.output(session):
+                result.tokens.extend(out.tokens)
+                if out.final:
+                    result.finish = out.finish
+        except asyncio.CancelledError:
+            result.problems.append("stalled")
+            raise
+
+
+class Deployment:
+    """A router, a verifier and the drafter roles of an :class:`Engine` on one in-process
+    network, started on entry and closed on exit; each role reports its status first, so the
+    router knows every instance before the first session is opened."""
+
+    def __init__(self, engine: Engine, on_round: Callable[[RoundInfo], None] | None = None) -> None:
+        self.network = network = InProcessNetwork()
+        e = engine
+        self.router = RouterRole(
+            uri=ROUTER, mlc=e.mlc, transport=network.transport(Peer(ROUTER, PeerRole.ROUTER)),
+            target_digest=e.target_digest, tokenizer_digest=e.tokenizer_digest,
+            drafter_models={drafter_uri(d.name): e.drafter_digests[d.name] for d in e.drafters},
+            scope=hashlib.sha256(b"sdcp-fast-inprocess").digest()[:16], clock=e.clock)
+        self.verifier = VerifierRole(
+            e.scorer, uri=VERIFIER, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
+            target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
+            clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0,
+            target_kv=None)  # one verifier: no other one could resume from published pages
+        self.drafters = {
+            d.name: DrafterRole(d, uri=drafter_uri(d.name), mlc=e.mlc, router=ROUTER, seed=e.seed,
+                                fixed_m=e.fixed_m, clock=e.clock,
+                                transport=network.transport(Peer(drafter_uri(d.name), PeerRole.DRAFTER)))
+            for d in e.drafters
+        }
+        network.register(ROUTER, self.router.handler)
+        network.register(VERIFIER, self.verifier.handler)
+        for role in self.drafters.values():
+            network.register(role.uri, role.handler)
+
+    @property
+    def roles(self) -> list[RouterRole | VerifierRole | DrafterRole]:
+        return [self.router, self.verifier, *self.drafters.values()]
+
+    async def __aenter__(self) -> Deployment:
+        for role in self.roles:
+            await role.start()
+        await self.verifier.report_status()
+        for role in self.drafters.values():
+            await role.report_status()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        for role in reversed(self.roles):
+            await role.close()
+
+
+def generate(
+    scorer: TargetScorer,
+    drafter: Drafter | None,
+    prompts: Sequence[Sequence[int]],
+    max_new: int,
+    *,
+    m: int | None = 4,
+    rule: int = 1,
+    sampling: object = None,
+    stop: Sequence[int] = (),
+    seed: int = 0,
+    backend: str = "auto",
+    mlc: object = None,
+) -> list[SessionResult]:
+    """Decode every prompt through the roles: ``drafter=None`` is target-only decoding (the
+    verifier decodes each session itself, §6.5.2 self_decode). ``m`` fixes M (None: §6.2's
+    choice from measured costs); ``sampling`` is the rule-2 :class:`~sdcp_fast.protocol.Sampling`."""
+    import tempfile
+
+    from sdcp_fast.embedded import embedded
+
+    drafters = [] if drafter is None else [drafter]
+    with tempfile.TemporaryDirectory(prefix="sdcp-generate-") as root:
+        store = mlc if mlc is not None else embedded(root)
+        try:
+            engine = Engine(scorer, drafters, store, target_digest=model_digest("target"),
+                            tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,
+                            fixed_m=m, adaptive_m=m is None)
+            specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m) for p in prompts]
+            return engine.run(specs)
+        finally:
+            if mlc is None:
+                store.close()  # type: ignore[attr-defined]
+
+
+def spec_for(prompt: Sequence[int], *, max_new: int, rule: int = 1, sampling: object = None,
+             stop: Sequence[int] = (), m: int | None = None) -> SessionSpec:
+    """The session the command-line tools ask for: the front end's contract
+    (:func:`~sdcp_fast.roles.router.serving_spec`); target-only sessions are self-decoded from
+    the start (the verifier's ``self_decode_idle``)."""
+    m_max = max(8, m or 0)
+    return serving_spec(prompt, max_new=max_new, rule=rule, sampling=sampling, stop=tuple(stop),
+                        m_max=m_max, m_init=min(m_max, m or 4))

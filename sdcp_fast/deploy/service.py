@@ -1,0 +1,199 @@
+"""Run a role as a service: its handler on the HTTP/2 + mutual TLS transport (§5.1), its
+clients on the same transport, the MLC through an ``sdcp-fast mlc`` server, until a signal.
+
+Security comes from a ``sdcp-fast certs`` folder and an instance name (or explicit
+``--cert/--key/--ca``): the certificate's URI SANs are the instance's base URI and role.
+``--insecure`` serves plain HTTP/2 on loopback only, where nobody is authenticated: each
+client then *claims* its identity in ``x-sdcp-peer-uri``/``x-sdcp-peer-role`` headers so that
+the roles' checks still run (a development convenience, never a security boundary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+import ssl
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.transport.base import Handler, Request, Response, Transport
+
+log = logging.getLogger("sdcp_fast.deploy")
+
+CLAIM_URI, CLAIM_ROLE = "x-sdcp-peer-uri", "x-sdcp-peer-role"
+
+
+@dataclass(frozen=True)
+class Security:
+    """Where a service's TLS material is, or ``insecure``."""
+
+    cert: str | None = None
+    key: str | None = None
+    ca: str | None = None
+    insecure: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, name: str) -> Security:
+        if args.insecure:
+            return cls(insecure=True)
+        if args.cert or args.key or args.ca:
+            if not (args.cert and args.key and args.ca):
+                raise ValueError("--cert, --key and --ca go together")
+            return cls(args.cert, args.key, args.ca)
+        if not args.certs:
+            raise ValueError("give --certs DIR (from `sdcp-fast certs DIR`), or --cert/--key/--ca, or --insecure")
+        from sdcp_fast.transport.certs import instance_files
+
+        cert, key, ca = instance_files(args.certs, args.name or name)
+        return cls(cert, key, ca)
+
+    def server_context(self) -> ssl.SSLContext | None:
+        if self.insecure:
+            return None
+        from sdcp_fast.transport.tls import server_context
+
+        assert self.cert and self.key and self.ca
+        return server_context(self.cert, self.key, self.ca)
+
+    def client_context(self, alpn: tuple[str, ...] = ("h2",)) -> ssl.SSLContext | None:
+        if self.insecure:
+            return None
+        from sdcp_fast.transport.tls import client_context
+
+        assert self.cert and self.key and self.ca
+        return client_context(self.cert, self.key, self.ca, alpn=alpn)
+
+
+def add_service_arguments(p: argparse.ArgumentParser, *, name: str, port: int, router: bool = True) -> None:
+    """The options every role service shares."""
+    p.add_argument("--uri", default=f"https://127.0.0.1:{port}/",
+                   help=f"this instance's base URI, as its certificate names it (default https://127.0.0.1:{port}/)")
+    p.add_argument("--listen", metavar="HOST:PORT", help="address to bind (default: the base URI's host and port)")
+    if router:
+        p.add_argument("--router", default="https://127.0.0.1:8500/", help="the router's base URI")
+    p.add_argument("--mlc", default="https://127.0.0.1:8470", help="the MLC server (sdcp-fast mlc) base URL")
+    p.add_argument("--certs", metavar="DIR", help="a `sdcp-fast certs` folder; the certificate used is --name's")
+    p.add_argument("--name", default=name, help=f"instance name in --certs (default {name})")
+    p.add_argument("--cert", help="certificate (PEM) instead of --certs")
+    p.add_argument("--key", help="private key (PEM) instead of --certs")
+    p.add_argument("--ca", help="CA (PEM) that signs every peer, instead of --certs")
+    p.add_argument("--insecure", action="store_true",
+                   help="plain HTTP/2 on loopback, nobody authenticated (development only)")
+    p.add_argument("--status-ttl-ms", type=int, default=10_000,
+                   help="ttl_ms of this instance's status reports; it reports three times as often (default 10000)")
+    p.add_argument("--log-level", default="info", help="debug, info, warning (default info)")
+
+
+def listen_address(args: argparse.Namespace) -> tuple[str, int]:
+    if args.listen:
+        host, _, port = args.listen.rpartition(":")
+        return host or "127.0.0.1", int(port)
+    parts = urlsplit(args.uri)
+    return parts.hostname or "127.0.0.1", parts.port or 443
+
+
+def claimed(handler: Handler) -> Handler:
+    """Insecure mode: take the identity the client claims (see the module doc)."""
+
+    async def handle(request: Request) -> Response:
+        uri = request.headers.get(CLAIM_URI) or None
+        try:
+            role = PeerRole(request.headers.get(CLAIM_ROLE, ""))
+        except ValueError:
+            role = None
+        return await handler(Request(request.method, request.path, request.query, request.body, request.headers,
+                                     Peer(uri, role)))
+
+    return handle
+
+
+class ClaimingTransport:
+    """Insecure mode's client side: every request claims ``peer``."""
+
+    def __init__(self, inner: Transport, peer: Peer) -> None:
+        self.inner = inner
+        self.headers = {CLAIM_URI: peer.uri or "", CLAIM_ROLE: peer.role.value if peer.role else ""}
+
+    async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
+                      query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                      timeout: float | None = None) -> Response:
+        return await self.inner.request(base_uri, method, path, body=body, query=query,
+                                        headers={**(headers or {}), **self.headers}, timeout=timeout)
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+def client_transport(security: Security, peer: Peer) -> Transport:
+    from sdcp_fast.transport.h2client import H2Transport
+
+    if security.insecure:
+        return ClaimingTransport(H2Transport(insecure=True), peer)
+    return H2Transport(security.client_context())
+
+
+class RemoteStore:
+    """The MLC API of an ``sdcp-fast mlc`` server plus its commit logs (``commit_log(name)``),
+    reached over HTTP/2 with this service's own certificate: one connection, a stream per
+    call, no thread. Its calls are coroutines (``roles.objects.Objects`` awaits them)."""
+
+    nonblocking = True
+
+    def __init__(self, base_url: str, security: Security) -> None:
+        from sdcp_fast.cache.client import AsyncMLC, mlc_transport
+
+        self.base_url = base_url.rstrip("/")
+        self.transport = mlc_transport(security.client_context())
+        self.mlc = AsyncMLC(self.base_url, self.transport)
+
+    def commit_log(self, name: str) -> Any:
+        from sdcp_fast.commitlog.http import AsyncHttpCommitLog
+
+        return AsyncHttpCommitLog.on_server(self.base_url, name, self.transport)
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.mlc, attr)
+
+    async def close(self) -> None:
+        await self.transport.close()
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+
+
+async def serve_role(role: Any, *, host: str, port: int, security: Security, base_path: str = "/",
+                     ready: str = "") -> None:
+    """Start ``role``, serve its handler, and run until SIGINT or SIGTERM."""
+    from sdcp_fast.transport.h2server import serve
+
+    handler: Handler = role.handler
+    if security.insecure:
+        handler = claimed(handler)
+    server = await serve(handler, host, port, ssl=security.server_context(), insecure=security.insecure,
+                         base_path=base_path)
+    await role.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    scheme = "http" if security.insecure else "https"
+    print(f"{ready or type(role).__name__}: serving {scheme}://{host}:{server.port}{base_path} "
+          f"({'INSECURE: no authentication' if security.insecure else 'HTTP/2, TLS 1.3, client certificates required'})",
+          file=sys.stderr, flush=True)
+    try:
+        await stop.wait()
+    finally:
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 5)
+        await role.close()

@@ -1,0 +1,243 @@
+"""The embedded default deployment on one machine: an MLC, a router, an active and a standby
+verifier and two drafters of different kinds, each its own process, on loopback, with
+development certificates (mutual TLS), supervised until interrupted.
+
+``Up.start()`` writes the certificates, starts every process and waits until each answers;
+``Up.endpoints()`` is what ``DIR/endpoints.json`` holds; ``Up.supervise()`` restarts any
+process that dies (a verifier killed with -9 comes back empty, as the new standby, once the
+router has moved its sessions to the other one); ``Up.stop()`` ends them all.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("sdcp_fast.up")
+
+TOY_DRAFTERS = ("toy-good", "toy-weak")
+REAL_DRAFTERS = ("ngram", "model:smollm2-draft")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Service:
+    name: str
+    role: str  # mlc, router, verifier, drafter
+    port: int
+    argv: list[str]
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    log_path: Path | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"https://127.0.0.1:{self.port}/" if self.role != "mlc" else f"https://127.0.0.1:{self.port}"
+
+
+@dataclass
+class Up:
+    directory: Path
+    model: str = "auto"
+    drafters: tuple[str, ...] | None = None
+    base_port: int | None = None
+    status_ttl_ms: int = 3000
+    threads: int = 1
+    # Passed to the services as they are; None leaves each service its own default (drafters:
+    # §6.2's adaptive M; verifiers: their batch limit; both: the CPU).
+    fixed_m: int | None = None
+    max_batch: int | None = None
+    device: str | None = None
+    services: dict[str, Service] = field(default_factory=dict)
+
+    def _ports(self, n: int) -> list[int]:
+        if self.base_port is None:
+            return [free_port() for _ in range(n)]
+        return [self.base_port + i for i in range(n)]
+
+    def plan(self) -> None:
+        from sdcp_fast.deploy.catalog import resolve
+
+        model = resolve(self.model)
+        self.model = model
+        drafters = self.drafters or (TOY_DRAFTERS if model == "toy" else REAL_DRAFTERS)
+        names = ["mlc", "router", "verifier", "verifier-standby"] + [f"drafter-{c}" for c in "ab"[: len(drafters)]]
+        ports = dict(zip(names, self._ports(len(names)), strict=True))
+        certs = str(self.directory / "certs")
+        py = [sys.executable, "-m", "sdcp_fast"]
+        mlc_url = f"https://127.0.0.1:{ports['mlc']}"
+        router = f"https://127.0.0.1:{ports['router']}/"
+        common = ["--certs", certs, "--mlc", mlc_url, "--status-ttl-ms", str(self.status_ttl_ms)]
+        s = self.services
+        s["mlc"] = Service("mlc", "mlc", ports["mlc"], [
+            *py, "mlc", "--port", str(ports["mlc"]), "--root", str(self.directory / "mlc"),
+            "--certs", certs, "--name", "mlc"])
+        drafter_uris = {f"drafter-{c}": f"https://127.0.0.1:{ports[f'drafter-{c}']}/" for c in "ab"[: len(drafters)]}
+        s["router"] = Service("router", "router", ports["router"], [
+            *py, "router", "--uri", router, "--name", "router", "--model", model, *common,
+            *(a for name, spec in zip(drafter_uris, drafters, strict=True)
+              for a in ("--drafter-model", f"{drafter_uris[name]}={spec}"))])
+        for name in ("verifier", "verifier-standby"):
+            s[name] = Service(name, "verifier", ports[name], [
+                *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
+                "--model", model, *common, *self._option("--max-batch", self.max_batch),
+                *self._option("--device", self.device)])
+        for name, spec in zip(drafter_uris, drafters, strict=True):
+            s[name] = Service(name, "drafter", ports[name], [
+                *py, "drafter", "--uri", drafter_uris[name], "--name", name, "--router", router, "--model", model,
+                "--drafter", spec, "--threads", str(self.threads), *common, *self._option("--m", self.fixed_m),
+                *self._option("--device", self.device)])
+
+    @staticmethod
+    def _option(flag: str, value: object) -> list[str]:
+        return [] if value is None else [flag, str(value)]
+
+    def write_certificates(self) -> None:
+        from sdcp_fast.protocol.peer import PeerRole
+        from sdcp_fast.transport.certs import InstanceSpec, write_certificates
+
+        specs = [InstanceSpec(svc.name, PeerRole(svc.role), svc.uri if svc.role != "mlc" else svc.uri + "/")
+                 for svc in self.services.values()]
+        specs.append(InstanceSpec("client", PeerRole.CLIENT, None))
+        write_certificates(self.directory / "certs", specs)
+
+    def launch(self, svc: Service) -> None:
+        logs = self.directory / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        svc.log_path = logs / f"{svc.name}.log"
+        out = open(svc.log_path, "ab")  # noqa: SIM115 - the child owns it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        svc.process = subprocess.Popen(svc.argv, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                       start_new_session=True)
+        out.close()
+
+    def start(self, timeout: float = 180.0) -> None:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.plan()
+        self.write_certificates()
+        self.launch(self.services["mlc"])
+        self.wait_healthy(["mlc"], timeout)
+        for svc in self.services.values():
+            if svc.name != "mlc":
+                self.launch(svc)
+        self.wait_healthy([n for n in self.services if n != "mlc"], timeout)
+        self.wait_registered(timeout)
+        (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
+
+    def wait_healthy(self, names: list[str], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = list(names)
+        while pending:
+            for name in list(pending):
+                svc = self.services[name]
+                assert svc.process is not None
+                if svc.process.poll() is not None:
+                    tail = svc.log_path.read_text()[-2000:] if svc.log_path else ""
+                    raise RuntimeError(f"{name} exited with {svc.process.returncode} while starting:\n{tail}")
+                if self.healthy(svc):
+                    pending.remove(name)
+            if pending and time.monotonic() > deadline:
+                raise TimeoutError(f"not healthy after {timeout:.0f}s: {', '.join(pending)} "
+                                   f"(logs in {self.directory / 'logs'})")
+            if pending:
+                time.sleep(0.2)
+
+    def wait_registered(self, timeout: float) -> None:
+        """Until the router has a live status from every verifier and drafter (GET instances)."""
+        import asyncio
+
+        from sdcp_fast.transport.h2client import H2Transport
+        from sdcp_fast.transport.tls import client_context
+
+        e = self.endpoints()
+        wanted = {svc.uri for svc in self.services.values() if svc.role in ("verifier", "drafter")}
+
+        async def poll() -> None:
+            client = H2Transport(client_context(e["client_cert"], e["client_key"], e["ca"]))
+            deadline = time.monotonic() + timeout
+            try:
+                while True:
+                    response = await client.request(self.services["router"].uri, "GET", "instances", timeout=5)
+                    if response.status == 200 and wanted <= {i["instance"] for i in json.loads(response.body)}:
+                        return
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"the router did not hear from every instance within {timeout:.0f}s")
+                    await asyncio.sleep(0.1)
+            finally:
+                await client.close()
+
+        asyncio.run(poll())
+
+    def healthy(self, svc: Service) -> bool:
+        """Completes TLS with our CA and the client certificate, choosing HTTP/2 (ALPN h2)."""
+        import ssl
+
+        certs = self.directory / "certs"
+        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        ctx.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
+        ctx.set_alpn_protocols(["h2"])  # every service, the MLC too, serves HTTP/2
+        try:
+            with socket.create_connection(("127.0.0.1", svc.port), timeout=1) as raw, \
+                    ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+                return tls.selected_alpn_protocol() == "h2"
+        except OSError:
+            return False
+
+    def endpoints(self) -> dict[str, Any]:
+        certs = self.directory / "certs"
+        return {
+            "model": self.model,
+            "services": {name: {"role": svc.role, "url": svc.uri,
+                                "pid": svc.process.pid if svc.process else None}
+                         for name, svc in self.services.items()},
+            "ca": str(certs / "ca.pem"), "client_cert": str(certs / "client.pem"),
+            "client_key": str(certs / "client.key"),
+            "frontend": self.services["router"].uri + "v1/",
+            "logs": str(self.directory / "logs"),
+        }
+
+    def supervise_once(self) -> list[str]:
+        """Restart every process that died; their names."""
+        restarted = []
+        for svc in self.services.values():
+            if svc.process is not None and svc.process.poll() is not None:
+                log.warning("%s exited with %s; restarting it", svc.name, svc.process.returncode)
+                svc.restarts += 1
+                self.launch(svc)
+                restarted.append(svc.name)
+        if restarted:
+            (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
+        return restarted
+
+    def stop(self, timeout: float = 10.0) -> None:
+        procs = [svc.process for svc in self.services.values() if svc.process is not None]
+        for p in procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                p.wait()

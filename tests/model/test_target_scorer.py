@@ -1,0 +1,81 @@
+"""The paged, batched runner against the dense reference forward."""
+
+from __future__ import annotations
+
+import torch
+
+from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.target_scorer import ModelRunner, greedy_token
+
+from .reference import dense_logits
+
+ATOL = 1e-4
+
+
+def seq(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 97, (n,), generator=g).tolist()
+
+
+def test_score_rows_match_dense_forward(small_model) -> None:
+    r = ModelRunner(small_model, block_size=4, num_blocks=2)
+    committed, proposal = seq(11, 1), seq(4, 2)
+    out = r.score([ScoreRequest(b"a", committed, proposal)])[0]
+    ref = dense_logits(small_model, committed + proposal)[len(committed) - 1:]
+    assert out.shape == (5, 97) and out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+
+
+def test_ragged_batch_equals_each_session_alone(small_model) -> None:
+    r = ModelRunner(small_model, block_size=4)
+    reqs = [ScoreRequest(b"a", seq(3, 3), seq(4, 4)), ScoreRequest(b"b", seq(17, 5), []),
+            ScoreRequest(b"c", seq(1, 6), seq(2, 7))]
+    out = r.score(reqs)
+    for q, o in zip(reqs, out, strict=True):
+        ref = dense_logits(small_model, [*q.committed, *q.proposal])[len(q.committed) - 1:]
+        torch.testing.assert_close(o, ref, atol=ATOL, rtol=0)
+
+
+def test_reconcile_across_rounds_reuses_prefix_and_stays_exact(small_model) -> None:
+    r = ModelRunner(small_model, block_size=4)
+    committed = seq(9, 8)
+    proposal = seq(6, 9)
+    r.score([ScoreRequest(b"a", committed, proposal)])
+    # Two proposal tokens accepted, then a different token: the cache keeps 11 positions.
+    committed2 = committed + proposal[:2] + [(proposal[2] + 1) % 97]
+    blocks_before = list(r.cache.seqs[b"a"].blocks)
+    out = r.score([ScoreRequest(b"a", committed2, seq(3, 10))])[0]
+    assert r.cache.seqs[b"a"].blocks[:3] == blocks_before[:3]  # the prefix was not moved
+    ref = dense_logits(small_model, committed2 + seq(3, 10))[len(committed2) - 1:]
+    torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
+    # A committed list that forks early (fail-over, retry) is recomputed from the fork.
+    forked = committed[:2] + seq(5, 11)
+    out = r.score([ScoreRequest(b"a", forked, [])])[0]
+    torch.testing.assert_close(out, dense_logits(small_model, forked)[-1:], atol=ATOL, rtol=0)
+    assert r.cache.used_blocks() == 2  # 7 positions in blocks of 4; the rest went back
+
+
+def test_prefill_decode_one_and_layer_skip(small_model) -> None:
+    r = ModelRunner(small_model, block_size=4)
+    prompt = seq(6, 12)
+    torch.testing.assert_close(r.prefill(b"a", prompt), dense_logits(small_model, prompt)[-1], atol=ATOL, rtol=0)
+    out = r.decode_one([(b"a", prompt + [3]), (b"b", [4, 5])])
+    assert out.shape == (2, 97)
+    torch.testing.assert_close(out[1], dense_logits(small_model, [4, 5])[-1], atol=ATOL, rtol=0)
+    skip = ModelRunner(small_model, n_layers=1)
+    assert len(skip.cache.k) == 1
+    torch.testing.assert_close(skip.prefill(b"a", prompt), dense_logits(small_model, prompt, n_layers=1)[-1],
+                               atol=ATOL, rtol=0)
+    r.release(b"a")
+    r.release(b"b")
+    assert r.cache.used_blocks() == 0
+
+
+def test_greedy_token_breaks_ties_to_smallest_id() -> None:
+    assert greedy_token(torch.tensor([0.0, 2.0, 1.0, 2.0])) == 1
+
+
+def test_dense_training_path_matches_reference(small_model) -> None:
+    a, b = seq(7, 13), seq(7, 14)
+    hidden = small_model.forward_dense(torch.tensor([a, b]))  # [2, 7, dim]
+    torch.testing.assert_close(small_model.logits(hidden[1]), dense_logits(small_model, b), atol=ATOL, rtol=0)
