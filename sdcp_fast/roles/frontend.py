@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from sdcp_fast.protocol import Action, Sampling, SdcpProblem
 from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
+from sdcp_fast.roles.sse import DONE_EVENT, event
 from sdcp_fast.transport.base import Request, Response
 
 log = logging.getLogger("sdcp_fast.frontend")
@@ -248,7 +249,7 @@ class Frontend:
                 choice["delta"] = delta
             else:
                 choice.update(text=text or "", logprobs=None)
-            return _event({**head, "choices": [choice]})
+            return event({**head, "choices": [choice]})
 
         count = 0
         try:
@@ -261,12 +262,12 @@ class Frontend:
                 if finish is not None:
                     yield chunk(None if chat else "", finish)
             if job.usage_in_stream:
-                yield _event({**head, "choices": [], "usage": _usage(len(job.spec.prompt), count)})
+                yield event({**head, "choices": [], "usage": _usage(len(job.spec.prompt), count)})
         except ApiError as error:
-            yield _event(error.body())
+            yield event(error.body())
         except SdcpProblem as problem:
-            yield _event(_from_problem(problem).body())
-        yield b"data: [DONE]\n\n"
+            yield event(_from_problem(problem).body())
+        yield DONE_EVENT
 
     def _job(self, body: Mapping[str, Any], chat: bool) -> _Job:
         model = body.get("model", self.model)
@@ -414,7 +415,3 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
 
 def _json(body: Mapping[str, Any], status: int = 200) -> Response:
     return Response(status, json.dumps(body).encode(), {"content-type": JSON})
-
-
-def _event(body: Mapping[str, Any]) -> bytes:
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"

@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ from sdcp_fast.embedded import embedded
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
 from sdcp_fast.protocol import Action, Sampling
-from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE, Output
 from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.roles.frontend import Frontend, IncrementalDecoder, ToyWords, mount_frontend
 from sdcp_fast.roles.router import SessionSpec
+from sdcp_fast.roles.sse import DONE, messages
 from sdcp_fast.transport import loop
 from sdcp_fast.transport.base import Request, Response
 
@@ -56,12 +58,11 @@ def post(path: str, body: Any, headers: dict[str, str] | None = None) -> Request
 
 
 async def events(response: Response) -> list[Any]:
+    """The stream's messages, the last of them :data:`~sdcp_fast.roles.sse.DONE`."""
     assert response.stream is not None
-    raw = b"".join([chunk async for chunk in response.stream])
-    assert raw.endswith(b"data: [DONE]\n\n")
-    frames = raw.split(b"\n\n")[:-1]
-    assert all(f.startswith(b"data: ") for f in frames)
-    return [json.loads(f[6:]) if f != b"data: [DONE]" else "[DONE]" for f in frames]
+    out = [message async for message in messages(response.stream)]
+    assert out[-1] == DONE and DONE not in out[:-1]
+    return out
 
 
 # -- incremental decoding -------------------------------------------------------------------
@@ -239,6 +240,31 @@ def test_leaving_a_stream_stops_reading_the_session(tmp_path: Path) -> None:
                 await chunks.__anext__()
 
     loop.run(scenario())
+
+
+def test_output_of_a_lower_epoch_is_discarded(tmp_path: Path) -> None:
+    """§6.7: "a front end that receives output with a lower epoch than one it has seen discards
+    it". The verifier's output is relabelled epoch 2 (as after a fail-over), and after its first
+    piece an old verifier's epoch-1 output at the next index arrives: other tokens, and final.
+    The client's text is still the target's greedy continuation, to its length."""
+    async def scenario() -> tuple[Any, list[int], int]:
+        async with deployment(tmp_path) as (d, _, target):
+            real, stale = d.router.client.output, []
+
+            async def output(verifier: str, session: bytes, start: int, **kw: Any) -> Output:
+                if start > 0 and not stale:
+                    stale.append(start)
+                    return Output(session, 1, start, tuple(encode("zebra zebra")), True, Action.FAIL)
+                return replace(await real(verifier, session, start, **kw), epoch=2)
+
+            d.router.client.output = output  # type: ignore[method-assign]
+            response = await d.router.handler(post("v1/completions", {"prompt": PROMPT, "max_tokens": 12}))
+            return json.loads(response.body), greedy(target, encode(PROMPT), 12), len(stale)
+
+    body, expected, stale = loop.run(scenario())
+    assert stale == 1
+    assert body["choices"][0]["text"] == decode(expected)
+    assert body["usage"]["completion_tokens"] == len(expected)
 
 
 # -- the official client over HTTP/2 + mutual TLS ---------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import ssl
 import stat
 from pathlib import Path
 
@@ -73,10 +75,38 @@ def test_cli_given_instances_and_bad_input(tmp_path: Path) -> None:
     assert main(["certs", str(tmp_path), "--instance", "v=nobody"]) == 2
 
 
-def test_instance_files_feed_the_tls_contexts(tmp_path: Path) -> None:
-    from sdcp_fast.transport.certs import instance_files
-    from sdcp_fast.transport.tls import client_context, server_context
+def _handshake(server: ssl.SSLContext, client: ssl.SSLContext) -> tuple[ssl.SSLObject, ssl.SSLObject]:
+    """A TLS handshake in memory (no sockets): the server's and the client's side."""
+    pipes = [(ssl.MemoryBIO(), ssl.MemoryBIO()) for _ in range(2)]
+    s_side = server.wrap_bio(*pipes[0], server_side=True)
+    c_side = client.wrap_bio(*pipes[1], server_hostname="127.0.0.1")
+    done = {id(s_side): False, id(c_side): False}
+    for _ in range(10):
+        for side in (c_side, s_side):
+            with contextlib.suppress(ssl.SSLWantReadError):
+                side.do_handshake()
+                done[id(side)] = True
+        pipes[0][0].write(pipes[1][1].read())  # client -> server
+        pipes[1][0].write(pipes[0][1].read())  # server -> client
+        if all(done.values()):
+            return s_side, c_side
+    raise AssertionError("the handshake did not finish")
 
-    write_certificates(tmp_path, [InstanceSpec("v", PeerRole.VERIFIER, "https://127.0.0.1:1/")])
-    server_context(*instance_files(tmp_path, "v"))
-    client_context(*instance_files(tmp_path, "v"))
+
+def test_instance_files_feed_the_tls_contexts(tmp_path: Path) -> None:
+    """instance_files names an instance's own certificate and key and the CA, in the order the
+    contexts take them: a verifier's server and a drafter's client built from them complete a
+    TLS 1.3 handshake, and each side proves the other's SDCP identity."""
+    from sdcp_fast.protocol.peer import Peer
+    from sdcp_fast.transport.certs import instance_files
+    from sdcp_fast.transport.tls import client_context, peer_of, server_context
+
+    write_certificates(tmp_path, [InstanceSpec("v", PeerRole.VERIFIER, "https://127.0.0.1:1/"),
+                                  InstanceSpec("d", PeerRole.DRAFTER, "https://127.0.0.1:2/")])
+    assert instance_files(tmp_path, "v") == (str(tmp_path / "v.pem"), str(tmp_path / "v.key"),
+                                             str(tmp_path / "ca.pem"))
+    server, client = _handshake(server_context(*instance_files(tmp_path, "v")),
+                                client_context(*instance_files(tmp_path, "d")))
+    assert client.version() == "TLSv1.3" and client.selected_alpn_protocol() == "h2"
+    assert peer_of(server) == Peer("https://127.0.0.1:2/", PeerRole.DRAFTER)
+    assert peer_of(client) == Peer("https://127.0.0.1:1/", PeerRole.VERIFIER)
