@@ -1,0 +1,129 @@
+"""roles/scoring.py: one verification batch through the kernels. A batch answers each
+session as a batch of that session alone would (rule 1 and rule 2 mixed, ragged M, odd batch
+sizes and vocabularies), and reads the results on the host once per batch, not per session."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from sdcp_fast.kernels.backends import BackendUnavailable, resolve
+from sdcp_fast.protocol import Sampling
+from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.protocol.session import ScoreNeeded, Uniforms
+from sdcp_fast.roles import scoring
+from sdcp_fast.roles.scoring import Scored, verify_batch
+
+VOCAB = 37
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy", "__iter__")
+SCORING = str(Path(scoring.__file__).resolve())
+
+
+def _backends() -> list[str]:
+    out = ["reference"]
+    try:
+        resolve("cpu", torch.device("cpu"))
+        out.append("cpu")
+    except BackendUnavailable:
+        pass
+    return out
+
+
+def _item(rng: random.Random, index: int, rule: int) -> tuple[Scored, torch.Tensor]:
+    """A round of ``rule`` with 1..5 proposed tokens, and its target logits ``[M + 1, V]``."""
+    m = rng.randint(1, 5)
+    gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
+    logits = torch.randn(m + 1, VOCAB, generator=gen) * 3
+    # Some proposals follow the target's argmax for a while, so that acceptances vary.
+    follow = rng.randint(0, m)
+    proposed = tuple(int(logits[i].argmax()) if i < follow else rng.randrange(VOCAB) for i in range(m))
+    q = None
+    uniforms = None
+    sampling = None
+    if rule == RULE_SPECULATIVE:
+        q = torch.softmax(torch.randn(m, VOCAB, generator=gen), dim=-1)
+        uniforms = Uniforms(accept=tuple(rng.random() for _ in range(m + 1)),
+                            draw=tuple(rng.random() for _ in range(m + 1)))
+        sampling = rng.choice([None, Sampling(temperature_milli=700), Sampling(top_k=5), Sampling(top_p_milli=900)])
+    work = ScoreNeeded(session=bytes([index]) * 16, round=1, prompt=(1, 2), output=(), proposed=proposed,
+                       sampling=sampling, rule=rule, needs_q=False, q_rows=None, uniforms=uniforms)
+    return Scored(work, q), logits
+
+
+def _batch(seed: int, size: int, rules: tuple[int, ...]) -> tuple[list[Scored], list[torch.Tensor]]:
+    rng = random.Random(seed)
+    made = [_item(rng, i, rng.choice(rules)) for i in range(size)]
+    return [m[0] for m in made], [m[1] for m in made]
+
+
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 13])
+@pytest.mark.parametrize("rules", [(RULE_GREEDY,), (RULE_SPECULATIVE,), (RULE_GREEDY, RULE_SPECULATIVE)],
+                         ids=["rule1", "rule2", "mixed"])
+def test_a_batch_answers_each_session_as_its_own_batch_would(backend: str, size: int, rules: tuple[int, ...]) -> None:
+    items, logits = _batch(1000 * size + len(rules), size, rules)
+    batched = verify_batch(items, logits, backend=backend)
+    alone = [verify_batch([item], [row], backend=backend)[0] for item, row in zip(items, logits, strict=True)]
+    assert batched == alone
+    for item, row, (accepted, token) in zip(items, logits, batched, strict=True):
+        assert 0 <= accepted <= len(item.work.proposed) and 0 <= token < VOCAB
+        if item.work.rule == RULE_GREEDY:  # rule 1 is the argmax walk: checkable by hand
+            expected = 0
+            while expected < len(item.work.proposed) and int(row[expected].argmax()) == item.work.proposed[expected]:
+                expected += 1
+            assert (accepted, token) == (expected, int(row[expected].argmax()))
+
+
+@contextlib.contextmanager
+def _host_reads() -> Iterator[list[str]]:
+    """Every read of a tensor's values into Python made by roles/scoring.py itself."""
+    seen: list[str] = []
+
+    def counted(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            if sys._getframe(1).f_code.co_filename == SCORING:
+                seen.append(name)
+            return original(*args, **kwargs)
+        return wrapper
+
+    with pytest.MonkeyPatch.context() as mp:
+        for name in HOST_READS:
+            mp.setattr(torch.Tensor, name, counted(name, getattr(torch.Tensor, name)))
+        yield seen
+
+
+@pytest.mark.parametrize("size", [1, 2, 5, 9])
+@pytest.mark.parametrize("rules", [(RULE_GREEDY,), (RULE_SPECULATIVE,), (RULE_GREEDY, RULE_SPECULATIVE)],
+                         ids=["rule1", "rule2", "mixed"])
+def test_one_host_read_per_batch_whatever_its_size(size: int, rules: tuple[int, ...]) -> None:
+    """On a GPU each read of a device value waits for the device: one per batch, not one or
+    two per session."""
+    items, logits = _batch(7 + size, size, rules)
+    expected = verify_batch(items, logits, backend="reference")
+    with _host_reads() as seen:
+        assert verify_batch(items, logits, backend="reference") == expected
+    assert seen == ["tolist"]
+
+
+def test_an_empty_batch_reads_nothing() -> None:
+    with _host_reads() as seen:
+        assert verify_batch([], [], backend="reference") == []
+    assert seen == []
+
+
+def test_a_proposal_the_kernel_flags_is_a_bug_not_an_answer() -> None:
+    """The core refuses q(x) = 0 before scoring; should the kernel still flag a session, the
+    pass fails (its rounds are dropped and retried) rather than commit a made-up result."""
+    items, logits = _batch(3, 3, (RULE_SPECULATIVE,))
+    bad = items[1]
+    assert bad.q is not None
+    bad.q[0, bad.work.proposed[0]] = 0.0
+    with pytest.raises(RuntimeError, match="kernel flagged"):
+        verify_batch(items, logits, backend="reference")
