@@ -132,7 +132,7 @@ def greedy(p_rows: Sequence[Sequence[float]], tokens: Sequence[int]) -> RoundRes
     return RoundResult(accepted, argmax(p_rows[accepted]))
 
 
-def q_of_tokens(q_rows: bytes | bytearray, tokens: Sequence[int], vocab: int) -> list[float]:
+def q_of_tokens(q_rows: bytes | bytearray | memoryview, tokens: Sequence[int], vocab: int) -> list[float]:
     """``q[i](x[i])`` for each proposed token, read from the raw ``q_rows`` object (§5.2:
     M rows of V little-endian binary32, in position order) without decoding whole rows."""
     m = len(tokens)

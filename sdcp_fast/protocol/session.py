@@ -557,7 +557,7 @@ class VerifierSession:
         self,
         q_of_x: Sequence[float] | None = None,
         *,
-        q_rows: bytes | bytearray | None = None,
+        q_rows: bytes | bytearray | memoryview | None = None,
         vocab: int | None = None,
     ) -> Uniforms:
         """Rule 2's precondition (§6.3): q[i](x[i]) for every proposed position, given directly

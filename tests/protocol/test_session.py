@@ -350,6 +350,31 @@ def test_fail_ends_session():
     assert session.session_state().state == Action.FAIL
 
 
+@pytest.mark.parametrize("how", ["stop", "max_new", "open"])
+def test_finished_session_takes_no_assignment_policy_or_proposal(how):
+    """A FINISHED session is as closed as a FAILED one: a late PUT .../drafter (a router
+    re-assigning after a switch event) or policy update changes nothing and is answered
+    sdcp-session-closed, carrying the final session-state."""
+    if how == "open":
+        session = open_session(contract(max_new=0), drafter=None)
+    else:
+        session = open_session(contract(stop=(2,), max_new=100) if how == "stop" else contract(stop=(), max_new=2))
+        run_round(session, (4, 2), 2, 7)
+    assert session.state is State.FINISHED
+    before = (session.drafter, session.revoked, session.control.snapshot(), session.session_state())
+    calls = [lambda: session.assign(assignment(session, drafter="https://b/", m_init=3)),
+             lambda: session.policy(Policy(session=SID, from_round=9, sampling=Sampling(top_k=2)))]
+    if session.drafter is not None:  # with none assigned, a proposal is not-assigned first (§6.3's order)
+        calls.append(lambda: session.receive_proposal(proposal(session, (4,)), client=DRAFTER, now=0))
+    for call in calls:
+        with pytest.raises(SessionClosed) as info:
+            call()
+        assert info.value.extra["session_state"]["state"] == int(Action.FINISH)
+    assert (session.drafter, session.revoked, session.control.snapshot(), session.session_state()) == before
+    assert session.sampling_for(9) == session.contract.sampling
+    assert session.state is State.FINISHED
+
+
 def self_decoding_session(**overrides):
     fields = dict(low_rounds=1, fallback=(3, 2), self_load=50, self_max=3, stop=(2,))
     fields.update(overrides)
