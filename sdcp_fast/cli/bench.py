@@ -156,12 +156,6 @@ def _plan(args: argparse.Namespace) -> object:
             raise ValueError(f"--device {args.device}: no CUDA device here")
         if model == "toy":
             raise ValueError("--device: the toy target has no weights to move")
-        from sdcp_fast.harness.run import services_take_device
-
-        if not args.inprocess and remote is None and not services_take_device():
-            raise ValueError(f"--device {args.device}: sdcp-fast verifier and drafter have no --device here, so "
-                             "sdcp-fast up cannot move its services (measure with --inprocess, or start the roles "
-                             "yourself and use --router)")
     # The built-in prompts in the toy model's words only for a toy target.
     toy = model == "toy" or (model is None and remote is not None and served_model(remote) == "toy")
     drafters = [d.strip() for d in (args.drafters or (TOY_DRAFTERS if toy else REAL_DRAFTERS)).split(",") if d.strip()]

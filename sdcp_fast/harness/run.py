@@ -296,20 +296,6 @@ def _hf_configs(plan: Plan, target: Any) -> list[Config]:
     return [Config("hf-greedy", "hf", None, None, max_batch=1), Config(f"hf-assisted:{d}", "hf", d, None, max_batch=1)]
 
 
-def services_take_device() -> bool:
-    """Whether ``sdcp-fast verifier`` and ``drafter`` accept ``--device`` (for ``sdcp-fast up``)."""
-    import argparse
-
-    from sdcp_fast.cli import drafter, verifier
-
-    for cli in (verifier, drafter):
-        p = argparse.ArgumentParser()
-        cli.add_arguments(p)
-        if "--device" not in p._option_string_actions:
-            return False
-    return True
-
-
 def _start_up(plan: Plan, config: Config) -> tuple[Any, Any, Remote]:
     """``sdcp-fast up`` with the configuration's drafter, M and batch limit (and the device)."""
     from sdcp_fast.deploy.up import Up

@@ -1,4 +1,5 @@
-"""The target-side runner: batched passes over a paged KV cache (``TargetScorer``)."""
+"""The target scorer: batched passes of the target over a paged KV cache (the verifier's
+``TargetScorer``)."""
 
 from __future__ import annotations
 
@@ -44,30 +45,37 @@ class ModelRunner:
                  num_blocks: int = 256, max_blocks: int | None = None, compile: bool = False,
                  attention: str = "auto", cuda_graphs: bool | None = None,
                  graph_buckets: tuple[int, ...] | None = None) -> None:
+        self._n_layers, self._block_size, self._num_blocks = n_layers, block_size, num_blocks
+        self._max_blocks, self._compile = max_blocks, compile
+        self._attention, self._cuda_graphs, self._graph_buckets = attention, cuda_graphs, graph_buckets
+        self._place(model)
+
+    def _place(self, model: Transformer) -> None:
+        """What depends on where ``model`` lives: an empty cache, the attention path, the
+        compiled forward and the CUDA graphs, all on the model's device."""
         cfg = model.cfg
-        self._options = dict(n_layers=n_layers, block_size=block_size, num_blocks=num_blocks, max_blocks=max_blocks,
-                             compile=compile, attention=attention, cuda_graphs=cuda_graphs, graph_buckets=graph_buckets)
         self.model = model
-        self.n_layers = n_layers or cfg.n_layers
+        self.n_layers = self._n_layers or cfg.n_layers
         if not 1 <= self.n_layers <= cfg.n_layers:
             raise ValueError(f"n_layers must be in 1..{cfg.n_layers}")
         self.vocab_size = cfg.vocab_size
         dev = model.embed.weight.device
-        self.cache = PagedKVCache(self.n_layers, cfg.n_kv_heads, cfg.head_dim, block_size=block_size,
-                                  num_blocks=num_blocks, max_blocks=max_blocks, dtype=model.embed.weight.dtype,
-                                  device=dev)
-        self.attention = _attention(attention, dev)
-        self._forward = torch.compile(model.forward, dynamic=True) if compile else model.forward
+        self.cache = PagedKVCache(self.n_layers, cfg.n_kv_heads, cfg.head_dim, block_size=self._block_size,
+                                  num_blocks=self._num_blocks, max_blocks=self._max_blocks,
+                                  dtype=model.embed.weight.dtype, device=dev)
+        self.attention = _attention(self._attention, dev)
+        self._forward = torch.compile(model.forward, dynamic=True) if self._compile else model.forward
         self.passes = 0  # forward passes run (one per score / prefill / decode_one call)
+        cuda_graphs = self._cuda_graphs
         if cuda_graphs is None:
-            cuda_graphs = dev.type == "cuda" and self.attention == "triton" and not compile
+            cuda_graphs = dev.type == "cuda" and self.attention == "triton" and not self._compile
         self.graphs: GraphBank | None = None
         if cuda_graphs:
             if dev.type != "cuda":
                 raise ValueError(f"cuda_graphs needs the model on a CUDA device, not {dev}")
             if self.attention != "triton":
                 raise ValueError("cuda_graphs needs attention='triton' (the gather + SDPA path has data-dependent shapes)")
-            self.graphs = GraphBank(model, self.cache, self.n_layers, buckets=graph_buckets or DEFAULT_BUCKETS,
+            self.graphs = GraphBank(model, self.cache, self.n_layers, buckets=self._graph_buckets or DEFAULT_BUCKETS,
                                     attention=self.attention)
 
     @property
@@ -77,7 +85,7 @@ class ModelRunner:
     def to(self, device: torch.device | str) -> ModelRunner:
         """Move the model to ``device`` and start over there with the same options and an
         empty cache (cached sessions are dropped: the next call recomputes them)."""
-        self.__init__(self.model.to(device), **self._options)  # type: ignore[misc]
+        self._place(self.model.to(device))
         return self
 
     @torch.inference_mode()

@@ -26,6 +26,17 @@ def test_score_rows_match_dense_forward(small_model) -> None:
     torch.testing.assert_close(out, ref, atol=ATOL, rtol=0)
 
 
+def test_to_keeps_the_options_and_starts_an_empty_cache(small_model) -> None:
+    r = ModelRunner(small_model, n_layers=1, block_size=4, num_blocks=3, attention="reference")
+    committed = seq(9, 8)
+    before = r.score([ScoreRequest(b"a", committed, [])])[0]
+    assert r.cache.seqs
+    assert r.to("cpu") is r
+    assert not r.cache.seqs and r.passes == 0
+    assert (r.n_layers, r.cache.block_size, r.attention, r.device.type) == (1, 4, "reference", "cpu")
+    torch.testing.assert_close(r.score([ScoreRequest(b"a", committed, [])])[0], before, atol=0, rtol=0)
+
+
 def test_ragged_batch_equals_each_session_alone(small_model) -> None:
     r = ModelRunner(small_model, block_size=4)
     reqs = [ScoreRequest(b"a", seq(3, 3), seq(4, 4)), ScoreRequest(b"b", seq(17, 5), []),
