@@ -7,6 +7,7 @@ namespace py = pybind11;
 void register_sampling(py::module_& m);   // csrc/sampling_binding.cpp (kernels: rules 1/2, profile)
 void register_paged_kv(py::module_& m);   // csrc/paged_kv_binding.cpp (kernels: paged KV read/write)
 void register_host_memory(py::module_& m);  // csrc/host_memory_binding.cpp (MLC: page-locked buffers)
+void register_quant(py::module_& m);  // csrc/quant_binding.cpp (kernels: quantized-weight matmul)
 
 PYBIND11_MODULE(_C, m) {
     m.doc() = "sdcp_fast native CPU backend (no torch headers; raw buffers in, raw buffers out)";
@@ -14,4 +15,5 @@ PYBIND11_MODULE(_C, m) {
     register_sampling(m);
     register_paged_kv(m);
     register_host_memory(m);
+    register_quant(m);
 }
