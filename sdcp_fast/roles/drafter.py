@@ -43,21 +43,18 @@ from sdcp_fast.protocol.peer import PeerRole, require_role
 from sdcp_fast.roles.load import BusyMeter
 from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.retry import retrying
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever
 from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.drafter")
 
 LEASE_TTL = 30.0  # seconds a q-rows object is held for the verifier; released at the verdict
+PROPOSAL_BACKOFF = 0.02  # seconds before the second try of a proposal or a q-row put; doubling, at most 1 s
 
 
 class Resync(Exception):
     """The drafter's view of the committed prefix could not be brought up to date."""
-
-
-def _backoff(attempt: int) -> float:
-    """Seconds before try ``attempt + 1`` of a proposal or a q-row put (capped at 1 s)."""
-    return min(1.0, 0.02 * 2 ** attempt)
 
 
 @dataclass
@@ -261,14 +258,8 @@ class DrafterRole:
         """Learn the committed prefix the assignment names; the object may not be written yet
         when the assignment overtakes the verifier's write, so try a few times."""
         a = assigned.record.assignment
-        for attempt in range(6):
-            try:
-                await self._learn(assigned, a.committed, a.digest, a.committed_tokens)
-                return
-            except Resync:
-                if attempt == 5:
-                    raise
-                await asyncio.sleep(0.05 * 2 ** attempt)
+        await retrying(lambda _: self._learn(assigned, a.committed, a.digest, a.committed_tokens), attempts=6,
+                       transient=lambda exc: isinstance(exc, Resync))
 
     def _generator(self, session: bytes, round_: int, purpose: bytes = b"") -> torch.Generator:
         # The drafter's own randoms, independent of the verifier's (§6.4) and of batching order.
@@ -348,49 +339,35 @@ class DrafterRole:
         """Put under our lease, riding out an MLC restart with the proposals' backoff: a session
         whose rows cannot be stored has no proposal to send, and giving up would leave it with
         a drafter that never proposes again."""
-        for attempt in range(self.retries + 1):
-            try:
-                return await self.objects.put(uri, data, LEASE_TTL)
-            except SdcpProblem as problem:
-                if problem.status < 500 or attempt >= self.retries:
-                    raise
-            except (ConnectionError, TimeoutError, OSError):
-                if attempt >= self.retries:
-                    raise
-            self.metrics.store_retries.inc()
-            await asyncio.sleep(_backoff(attempt))
-        return None  # pragma: no cover - the loop always returns or raises
+        return await retrying(lambda _: self.objects.put(uri, data, LEASE_TTL), attempts=self.retries + 1,
+                              first_delay=PROPOSAL_BACKOFF, on_retry=lambda *_: self.metrics.store_retries.inc())
 
     async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
         """Propose until a verdict or a problem answers; None when the round produced no verdict."""
         record = assigned.record
         verifier = record.assignment.verifier
-        for attempt in range(self.retries + 1):
+
+        async def propose(attempt: int) -> Verdict:
+            sent = proposal if attempt == 0 else record.retry(self.status())
             t0 = self.clock()
-            self.metrics.proposal(len(proposal.tokens), attempt)
-            try:
-                verdict = await self.client.propose(verifier, proposal)
-            except SdcpProblem as problem:
-                if problem.status >= 500 and attempt < self.retries:
-                    await asyncio.sleep(_backoff(attempt))
-                    proposal = record.retry(self.status())
-                    continue
-                await self._on_problem(assigned, problem)
-                return None
-            except (ConnectionError, TimeoutError, OSError) as exc:
-                if attempt >= self.retries:
-                    raise Resync(f"verifier {verifier} unreachable: {exc}") from None
-                await asyncio.sleep(_backoff(attempt))
-                proposal = record.retry(self.status())
-                continue
+            self.metrics.proposal(len(sent.tokens), attempt)
+            verdict = await self.client.propose(verifier, sent)
             self._t_verify = 0.8 * self._t_verify + 0.2 * (self.clock() - t0)
-            try:
-                self._follow(assigned, verdict)
-            except SdcpProblem as problem:  # a verdict that answers another request (a race)
-                await self._on_problem(assigned, problem)
-                return None
             return verdict
-        return None  # pragma: no cover - the loop always returns or raises
+
+        try:
+            verdict = await retrying(propose, attempts=self.retries + 1, first_delay=PROPOSAL_BACKOFF)
+        except SdcpProblem as problem:
+            await self._on_problem(assigned, problem)
+            return None
+        except OSError as exc:  # no answer, after every try
+            raise Resync(f"verifier {verifier} unreachable: {exc}") from None
+        try:
+            self._follow(assigned, verdict)
+        except SdcpProblem as problem:  # a verdict that answers another request (a race)
+            await self._on_problem(assigned, problem)
+            return None
+        return verdict
 
     def _follow(self, assigned: _Assigned, verdict: Verdict) -> None:
         record = assigned.record

@@ -34,6 +34,7 @@ from sdcp_fast.protocol import (
 )
 from sdcp_fast.protocol.messages import instance_path_id
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, problem_from_response
+from sdcp_fast.roles.retry import retrying
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.errors import TransportError
 
@@ -177,14 +178,8 @@ class SdcpClient:
         idempotent, §6.1; PUT drafter; a repeated assignment restarts the drafter from the same
         state): a connection lost before the answer is tried again a few times at once, so one
         cut connection neither fails a session's open nor leaves an assignment undelivered."""
-        for attempt in range(self.attempts):
-            try:
-                return await self._call(base, method, path, message, answer)
-            except ConnectionError:
-                if attempt == self.attempts - 1:
-                    raise
-                await asyncio.sleep(0.05 * 2 ** attempt)
-        return None  # pragma: no cover - the loop always returns or raises
+        return await retrying(lambda _: self._call(base, method, path, message, answer), attempts=self.attempts,
+                              transient=lambda exc: isinstance(exc, ConnectionError))
 
     # -- verifier ------------------------------------------------------------------------
     async def open_session(self, verifier: str, message: SessionOpen) -> SessionState:
