@@ -9,6 +9,8 @@ HELP = "check an SDCP instance from outside against the draft (black-box conform
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from sdcp_fast.conform.kit import GROUPS
+
     parser.add_argument("url", metavar="URL", help="base URI of the instance under test, e.g. https://127.0.0.1:8501/")
     parser.add_argument("--certs", required=True, metavar="DIR",
                         help="a `sdcp-fast certs` folder of the deployment's CA: ca.pem and the two identities below")
@@ -20,10 +22,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target-digest", metavar="HEX",
                         help="the verifier's model digest (64 hex digits); without it only refusals are checked")
     parser.add_argument("--vocab", type=int, metavar="V", help="the target's vocabulary size (rule-2 q rows)")
-    parser.add_argument("--mlc", metavar="URL", help="the MLC the verifier reads q rows from (rule-2 checks)")
+    store = parser.add_mutually_exclusive_group()
+    store.add_argument("--mlc", metavar="URL",
+                       help="an sdcp-fast MLC serving q rows, committed tokens and commit logs (rule 2, resume, "
+                            "fencing)")
+    store.add_argument("--store", metavar="MODULE:FACTORY",
+                       help="another deployment's cache and commit log: FACTORY() returns an object with the "
+                            "adapter coroutines of sdcp_fast/conform/adapters.py (docs/conformance.md)")
+    parser.add_argument("--only", metavar="GROUP", action="append", choices=GROUPS,
+                        help=f"run only these parts of the kit (repeatable): {', '.join(GROUPS)}")
     parser.add_argument("--vectors", metavar="DIR",
                         help="the published vectors (contracts.json, prefix.json; default: tests/vectors of a "
                              "source checkout)")
+    parser.add_argument("--quotes", action="store_true", help="print the draft's sentence under each check")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--timeout", type=float, default=30.0, help="seconds per request (default 30)")
 
@@ -37,14 +48,19 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         print(f"sdcp-fast conform: {exc}", file=sys.stderr)
         return 2
-    print(report.json() if args.json else report.text())
-    return 1 if report.failed else 0
+    print(report.json() if args.json else report.text(quotes=args.quotes))  # type: ignore[attr-defined]
+    return 1 if report.failed else 0  # type: ignore[attr-defined]
 
 
 async def conform(args: argparse.Namespace) -> object:
     import ssl
 
-    from sdcp_fast.conform.kit import Answer, Conform, Identities, certificate_peer, check_other_role
+    from sdcp_fast.conform.adapters import load_store, remote_mlc_store
+    from sdcp_fast.conform.client import Answer, Identities, certificate_peer
+    from sdcp_fast.conform.kit import GROUPS, Conform
+    from sdcp_fast.conform.other_roles import check_other_role
+    from sdcp_fast.conform.probes import probe
+    from sdcp_fast.conform.report import Report
     from sdcp_fast.transport.certs import instance_files
     from sdcp_fast.transport.h2client import H2Transport
     from sdcp_fast.transport.tls import ALPN_H2, client_context
@@ -60,7 +76,7 @@ async def conform(args: argparse.Namespace) -> object:
     bare.minimum_version = ssl.TLSVersion.TLSv1_3
     bare.set_alpn_protocols([ALPN_H2])
     stranger_t = H2Transport(bare, timeout=args.timeout)
-    mlc_t = None
+    store = None
 
     def sender(transport: H2Transport):  # type: ignore[no-untyped-def]
         async def send(method: str, path: str, body: bytes = b"", query: dict[str, str] | None = None) -> Answer:
@@ -71,27 +87,21 @@ async def conform(args: argparse.Namespace) -> object:
 
     try:
         if args.role != "verifier":
-            from sdcp_fast.conform.report import Report
-
             report = Report(args.url, args.role)
             await check_other_role(args.role, report, as_router=sender(router_t), as_drafter=sender(drafter_t),
                                    ids=ids)
             return report
-        put_q = None
         if args.mlc:
-            from sdcp_fast.cache.client import AsyncMLC, mlc_transport
-
-            mlc_t = mlc_transport(client_context(*drafter_files))
-            mlc = AsyncMLC(args.mlc, mlc_t)
-
-            async def put_q(uri: str, data: bytes) -> None:
-                await mlc.put(uri, data)
+            store = remote_mlc_store(args.mlc, client_context(*drafter_files), client_context(*router_files))
+        elif args.store:
+            store = load_store(args.store)
         digest = bytes.fromhex(args.target_digest) if args.target_digest else None
         kit = Conform(args.url, as_router=sender(router_t), as_drafter=sender(drafter_t), ids=ids,
-                      target_digest=digest, vocab=args.vocab, put_q=put_q, stranger=sender(stranger_t),
-                      vectors=args.vectors)
-        return await kit.run()
+                      target_digest=digest, vocab=args.vocab, store=store, stranger=sender(stranger_t),
+                      vectors=args.vectors, probe=lambda: probe(args.url, *drafter_files, timeout=args.timeout))
+        return await kit.run(tuple(args.only) if args.only else GROUPS)
     finally:
-        for t in (router_t, drafter_t, stranger_t, mlc_t):
-            if t is not None:
-                await t.close()
+        for t in (router_t, drafter_t, stranger_t):
+            await t.close()
+        if store is not None and hasattr(store, "aclose"):
+            await store.aclose()

@@ -1,4 +1,10 @@
-"""What the conformance kit found: one line per normative statement it exercised."""
+"""What the conformance kit found: one line per check, each quoting the draft's sentence.
+
+Outcomes: ``pass``; ``fail``; ``not reachable`` (the kit could not exercise the statement from
+outside, and says why); ``interpretation`` (the implementation made a choice the draft leaves
+to it, e.g. refusing rule 2 or a SHOULD it does not follow: reported, never counted as a
+failure).
+"""
 
 from __future__ import annotations
 
@@ -6,19 +12,28 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+from sdcp_fast.conform.statements import CHECKS, Check
+
 
 class Outcome(enum.Enum):
     PASS = "pass"
     FAIL = "fail"
-    UNREACHABLE = "not reachable from outside"
+    UNREACHABLE = "not reachable"
+    INTERPRETATION = "interpretation"
 
 
 @dataclass(frozen=True)
 class Finding:
-    section: str  # the draft's section, e.g. "6.3"
-    statement: str  # the normative statement, in short
+    check: str  # the id in sdcp_fast.conform.statements.CHECKS
+    section: str
+    statement: str
+    quote: str
     outcome: Outcome
     detail: str = ""
+    times: int = 1
+
+
+_RANK = {Outcome.FAIL: 3, Outcome.INTERPRETATION: 2, Outcome.PASS: 1, Outcome.UNREACHABLE: 0}
 
 
 @dataclass
@@ -26,24 +41,30 @@ class Report:
     target: str
     role: str
     findings: list[Finding] = field(default_factory=list)
-    _times: dict[int, int] = field(default_factory=dict, repr=False)
 
-    def add(self, section: str, statement: str, ok: bool | None, detail: str = "") -> bool:
-        """Record one statement: True pass, False fail, None not reachable; returns ``ok is True``.
-        A statement exercised again (each round's verdict) stays one line: it fails if any
-        exercise failed (the first failure's detail is kept), and counts its exercises."""
-        outcome = Outcome.UNREACHABLE if ok is None else Outcome.PASS if ok else Outcome.FAIL
+    def add(self, check: str | Check, ok: bool | None | Outcome, detail: str = "") -> bool:
+        """Record one exercise of ``check``: True pass, False fail, None not reachable, or an
+        :class:`Outcome`; returns whether it passed. A check exercised again (each round's
+        verdict) stays one line with its worst outcome (fail, interpretation, pass, not
+        reachable: the first detail of that outcome is kept) and counts its exercises."""
+        c = check if isinstance(check, Check) else CHECKS[check]
+        outcome = ok if isinstance(ok, Outcome) else Outcome.UNREACHABLE if ok is None else \
+            Outcome.PASS if ok else Outcome.FAIL
         for i, seen in enumerate(self.findings):
-            if (seen.section, seen.statement) == (section, statement):
-                times = self._times.get(i, 1) + 1
-                self._times[i] = times
-                keep = seen if seen.outcome is Outcome.FAIL or outcome is not Outcome.FAIL else \
-                    Finding(section, statement, outcome, detail)
-                base = keep.detail.split(" [x", 1)[0]
-                self.findings[i] = Finding(section, statement, keep.outcome, f"{base} [x{times}]".strip())
-                return ok is True
-        self.findings.append(Finding(section, statement, outcome, detail))
-        return ok is True
+            if seen.check == c.id:
+                keep = seen if _RANK[seen.outcome] >= _RANK[outcome] else \
+                    Finding(c.id, c.section, c.statement, c.quote, outcome, detail)
+                self.findings[i] = Finding(c.id, c.section, c.statement, c.quote, keep.outcome, keep.detail,
+                                           seen.times + 1)
+                return outcome is Outcome.PASS
+        self.findings.append(Finding(c.id, c.section, c.statement, c.quote, outcome, detail))
+        return outcome is Outcome.PASS
+
+    def outcome(self, check: str) -> Outcome | None:
+        for f in self.findings:
+            if f.check == check:
+                return f.outcome
+        return None
 
     @property
     def failed(self) -> list[Finding]:
@@ -52,13 +73,19 @@ class Report:
     def counts(self) -> dict[str, int]:
         return {o.value: sum(f.outcome is o for f in self.findings) for o in Outcome}
 
-    def text(self) -> str:
+    def text(self, quotes: bool = False) -> str:
         lines = [f"SDCP conformance of the {self.role} at {self.target}"]
+        marks = {Outcome.PASS: "pass", Outcome.FAIL: "FAIL", Outcome.UNREACHABLE: "n/r ",
+                 Outcome.INTERPRETATION: "int "}
         for f in self.findings:
-            mark = {Outcome.PASS: "pass", Outcome.FAIL: "FAIL", Outcome.UNREACHABLE: "n/r "}[f.outcome]
-            lines.append(f"  {mark}  §{f.section:<6} {f.statement}" + (f"  ({f.detail})" if f.detail else ""))
+            times = f" [x{f.times}]" if f.times > 1 else ""
+            lines.append(f"  {marks[f.outcome]}  §{f.section:<6} {f.statement}{times}"
+                         + (f"  ({f.detail})" if f.detail else ""))
+            if quotes:
+                lines.append(f"          \"{f.quote}\"")
         c = self.counts()
-        lines.append(f"{c['pass']} pass, {c['fail']} fail, {c['not reachable from outside']} not reachable from outside")
+        lines.append(f"{c['pass']} pass, {c['fail']} fail, {c['not reachable']} not reachable, "
+                     f"{c['interpretation']} interpretation")
         return "\n".join(lines)
 
     def json(self) -> str:
