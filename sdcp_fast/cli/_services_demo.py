@@ -22,26 +22,23 @@ async def _stream(client: Any, base: str, index: int, body: dict[str, Any], show
                                            headers={"content-type": "application/json"}, timeout=60)
     if response.status != 200:
         raise RuntimeError(f"front end answered {response.status}: {response.body[:300]!r}")
-    text, finish, tokens, buffer = "", None, 0, b""
+    from sdcp_fast.roles.sse import DONE, messages
+
+    text, finish, tokens = "", None, 0
     assert response.stream is not None
-    async for data in response.stream:
-        buffer += data
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
-            line = event.decode().removeprefix("data: ").strip()
-            if line == "[DONE]" or not line:
-                continue
-            message = json.loads(line)
-            if message.get("usage"):
-                tokens = message["usage"]["completion_tokens"]
-            for choice in message.get("choices", ()):
-                piece = choice.get("text", "")
-                text += piece
-                finish = choice.get("finish_reason") or finish
-                if piece:
-                    chunks.append(piece)
-                    if show:
-                        print(f"  s{index} +{piece!r}", flush=True)
+    async for message in messages(response.stream):
+        if message == DONE:
+            continue
+        if message.get("usage"):
+            tokens = message["usage"]["completion_tokens"]
+        for choice in message.get("choices", ()):
+            piece = choice.get("text", "")
+            text += piece
+            finish = choice.get("finish_reason") or finish
+            if piece:
+                chunks.append(piece)
+                if show:
+                    print(f"  s{index} +{piece!r}", flush=True)
     return text, finish, tokens
 
 

@@ -19,6 +19,7 @@ from typing import Any
 
 from sdcp_fast.harness.samples import Config, RunSample, SessionSample
 from sdcp_fast.harness.workload import Workload
+from sdcp_fast.roles.sse import DONE, messages
 
 
 @dataclass
@@ -86,26 +87,20 @@ class _Client:
             if r.status != 200:
                 raise RuntimeError(f"front end answered {r.status}: {r.body[:200]!r}")
             assert r.stream is not None
-            buffer = b""
-            async for data in r.stream:
-                buffer += data
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    line = event.decode().removeprefix("data: ").strip()
-                    if not line or line == "[DONE]":
-                        continue
-                    message = json.loads(line)
-                    if "error" in message:
-                        raise RuntimeError(str(message["error"].get("message", message["error"]))[:200])
-                    if message.get("usage"):
-                        sample.tokens = int(message["usage"]["completion_tokens"])
-                    for choice in message.get("choices", ()):
-                        piece = (choice.get("delta") or {}).get("content") or ""
-                        if piece:
-                            now = time.perf_counter() - t0
-                            sample.first = now if sample.first is None else sample.first
-                            pieces.append((now, piece))
-                        sample.finish = choice.get("finish_reason") or sample.finish
+            async for message in messages(r.stream):
+                if message == DONE:
+                    continue
+                if "error" in message:
+                    raise RuntimeError(str(message["error"].get("message", message["error"]))[:200])
+                if message.get("usage"):
+                    sample.tokens = int(message["usage"]["completion_tokens"])
+                for choice in message.get("choices", ()):
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    if piece:
+                        now = time.perf_counter() - t0
+                        sample.first = now if sample.first is None else sample.first
+                        pieces.append((now, piece))
+                    sample.finish = choice.get("finish_reason") or sample.finish
         except Exception as exc:  # a failed session is a sample too
             sample.problems.append(type(exc).__name__ + ": " + str(exc)[:200])
         sample.finished = time.perf_counter() - t0

@@ -27,6 +27,7 @@ from sdcp_fast.deploy.up import Up
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.roles.router import serving_spec
+from sdcp_fast.roles.sse import DONE, messages
 
 SCOPE = bytes.fromhex("5dc9fa017e57000000000000000000aa")  # fixed, so the test can name each commit log
 TEMPERATURE = 0.8  # rule 2's requests
@@ -350,27 +351,21 @@ class Client:
                     body = b"".join([chunk async for chunk in response.stream])
                 seen.error = f"HTTP {response.status}: {body[:300]!r}"
                 return seen
-            buffer = b""
             assert response.stream is not None
-            async for chunk in response.stream:
-                buffer += chunk
-                while b"\n\n" in buffer:
-                    event, buffer = buffer.split(b"\n\n", 1)
-                    data = event.removeprefix(b"data: ")
-                    if data == b"[DONE]":
-                        seen.done = True
-                        continue
-                    body = json.loads(data)
-                    if "error" in body:
-                        seen.error = json.dumps(body["error"])
-                        continue
-                    choice = body["choices"][0]
-                    if choice["text"]:
-                        seen.first_at = seen.first_at if seen.first_at is not None else time.monotonic() - t0
-                        seen.pieces.append(choice["text"])
-                        if progress is not None:
-                            progress.set()
-                    seen.finish = choice.get("finish_reason") or seen.finish
+            async for message in messages(response.stream):
+                if message == DONE:
+                    seen.done = True
+                    continue
+                if "error" in message:
+                    seen.error = json.dumps(message["error"])
+                    continue
+                choice = message["choices"][0]
+                if choice["text"]:
+                    seen.first_at = seen.first_at if seen.first_at is not None else time.monotonic() - t0
+                    seen.pieces.append(choice["text"])
+                    if progress is not None:
+                        progress.set()
+                seen.finish = choice.get("finish_reason") or seen.finish
         except Exception as exc:  # noqa: BLE001 - recorded, the test asserts on it
             seen.error = f"{type(exc).__name__}: {exc}"
         return seen
