@@ -40,7 +40,12 @@ the ``ScoreNeeded`` of many sessions into one scoring pass)::
 Problems raised by ``provide_q`` (QUnavailable, BadProposal) are the answer to the
 proposal; the round is already dropped when they are raised. ``abandon()`` drops a round
 the engine could not score. Inputs fed in a state that does not take them raise
-:class:`InvalidTransition` (a bug in the adapter, HTTP 500); ``TRANSITIONS`` is the table.
+:class:`InvalidTransition` (a bug in the adapter, HTTP 500); ``TRANSITIONS`` is the table,
+one next state per (state, input).
+
+Why one module of this length: everything that decides a transition (the table, and each
+input's checks in the draft's order) is kept together, as h11 keeps its state machine in one
+file; split by input, the order of §6.3's checks would be spread over several files.
 """
 
 from __future__ import annotations
@@ -103,47 +108,63 @@ class State(enum.Enum):
 
 
 class Input(enum.Enum):
+    """What the adapter feeds a session. Where the outcome of a call decides the next state
+    (a round that was self-decoded or proposed, a record whose round ends the session), the
+    call feeds the input that names that outcome, as h11's events name theirs: each
+    ``(state, input)`` then has one next state."""
+
     ASSIGN = "assign"
     POLICY = "policy"
     PROPOSAL = "proposal"
+    UNASSIGNED = "unassigned"  # no drafter serves the session: the verifier decodes it (§6.5.2)
     SELF_DECODE = "self-decode"
-    Q = "q"
+    Q = "q"  # the rows check out: scoring goes on
+    Q_REFUSED = "q-refused"  # no rows, or q(x) = 0: the round is dropped
     SCORED = "scored"
-    ABANDON = "abandon"
-    APPEND_OK = "append-ok"
-    APPEND_FAILED = "append-failed"
+    ABANDON = "abandon"  # a proposed round could not be scored
+    ABANDON_SELF = "abandon-self"  # a self-decoded round could not be scored
+    APPEND_OK = "append-ok"  # committed; a drafter proposes next (continue, switch)
+    APPEND_OK_SELF = "append-ok-self"  # committed; the verifier decodes next (self_decode)
+    APPEND_OK_FINISH = "append-ok-finish"
+    APPEND_OK_FAIL = "append-ok-fail"
+    APPEND_FAILED = "append-failed"  # of a proposed round: the drafter's retry scores it again
+    APPEND_FAILED_SELF = "append-failed-self"  # of a self-decoded round: decoded again
     APPEND_FENCED = "append-fenced"
     SUPERSEDE = "supersede"
-    UNASSIGNED = "unassigned"  # no drafter is assigned: the verifier may decode by itself
 
 
 _S, _I = State, Input
 _OPEN = (_S.READY, _S.SCORING, _S.COMMITTING, _S.SELF_DECODING)
 
-TRANSITIONS: dict[tuple[State, Input], frozenset[State]] = {
+TRANSITIONS: dict[tuple[State, Input], State] = {
     # Messages from the router and drafters, accepted while the session is open.
-    **{(s, _I.ASSIGN): frozenset({_S.READY if s is _S.SELF_DECODING else s}) for s in _OPEN},
-    **{(s, _I.POLICY): frozenset({s}) for s in _OPEN},
-    (_S.READY, _I.PROPOSAL): frozenset({_S.SCORING}),
-    # Pending (identical retry) and recorded verdicts leave these states as they are.
-    **{(s, _I.PROPOSAL): frozenset({s}) for s in (_S.SCORING, _S.COMMITTING, _S.SELF_DECODING)},
-    **{(s, _I.PROPOSAL): frozenset({s}) for s in (_S.FINISHED, _S.FAILED)},
+    **{(s, _I.ASSIGN): _S.READY if s is _S.SELF_DECODING else s for s in _OPEN},
+    **{(s, _I.POLICY): s for s in _OPEN},
+    (_S.READY, _I.PROPOSAL): _S.SCORING,
+    # Answered without a new round (a recorded verdict, Pending for an identical retry) or
+    # refused with the problem the draft names for the state (§6.3's order of checks).
+    **{(s, _I.PROPOSAL): s for s in (_S.SCORING, _S.COMMITTING, _S.SELF_DECODING, _S.FINISHED, _S.FAILED)},
     # The round in progress.
-    (_S.SELF_DECODING, _I.SELF_DECODE): frozenset({_S.SCORING}),
-    (_S.READY, _I.UNASSIGNED): frozenset({_S.SELF_DECODING, _S.READY}),
-    (_S.SCORING, _I.Q): frozenset({_S.SCORING, _S.READY}),
-    (_S.SCORING, _I.SCORED): frozenset({_S.COMMITTING}),
-    (_S.SCORING, _I.ABANDON): frozenset({_S.READY, _S.SELF_DECODING}),
-    (_S.COMMITTING, _I.APPEND_OK): frozenset({_S.READY, _S.SELF_DECODING, _S.FINISHED, _S.FAILED}),
-    (_S.COMMITTING, _I.APPEND_FAILED): frozenset({_S.READY, _S.SELF_DECODING}),
-    (_S.COMMITTING, _I.APPEND_FENCED): frozenset({_S.FENCED}),
+    (_S.READY, _I.UNASSIGNED): _S.SELF_DECODING,
+    (_S.SELF_DECODING, _I.SELF_DECODE): _S.SCORING,
+    (_S.SCORING, _I.Q): _S.SCORING,
+    (_S.SCORING, _I.Q_REFUSED): _S.READY,
+    (_S.SCORING, _I.SCORED): _S.COMMITTING,
+    (_S.SCORING, _I.ABANDON): _S.READY,
+    (_S.SCORING, _I.ABANDON_SELF): _S.SELF_DECODING,
+    (_S.COMMITTING, _I.APPEND_OK): _S.READY,
+    (_S.COMMITTING, _I.APPEND_OK_SELF): _S.SELF_DECODING,
+    (_S.COMMITTING, _I.APPEND_OK_FINISH): _S.FINISHED,
+    (_S.COMMITTING, _I.APPEND_OK_FAIL): _S.FAILED,
+    (_S.COMMITTING, _I.APPEND_FAILED): _S.READY,
+    (_S.COMMITTING, _I.APPEND_FAILED_SELF): _S.SELF_DECODING,
+    (_S.COMMITTING, _I.APPEND_FENCED): _S.FENCED,
     # A session-open with a higher epoch replaced this session at this verifier (§6.9).
-    **{(s, _I.SUPERSEDE): frozenset({_S.FENCED}) for s in (*_OPEN, _S.FINISHED, _S.FAILED)},
+    **{(s, _I.SUPERSEDE): _S.FENCED for s in (*_OPEN, _S.FINISHED, _S.FAILED)},
 }
-"""``(state, input) -> possible next states``; a missing pair is refused (see ``_refuse``)."""
+"""``(state, input) -> next state``; a missing pair is refused (see ``_refuse``)."""
 
-_ENGINE_INPUTS = frozenset({_I.SELF_DECODE, _I.Q, _I.SCORED, _I.ABANDON, _I.APPEND_OK,
-                            _I.APPEND_FAILED, _I.APPEND_FENCED, _I.SUPERSEDE, _I.UNASSIGNED})
+_ENGINE_INPUTS = frozenset(set(Input) - {_I.ASSIGN, _I.POLICY, _I.PROPOSAL})
 
 ROUND_LIMIT = 0xFFFFFFFF
 """The last round whose uniforms can be drawn: §6.4 packs the round as uint32."""
@@ -385,12 +406,10 @@ class VerifierSession:
 
     # -- transitions ----------------------------------------------------------------------
 
-    def _check(self, event: Input) -> frozenset[State]:
-        allowed = TRANSITIONS.get((self.state, event))
-        if allowed is None:
+    def _check(self, event: Input) -> None:
+        """Refuse ``event`` unless the table has a row for it in the current state."""
+        if (self.state, event) not in TRANSITIONS:
             self._refuse(event)
-        assert allowed is not None
-        return allowed
 
     def _refuse(self, event: Input) -> None:
         if self.state is State.FENCED:
@@ -399,8 +418,11 @@ class VerifierSession:
             raise InvalidTransition(f"{event.value} is not allowed while {self.state.value}")
         raise SessionClosed(f"session is {self.state.value}", extra=self._state_extra())
 
-    def _move(self, allowed: frozenset[State], state: State) -> None:
-        assert state in allowed, (self.state, state)
+    def _move(self, event: Input) -> None:
+        """Take the table's row for ``event``: its one next state."""
+        state = TRANSITIONS.get((self.state, event))
+        if state is None:  # the calls check their input first: this is a bug here
+            raise InvalidTransition(f"{event.value} is not allowed while {self.state.value}")
         self.state = state
 
     def _state_extra(self) -> dict[str, object]:
@@ -412,7 +434,7 @@ class VerifierSession:
 
     def assign(self, assignment: Assignment) -> SessionState:
         """Record the latest assignment (PUT sessions/{id}/drafter, §6.1)."""
-        allowed = self._check(Input.ASSIGN)
+        self._check(Input.ASSIGN)
         self._same_session(assignment.session)
         if assignment.epoch != self.epoch:
             raise StaleEpoch(f"assignment epoch {assignment.epoch}, session epoch {self.epoch}",
@@ -431,10 +453,10 @@ class VerifierSession:
                 current.control_before = (self.control.m_cap, c, g, j)
         if self.state is State.SELF_DECODING:
             self._self_count = 0
-            self._move(allowed, State.READY)
         elif self._current is not None and self._current.proposal is None:
             # Mid self-decoded round: the router wants a drafter back after it.
             self._self_stop = True
+        self._move(Input.ASSIGN)
         return self.session_state()
 
     def policy(self, policy: Policy) -> SessionState:
@@ -448,6 +470,7 @@ class VerifierSession:
                              extra=self._state_extra())
         self._policies.append(policy)
         self._policies.sort(key=lambda p: p.from_round)
+        self._move(Input.POLICY)
         return self.session_state()
 
     def receive_proposal(
@@ -481,7 +504,7 @@ class VerifierSession:
                 return Pending(proposal.round)
             raise StaleBase("round is being verified for a different request",
                             extra=self._state_extra())
-        allowed = self._check(Input.PROPOSAL)
+        self._check(Input.PROPOSAL)
         if self.closed:
             raise SessionClosed(f"session is {self.state.value}", extra=self._state_extra())
         if self.revoked or self.state is State.SELF_DECODING:
@@ -499,7 +522,7 @@ class VerifierSession:
         rule2 = self.contract.rule == RULE_SPECULATIVE
         if rule2 and proposal.q_rows is None:
             raise BadProposal("rule 2 needs q_rows")
-        return self._start(allowed, _Round(proposal.round, proposal, self.sampling_for(proposal.round)))
+        return self._start(Input.PROPOSAL, _Round(proposal.round, proposal, self.sampling_for(proposal.round)))
 
     def begin_self_decoding(self, *, load: int) -> bool:
         """A session no drafter serves (none was ever assigned, or the last one was told to
@@ -507,20 +530,20 @@ class VerifierSession:
         self-decoding at ``load`` (§6.5.2's condition; docs/interpretations.md, "Sessions
         without a drafter"). Returns whether self-decoding started; the period ends as an
         escalated one does (self_max, load, or an assignment)."""
-        allowed = self._check(Input.UNASSIGNED)
+        self._check(Input.UNASSIGNED)
         if (self.drafter is not None and not self.revoked) or not self_decode_permitted(self.contract, load):
             return False
         self._self_count = 0
-        self._move(allowed, State.SELF_DECODING)
+        self._move(Input.UNASSIGNED)
         return True
 
     def self_decode(self) -> ScoreNeeded:
         """Start the next self-decoded round (M = 0, no proposal)."""
-        allowed = self._check(Input.SELF_DECODE)
+        self._check(Input.SELF_DECODE)
         round = self.round + 1
-        return self._start(allowed, _Round(round, None, self.sampling_for(round), q_checked=True))
+        return self._start(Input.SELF_DECODE, _Round(round, None, self.sampling_for(round), q_checked=True))
 
-    def _start(self, allowed: frozenset[State], current: _Round) -> ScoreNeeded:
+    def _start(self, event: Input, current: _Round) -> ScoreNeeded:
         """Begin ``current``: every value that can fail is computed before the state changes,
         so a refusal leaves the session as it was."""
         proposal = current.proposal
@@ -533,7 +556,7 @@ class VerifierSession:
             # Rule 1 draws nothing; a self-decoded rule-2 round draws from p[1] only.
             current.uniforms = self._uniforms(current) if rule2 else None
         self._current = current
-        self._move(allowed, State.SCORING)
+        self._move(event)
         return ScoreNeeded(
             session=self.session, round=current.round, prompt=self.prompt,
             output=tuple(self._output), proposed=() if proposal is None else proposal.tokens,
@@ -565,7 +588,7 @@ class VerifierSession:
         neither, the rows could not be obtained: the round is dropped with QUnavailable. A zero
         is BadProposal. Only after the check are the round's uniforms drawn and returned.
         Whatever is refused, the round is dropped: the session is never left waiting for it."""
-        allowed = self._check(Input.Q)
+        self._check(Input.Q)
         current = self._current
         assert current is not None
         if current.q_checked:
@@ -582,19 +605,20 @@ class VerifierSession:
             uniforms = self._uniforms(current)
         except SdcpProblem:
             self._current = None
-            self._move(allowed, State.READY)
+            self._move(Input.Q_REFUSED)
             raise
         current.q_checked = True
         current.uniforms = uniforms
+        self._move(Input.Q)
         return uniforms
 
     def abandon(self) -> Discarded:
         """Drop the round being scored (the engine could not score it); nothing is committed."""
-        allowed = self._check(Input.ABANDON)
+        self._check(Input.ABANDON)
         current = self._current
         assert current is not None
         self._current = None
-        self._move(allowed, State.READY if current.proposal is not None else State.SELF_DECODING)
+        self._move(Input.ABANDON if current.proposal is not None else Input.ABANDON_SELF)
         return Discarded(current.round, closed=False)
 
     def complete_scoring(self, accepted: int, next_token: int, *, load: int = 0) -> AppendNeeded:
@@ -603,7 +627,7 @@ class VerifierSession:
         Truncates after the first stop token and at max_new, runs the control of §6.5, and
         hands out the commit record. Nothing is released before :meth:`append_done`.
         """
-        allowed = self._check(Input.SCORED)
+        self._check(Input.SCORED)
         current = self._current
         assert current is not None
         if not current.q_checked:
@@ -637,7 +661,7 @@ class VerifierSession:
         )
         current.record = CommitRecord(epoch=self.epoch, round=current.round, emitted=emitted,
                                       committed=n, digest=digest)
-        self._move(allowed, State.COMMITTING)
+        self._move(Input.SCORED)
         return AppendNeeded(current.record)
 
     def _truncate(self, emitted: tuple[int, ...]) -> tuple[int, ...]:
@@ -666,7 +690,7 @@ class VerifierSession:
     def append_done(self, *, ok: bool, fenced: bool = False) -> RoundDone | Discarded:
         """The outcome of appending the round's commit record (§6.3 Commit, §6.8)."""
         event = Input.APPEND_OK if ok else (Input.APPEND_FENCED if fenced else Input.APPEND_FAILED)
-        allowed = self._check(event)
+        self._check(event)
         current = self._current
         assert current is not None and current.verdict is not None
         self._current = None
@@ -674,9 +698,9 @@ class VerifierSession:
             if current.control_before is not None:
                 self.control.restore(current.control_before)
             if fenced:
-                self._move(allowed, State.FENCED)
+                self._move(Input.APPEND_FENCED)
                 return Discarded(current.round, closed=True)
-            self._move(allowed, State.READY if current.proposal is not None else State.SELF_DECODING)
+            self._move(Input.APPEND_FAILED if current.proposal is not None else Input.APPEND_FAILED_SELF)
             return Discarded(current.round, closed=False)
         verdict = current.verdict
         start = self.committed
@@ -697,13 +721,13 @@ class VerifierSession:
                     events.append(self._event(Action.SELF_DECODE))
                 self._self_count = 0
                 self._self_stop = False
-                next_state = State.READY
+                outcome = Input.APPEND_OK
             elif end is Action.SELF_DECODE:
-                next_state = State.SELF_DECODING
+                outcome = Input.APPEND_OK_SELF
             else:
-                next_state = State.FINISHED
+                outcome = Input.APPEND_OK_FINISH
         else:
-            next_state = State.READY
+            outcome = Input.APPEND_OK
             if end is Action.SWITCH:
                 # A drafter assigned meanwhile is already the router's answer to a switch.
                 self.revoked = not current.reassigned
@@ -711,12 +735,12 @@ class VerifierSession:
             elif end is Action.SELF_DECODE:
                 self.revoked = True
                 self._self_count = 0
-                next_state = State.SELF_DECODING
+                outcome = Input.APPEND_OK_SELF
             elif end in (Action.FINISH, Action.FAIL):
-                next_state = State.FINISHED if end is Action.FINISH else State.FAILED
-        if next_state in (State.FINISHED, State.FAILED):
+                outcome = Input.APPEND_OK_FINISH if end is Action.FINISH else Input.APPEND_OK_FAIL
+        if outcome in (Input.APPEND_OK_FINISH, Input.APPEND_OK_FAIL):
             events.append(self._event(end))
-        self._move(allowed, next_state)
+        self._move(outcome)
         return RoundDone(verdict, start, current.emitted, tuple(events))
 
     def supersede(self) -> None:
@@ -724,9 +748,9 @@ class VerifierSession:
         in progress, release nothing, and answer everything with sdcp-stale-epoch from now on."""
         if self.state is State.FENCED:
             return
-        allowed = self._check(Input.SUPERSEDE)
+        self._check(Input.SUPERSEDE)
         self._current = None
-        self._move(allowed, State.FENCED)
+        self._move(Input.SUPERSEDE)
 
     def _event(self, kind: Action) -> Event:
         return Event(session=self.session, epoch=self.epoch, kind=kind,

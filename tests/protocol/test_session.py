@@ -39,6 +39,7 @@ from sdcp_fast.protocol.session import (
     TRANSITIONS,
     AppendNeeded,
     Discarded,
+    Input,
     InvalidTransition,
     Pending,
     RoundDone,
@@ -448,9 +449,12 @@ def test_self_decode_skipped_when_loaded_goes_to_next_entry():
     assert done.verdict.action is Action.SWITCH
 
 
-def test_transition_table_covers_only_known_states():
-    for (state, _), targets in TRANSITIONS.items():
-        assert isinstance(state, State) and targets <= set(State)
+def test_transition_table_gives_one_known_next_state_per_state_and_input():
+    for (state, event), target in TRANSITIONS.items():
+        assert isinstance(state, State) and isinstance(event, Input) and isinstance(target, State)
+    # Ended sessions move only when a newer epoch supersedes them (and refuse by problem type).
+    assert {e for (s, e) in TRANSITIONS if s in (State.FINISHED, State.FAILED)} == {Input.PROPOSAL, Input.SUPERSEDE}
+    assert not any(s is State.FENCED for s, _ in TRANSITIONS)
 
 
 def test_verdict_is_the_wire_message():

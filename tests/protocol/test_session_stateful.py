@@ -46,7 +46,7 @@ class SessionMachine(RuleBasedStateMachine):
             self.released += len(result.tokens)
         assert self.session.state in State
         assert before is self.session.state or any(
-            self.session.state in targets for (s, _), targets in TRANSITIONS.items() if s is before)
+            self.session.state is target for (s, _), target in TRANSITIONS.items() if s is before)
         return result
 
     ready = precondition(lambda self: hasattr(self, "session"))
