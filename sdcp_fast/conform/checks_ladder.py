@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from sdcp_fast.conform.client import brief_output
 from sdcp_fast.conform.driver import Scripted
 from sdcp_fast.conform.report import Outcome
 from sdcp_fast.protocol import Action, Output, extend_digest
@@ -46,7 +47,7 @@ async def ladder(kit: Conform) -> None:
         elif v.action == Action.FAIL:
             out = await kit.output_tokens(s.session, 0)
             r.add("ladder-exhausted", out is not None and out.final and out.finish == Action.FAIL
-                  and list(out.tokens) == s.committed, f"final output {out}")
+                  and list(out.tokens) == s.committed, f"final {brief_output(out)}")
             r.add("output", out is not None and out.final and out.finish == Action.FAIL, "after fail")
             kit.refused("closed-after-finish", await s.send((1,)), 410, "sdcp-session-closed", "after fail")
             break
@@ -103,4 +104,4 @@ async def unknown_action(kit: Conform, greedy: list[int]) -> None:
     v = await s.round(s.low_tokens(2))
     out = await kit.output_tokens(opened.session, 0)
     r.add("unknown-action", v is not None and v.action == Action.FAIL and out is not None and out.final
-          and out.finish == Action.FAIL, f"action {getattr(v, 'action', None)!r}, output {out}")
+          and out.finish == Action.FAIL, f"action {getattr(v, 'action', None)!r}, {brief_output(out)}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from sdcp_fast.conform.client import find_session_state, state_mismatch
+from sdcp_fast.conform.client import brief_output, find_session_state, state_mismatch
 from sdcp_fast.conform.driver import Scripted
 from sdcp_fast.conform.expect import wrong
 from sdcp_fast.conform.report import Outcome
@@ -70,9 +70,9 @@ async def rule1(kit: Conform) -> None:
             break
     out = await kit.output_tokens(s.session, 0)
     r.add("output", out is not None and list(out.tokens) == s.committed and out.epoch == 1 and out.final
-          and out.finish == Action.FINISH, f"from 0: {out}")
+          and out.finish == Action.FINISH, brief_output(out))
     out = await kit.output_tokens(s.session, 4)
-    r.add("output", out is not None and list(out.tokens) == s.committed[4:] and out.from_ == 4, f"from 4: {out}")
+    r.add("output", out is not None and list(out.tokens) == s.committed[4:] and out.from_ == 4, brief_output(out))
     answer = await s.send((1,))
     kit.refused("closed-after-finish", answer, 410, "sdcp-session-closed")
     # A stop token inside a round: the first token at index >= 2 not seen before it.
@@ -109,7 +109,7 @@ async def concurrency(kit: Conform, greedy: list[int]) -> None:
     out = Output.decode(answer.body) if answer.status == 200 else None
     emitted = list(getattr(verdict, "emitted", ()))
     r.add("output-wait", out is not None and not out.final and list(out.tokens) in ([], emitted),
-          f"waited output {out}, round committed {emitted}")
+          f"waited: {brief_output(out)}; the round committed {emitted}")
 
 
 async def refusals(kit: Conform) -> None:

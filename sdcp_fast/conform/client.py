@@ -70,6 +70,14 @@ def certificate_peer(path: str) -> Peer:
     return peer_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier))
 
 
+def brief_output(out: Any) -> str:
+    """An output message in short (None: the GET was refused)."""
+    if out is None:
+        return "no output"
+    finish = f", finish {int(out.finish)}" if out.finish is not None else ""
+    return f"output from {out.from_}: {list(out.tokens)} at epoch {out.epoch}, final {out.final}{finish}"
+
+
 def _bytes(value: Any) -> bytes | None:
     """A byte string as JSON can carry one: hex, or base64 / base64url with or without padding."""
     if isinstance(value, (bytes, bytearray)):
@@ -113,4 +121,4 @@ def state_mismatch(found: dict[str, Any] | None, expected: Any) -> str:
         f"{k} ({found.get(k)!r:.20} for {getattr(expected, k)!r:.20})" for k in wrong)
 
 
-__all__ = ["Answer", "Identities", "Send", "certificate_peer", "find_session_state", "state_mismatch"]
+__all__ = ["Answer", "Identities", "Send", "brief_output", "certificate_peer", "find_session_state", "state_mismatch"]

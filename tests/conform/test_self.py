@@ -16,7 +16,8 @@ from sdcp_fast.conform.report import Outcome
 from sdcp_fast.conform.statements import CHECKS, OTHER_ROLES
 from sdcp_fast.model.toy import ToyTarget
 
-from .faults import FAULTS, NEVER_FAIL, NOT_IN_PROCESS, Fault
+from .faultkit import Fault
+from .faults import FAULTS, NEVER_FAIL, NOT_IN_PROCESS
 from .harness import patched, run_kit
 
 

@@ -24,7 +24,7 @@ from sdcp_fast.protocol import SessionState, cbor, prefix_digest
 from sdcp_fast.protocol.control import SpeculationControl
 from sdcp_fast.transport.base import Request, Response
 
-from .faults import Handler, problem, rewrite
+from .faultkit import Handler, problem, rewrite
 
 OTHER_BASE = "https://sdcp.example/problems/"
 
