@@ -6,29 +6,39 @@ lost the answer may send it again. A higher epoch is a fail-over back onto this 
 (§6.9): a new session at that epoch replaces the old one, which is superseded (every later
 input to it answers ``sdcp-stale-epoch``). A lower epoch is ``sdcp-stale-epoch``; the same
 epoch with a different message is ``sdcp-bad-request`` (docs/interpretations.md).
+
+An adapter keeps its own record of a session (its commit log, who waits on it) attached to
+the session here, so that one table says which sessions exist: a session replaced by a
+higher epoch or removed takes its record with it, and a session whose open the adapter has
+not completed yet has none.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 from sdcp_fast.protocol.messages import SessionOpen, SessionState
 from sdcp_fast.protocol.problems import BadRequest, StaleEpoch, UnknownSession
 from sdcp_fast.protocol.session import State, VerifierSession
 
+T = TypeVar("T")
+
 
 @dataclass
-class _Held:
+class _Held(Generic[T]):
     message: SessionOpen
     session: VerifierSession
+    attached: T | None = None
 
 
-class SessionRegistry:
-    """Every session open at one verifier, keyed by the 16-byte session id."""
+class SessionRegistry(Generic[T]):
+    """Every session open at one verifier, keyed by the 16-byte session id, each with the
+    adapter's record of type ``T`` once attached."""
 
     def __init__(self) -> None:
-        self._held: dict[bytes, _Held] = {}
+        self._held: dict[bytes, _Held[T]] = {}
 
     def open(
         self,
@@ -64,6 +74,24 @@ class SessionRegistry:
             held.session.supersede()
         self._held[message.session] = _Held(message, session)
         return session, state
+
+    def attach(self, session: VerifierSession, record: T | None) -> None:
+        """Keep ``record`` beside ``session`` (None: take it away again), as long as the
+        session is the one held under its id; :class:`UnknownSession` if it is not."""
+        held = self._held.get(session.session)
+        if held is None or held.session is not session:
+            raise UnknownSession(f"no session {bytes(session.session).hex()} at this verifier")
+        held.attached = record
+
+    def attached(self, session: bytes) -> T | None:
+        """The record attached to the session held under ``session``; None if there is no such
+        session or nothing is attached to it yet."""
+        held = self._held.get(session)
+        return None if held is None else held.attached
+
+    def records(self) -> list[T]:
+        """Every attached record, one per session id."""
+        return [held.attached for held in self._held.values() if held.attached is not None]
 
     def get(self, session: bytes) -> VerifierSession:
         """The session with id ``session``; :class:`UnknownSession` (404) if none is open here."""

@@ -105,3 +105,28 @@ def test_open_passes_vocab_and_tokens_through():
     assert session.vocab == 50 and session.prompt == PROMPT
     with pytest.raises(BadRequest):
         registry.open(session_open(session=OTHER), target_digest=TARGET, vocab=12)  # prompt has 13
+
+
+def test_an_attached_record_lives_and_goes_with_its_session():
+    """The adapter's record of a session is kept in the registry: the one table of what is
+    served. None until attached; kept on an idempotent open; gone when a higher epoch replaces
+    the session or the session is removed; never attached to a session no longer held."""
+    registry: SessionRegistry[str] = SessionRegistry()
+    first, _ = registry.open(session_open(), target_digest=TARGET)
+    assert registry.attached(SID) is None and registry.records() == []
+    registry.attach(first, "log of epoch 1")
+    other, _ = registry.open(session_open(session=OTHER), target_digest=TARGET)
+    registry.attach(other, "other")
+    assert registry.open(session_open(), target_digest=TARGET)[0] is first
+    assert registry.attached(SID) == "log of epoch 1" and registry.records() == ["log of epoch 1", "other"]
+    second, _ = registry.open(session_open(epoch=2), target_digest=TARGET)
+    assert first.state is State.FENCED and registry.attached(SID) is None
+    with pytest.raises(UnknownSession):
+        registry.attach(first, "late")  # the superseded session's open completed after the new one
+    registry.attach(second, "log of epoch 2")
+    assert sorted(registry.records()) == ["log of epoch 2", "other"]
+    registry.attach(second, None)
+    assert registry.attached(SID) is None and registry.records() == ["other"]
+    registry.remove(OTHER)
+    assert registry.attached(OTHER) is None and registry.records() == []
+    assert registry.attached(b"X" * 16) is None
