@@ -8,6 +8,7 @@ and memory use, whichever is highest.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,13 +29,13 @@ class BusyMeter:
         now = max(end, self._since)
         elapsed = max(now - self._since, 1e-9)
         busy = min(max(end - start, 0.0), elapsed)
-        decay = 0.5 ** (elapsed / self.window)
+        decay = math.pow(0.5, elapsed / self.window)
         self._share = decay * self._share + (1.0 - decay) * (busy / elapsed)
         self._since = now
 
     def percent(self) -> int:
         idle = max(self.clock() - self._since, 0.0)
-        return max(0, min(100, round(100 * self._share * 0.5 ** (idle / self.window))))
+        return max(0, min(100, round(100 * self._share * math.pow(0.5, idle / self.window))))
 
 
 class Gpu:
@@ -64,7 +65,7 @@ class Gpu:
         try:
             util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
             mem = self._nvml.nvmlDeviceGetMemoryInfo(self._handle)
-            return max(0, min(100, max(int(util), round(100 * mem.used / max(1, mem.total)))))
+            return max(0, min(100, max(int(util), round(100 * int(mem.used) / max(1, int(mem.total))))))
         except Exception:
             return 0
 

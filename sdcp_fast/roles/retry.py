@@ -19,7 +19,7 @@ T = TypeVar("T")
 
 def backoff(attempt: int, first_delay: float = 0.05, max_delay: float = 1.0) -> float:
     """Seconds to wait after failed try ``attempt`` (0 for the first)."""
-    return min(max_delay, first_delay * 2 ** attempt)
+    return min(max_delay, first_delay * 2.0 ** attempt)
 
 
 def unreachable_or_5xx(exc: BaseException) -> bool:
