@@ -40,7 +40,6 @@ def _counter(role: Any, name: str, **labels: str) -> float:
 async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: int, m: int, device: str,
                        root: str, n: int) -> dict[str, Any]:
     from sdcp_fast.cache import object_uri
-    from sdcp_fast.embedded import embedded
     from sdcp_fast.model.contract_digests import model_digest
     from sdcp_fast.model.drafters import ModelDrafter
     from sdcp_fast.model.target_scorer import ModelRunner
@@ -48,6 +47,7 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
     from sdcp_fast.roles.drafter import DrafterRole
     from sdcp_fast.roles.router import RouterRole, SessionSpec
     from sdcp_fast.roles.verifier import VerifierRole
+    from sdcp_fast.store import embedded
     from sdcp_fast.transport.inprocess import InProcessNetwork
 
     router_uri, a_uri, b_uri, d_uri = ("inproc://router/", "inproc://verifier-a/", "inproc://verifier-b/",
@@ -103,7 +103,7 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
         reader = asyncio.create_task(stream())
         while not stopped:
             await asyncio.sleep(0.001)
-        live = a._live[session]
+        live = a.live(session)
         while live.kv_busy:  # A's last publish lands (a partition does not stop it)
             await asyncio.sleep(0.001)
         published = _counter(a, "sdcp_target_kv_published_bytes_total")
@@ -119,7 +119,7 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
         ref = object_uri(scope, session, "target_kv", 1)
         return dict(pages=pages, epoch=routed.epoch, ttft_ms=1e3 * ttft, failover_ms=1e3 * (opened - t0),
                     context=len(prompt) + before, published_bytes=int(published),
-                    object_bytes=mlc.head(ref).size if mlc.contains(ref) else 0,
+                    object_bytes=mlc.mlc.head(ref).size if mlc.mlc.contains(ref) else 0,
                     imported=int(_counter(b, "sdcp_resumed_kv_positions_total")))
     finally:
         for role in (a, drafter, b):

@@ -47,6 +47,7 @@ from sdcp_fast.protocol import (  # noqa: E402
 from sdcp_fast.protocol.commitlog import LogRecord, fence_epoch  # noqa: E402
 from sdcp_fast.protocol.peer import PeerRole  # noqa: E402
 from sdcp_fast.roles.wire import SdcpClient  # noqa: E402
+from sdcp_fast.store import LocalStore, Log, embedded  # noqa: E402
 from sdcp_fast.transport.base import Request, Response  # noqa: E402
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates  # noqa: E402
 from sdcp_fast.transport.h2client import H2Transport  # noqa: E402
@@ -75,16 +76,14 @@ class ConstantScorer:
 class MemoryLog:
     """A commit log in memory with the file log's semantics (fenced, tags = record counts)."""
 
-    enforces_fencing = True
-
     def __init__(self, ref: str) -> None:
         self.ref = ref
         self.records: list[LogRecord] = []
 
-    def read(self, start: int = 0) -> LogView:
+    async def read(self, start: int = 0) -> LogView:
         return LogView(self.records[start:], start, etag_of(len(self.records)))
 
-    def append(self, record: LogRecord, if_match: str | None) -> str:
+    async def append(self, record: LogRecord, if_match: str | None) -> str:
         fence = fence_epoch(self.records)
         if record.epoch < fence:
             raise fence_error(fence, record)
@@ -93,22 +92,17 @@ class MemoryLog:
         self.records.append(record)
         return etag_of(len(self.records))
 
-    def close(self) -> None:
-        return None
 
+class MemoryStore(LocalStore):
+    """The embedded store with its commit logs in memory."""
 
-class MemoryStore:
     def __init__(self) -> None:
-        from sdcp_fast.cache import embedded
+        store = embedded()
+        super().__init__(store.mlc, store.logs)
+        self.memory_logs: dict[str, MemoryLog] = {}
 
-        self.mlc = embedded()
-        self.logs: dict[str, MemoryLog] = {}
-
-    def commit_log(self, name: str) -> MemoryLog:
-        return self.logs.setdefault(name, MemoryLog(name))
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.mlc, attr)
+    async def commit_log(self, ref: str) -> Log:
+        return self.memory_logs.setdefault(ref, MemoryLog(ref))
 
 
 SESSION_TOKENS = 256  # each session ends after this many tokens and the worker opens another

@@ -24,14 +24,16 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-import cbor2
-
 from sdcp_fast.cache import errors
 from sdcp_fast.cache.store import Head, Stored
 from sdcp_fast.cache.uri import SCHEME, check_key
-from sdcp_fast.protocol.problems import Forbidden, SdcpProblem, problem_from_response, type_suffix
+from sdcp_fast.protocol.cbor import decode, deterministic_cbor
+from sdcp_fast.protocol.problems import Forbidden, SdcpProblem
+from sdcp_fast.transport import http_transport
 from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.problem import problem_body
+from sdcp_fast.transport.problem import problem_of as _problem_of
 
 T = TypeVar("T")
 
@@ -43,6 +45,8 @@ _OURS: dict[str, type[SdcpProblem]] = {
 _BODILESS: dict[int, type[SdcpProblem]] = {404: errors.ObjectUnavailable, 403: Forbidden}
 MAX_OBJECT = 1 << 30  # the server's limit on an object; a response up to it is accepted
 INLINE_BYTES = 256 << 10  # larger bodies are encoded and decoded off the event loop
+# 256 KiB DATA frames, as the MLC server asks (store/server.py MAX_FRAME says why).
+MAX_FRAME = 256 << 10
 
 
 class MLCUnreachable(ConnectionError):
@@ -61,37 +65,17 @@ def client_ssl(ca: str | None = None, cert: str | None = None, key: str | None =
     return ctx
 
 
-def mlc_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False, timeout: float | None = 30.0) -> Any:
-    """A transport for the MLC: HTTP/2 (h2c on loopback without ``ssl``), or HTTP/1.1 when
-    ``http1``; responses up to an object's size."""
-    if http1:
-        from sdcp_fast.transport.http1 import Http1Transport
-
-        return Http1Transport(ssl, insecure=ssl is None, timeout=timeout)
-    from dataclasses import replace
-
-    from sdcp_fast.transport.h2client import CLIENT_LIMITS, H2Transport
-
-    # 256 KiB DATA frames, as the MLC server asks (servers/mlc.py MAX_FRAME says why).
-    limits = replace(CLIENT_LIMITS, max_body=MAX_OBJECT, max_frame=256 << 10)
-    return H2Transport(ssl, insecure=ssl is None, timeout=timeout, limits=limits)
+def mlc_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False,
+                  timeout: float | None = 30.0) -> Transport:
+    """A transport for the MLC (:func:`~sdcp_fast.transport.http_transport`): responses up to
+    an object's size, in the DATA frames the server asks for."""
+    return http_transport(ssl, http1=http1, timeout=timeout, max_body=MAX_OBJECT, max_frame=MAX_FRAME)
 
 
 def problem_of(response: Response) -> SdcpProblem:
-    """The cache error a problem response stands for."""
-    doc = None
-    if response.content_type.startswith("application/problem+json"):
-        try:
-            doc = json.loads(response.body)
-        except ValueError:
-            doc = None
-    generic = problem_from_response(response.status, doc if isinstance(doc, dict) else None)
-    cls = _OURS.get(type_suffix(generic.type_uri))
-    if cls is None and doc is None:  # a HEAD answer has no body: its status says what it is
-        cls = _BODILESS.get(response.status)
-    if cls is None:
-        return generic
-    return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
+    """The cache error a problem response stands for; a HEAD answer has no body, so its
+    status says what it is."""
+    return _problem_of(response, _OURS, _BODILESS if problem_body(response) is None else None)
 
 
 def _path(prefix: str, uri: str) -> str:
@@ -117,8 +101,6 @@ def _check_base(base_url: str) -> str:
 class AsyncMLC:
     """The MLC API of :class:`sdcp_fast.cache.MLC` as coroutines, served by a remote
     ``sdcp-fast mlc`` and reached through ``transport`` (see :func:`mlc_transport`)."""
-
-    nonblocking = True  # its calls return coroutines (roles.objects awaits them on the loop)
 
     def __init__(self, base_url: str, transport: Transport, *, timeout: float | None = None) -> None:
         self.base_url = _check_base(base_url)
@@ -148,7 +130,7 @@ class AsyncMLC:
             doc = {"meta": meta, **({"lease_ms": _ms(lease_ttl)} if lease_ttl else {})}
 
             def encode() -> bytes:
-                return cbor2.dumps({"data": bytes(view), **doc})
+                return deterministic_cbor({"data": bytes(view), **doc})
 
             # A large tensor (q rows) is copied and encoded on a worker thread, not on the
             # caller's event loop (which is serving the role's requests meanwhile).
@@ -159,7 +141,7 @@ class AsyncMLC:
             body, headers = view, {"content-type": "application/octet-stream"}
             query = {"lease_ms": str(_ms(lease_ttl))} if lease_ttl else None
         out = await self._call("PUT", _path("objects/", uri), body, headers, query)
-        doc = cbor2.loads(out.body)
+        doc = decode(out.body)
         return Stored(doc["etag"], doc["tier"], doc.get("lease"))
 
     async def get(self, uri: str) -> memoryview:
@@ -169,9 +151,9 @@ class AsyncMLC:
         """The object's CBOR form: {data, etag, meta}."""
         out = await self._call("GET", _path("objects/", uri), headers={"accept": "application/cbor"})
         if len(out.body) <= INLINE_BYTES:
-            doc: dict[str, Any] = cbor2.loads(out.body)
+            doc: dict[str, Any] = decode(out.body)
         else:
-            doc = await asyncio.get_running_loop().run_in_executor(None, cbor2.loads, out.body)
+            doc = await asyncio.get_running_loop().run_in_executor(None, decode, out.body)
         return doc
 
     async def get_tensor(self, uri: str, device: str | None = None) -> Any:
@@ -205,13 +187,13 @@ class AsyncMLC:
         await self._call("DELETE", _path("objects/", uri))
 
     async def lease(self, uri: str, ttl: float) -> str:
-        out = await self._call("POST", "leases", cbor2.dumps({"uri": uri, "ttl_ms": _ms(ttl)}),
+        out = await self._call("POST", "leases", deterministic_cbor({"uri": uri, "ttl_ms": _ms(ttl)}),
                                {"content-type": "application/cbor"})
-        lease: str = cbor2.loads(out.body)["lease"]
+        lease: str = decode(out.body)["lease"]
         return lease
 
     async def renew(self, lease_id: str, ttl: float) -> None:
-        await self._call("PUT", "leases/" + lease_id, cbor2.dumps({"ttl_ms": _ms(ttl)}),
+        await self._call("PUT", "leases/" + lease_id, deterministic_cbor({"ttl_ms": _ms(ttl)}),
                          {"content-type": "application/cbor"})
 
     async def release(self, lease_id: str) -> None:

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     from sdcp_fast.commitlog import default_root
-    from sdcp_fast.embedded import embedded
+    from sdcp_fast.store import embedded
 
     root = args.root or default_root()
     os.makedirs(root, exist_ok=True)
@@ -85,7 +85,7 @@ async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: 
     import contextlib
     import signal
 
-    from sdcp_fast.servers.mlc import MLCService, serve
+    from sdcp_fast.store.server import MLCService, serve
 
     service = MLCService(store.mlc, store.logs)
     server = await serve(service, args.host, args.port, ssl=security.server_context(),
@@ -110,7 +110,7 @@ def _run_http1(args: argparse.Namespace, security: Any, store: Any, ready: Calla
 
     from aiohttp import web
 
-    from sdcp_fast.servers.mlc_http1 import init_app
+    from sdcp_fast.store.server_http1 import init_app
     from sdcp_fast.transport.tls import server_context
 
     try:

@@ -1,7 +1,7 @@
 """Storage backends of the SDCP commit log (§6.8), chosen by the reference's scheme.
 
 ``open_commit_log(ref)``: ``file:///path`` (embedded, fsync'd file), ``mlc://...`` (the
-embedded store's file log, see :mod:`sdcp_fast.embedded`), ``etcd://host:port/prefix``
+file log an MLC keeps under its root, :mod:`sdcp_fast.commitlog.directory`), ``etcd://host:port/prefix``
 (multi-machine), and ``http(s)://host:port/logs/<mlc-uri-without-scheme>`` (an
 ``sdcp-fast mlc`` server). What a failed append means is the same for all of them
 (:mod:`sdcp_fast.commitlog.base`). This package knows nothing of the cache.
@@ -42,19 +42,15 @@ def default_root() -> str:
     return os.environ.get("SDCP_MLC_ROOT") or os.path.join(os.path.expanduser("~"), ".cache", "sdcp_fast", "mlc")
 
 
-def open_commit_log(ref: str, *, mlc: Any = None, root: str | None = None, ssl: Any = None) -> CommitLog:
-    """The commit log named by ``ref``. An ``mlc://`` name is served by ``mlc`` (anything
-    with ``commit_log(name)``, e.g. :class:`sdcp_fast.embedded.EmbeddedStore`), else by the
-    file log under ``root`` (default ``$SDCP_MLC_ROOT``); ``ssl`` is the client context for
-    https references."""
+def open_commit_log(ref: str, *, root: str | None = None, ssl: Any = None) -> CommitLog:
+    """The commit log named by ``ref``. An ``mlc://`` name is the file log under ``root``
+    (default ``$SDCP_MLC_ROOT``; a store composes its own, :mod:`sdcp_fast.store`); ``ssl``
+    is the client context for https references."""
     if ref.startswith("file://"):
         from sdcp_fast.commitlog.file import FileCommitLog
 
         return FileCommitLog(ref[len("file://"):])
     if ref.startswith("mlc://"):
-        if mlc is not None:
-            log: CommitLog = mlc.commit_log(ref)
-            return log
         from sdcp_fast.commitlog.file import FileCommitLog, log_path
 
         return FileCommitLog(log_path(root or default_root(), ref))

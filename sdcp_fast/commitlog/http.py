@@ -14,7 +14,6 @@ all is a ConnectionError.
 from __future__ import annotations
 
 import asyncio
-import json
 import ssl
 import threading
 from collections.abc import Coroutine
@@ -31,9 +30,11 @@ from sdcp_fast.commitlog.base import (
     etag_of,
 )
 from sdcp_fast.protocol.commitlog import LogRecord, decode_log, encode_record
-from sdcp_fast.protocol.problems import SdcpProblem, StaleEpoch, problem_from_response, type_suffix
+from sdcp_fast.protocol.problems import SdcpProblem, StaleEpoch
+from sdcp_fast.transport import http_transport
 from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.problem import problem_of
 
 T = TypeVar("T")
 
@@ -41,26 +42,12 @@ _OURS: dict[str, type[SdcpProblem]] = {
     cls.suffix: cls for cls in (PreconditionFailed, RecordTooLarge, UnknownLog, LogCorrupt)
 }
 _OURS[StaleEpoch.suffix] = Fenced
+# Whatever the body says, these statuses mean only this on a log.
+_BY_STATUS: dict[int, type[SdcpProblem]] = {412: PreconditionFailed, 413: RecordTooLarge}
 
 
 class LogUnreachable(ConnectionError):
     """No answer from the server holding the log (refused, reset, TLS failure, timeout)."""
-
-
-def _problem(response: Response) -> SdcpProblem:
-    doc: Any = None
-    if response.content_type.startswith("application/problem+json"):
-        try:
-            doc = json.loads(response.body)
-        except ValueError:
-            doc = None
-    generic = problem_from_response(response.status, doc if isinstance(doc, dict) else None)
-    cls = _OURS.get(type_suffix(generic.type_uri))
-    if cls is None:  # whatever the body says, these statuses mean only this on a log
-        cls = {412: PreconditionFailed, 413: RecordTooLarge}.get(response.status)
-    if cls is None:
-        return generic
-    return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
 
 
 def _split(ref: str) -> tuple[str, str]:
@@ -78,23 +65,11 @@ def _ref(base_url: str, name: str) -> str:
     return base_url.rstrip("/") + "/logs/" + quote(name[len("mlc://"):], safe="/")
 
 
-def log_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False, timeout: float | None = 30.0) -> Any:
-    """A transport for logs alone: HTTP/2 (h2c on loopback without ``ssl``), or HTTP/1.1."""
-    if http1:
-        from sdcp_fast.transport.http1 import Http1Transport
-
-        return Http1Transport(ssl, insecure=ssl is None, timeout=timeout)
-    from sdcp_fast.transport.h2client import H2Transport
-
-    return H2Transport(ssl, insecure=ssl is None, timeout=timeout)
-
-
 class AsyncHttpCommitLog:
     """``ref`` is ``http(s)://host:port/logs/<scope>/<session>/commit_log``; ``read`` and
     ``append`` are coroutines sent on ``transport``."""
 
     enforces_fencing: ClassVar[bool] = True  # the server's file log checks the fence with the tag
-    nonblocking: ClassVar[bool] = True  # its calls return coroutines (roles.objects awaits them)
 
     def __init__(self, ref: str, transport: Transport, *, timeout: float | None = None) -> None:
         self.ref = ref
@@ -115,7 +90,7 @@ class AsyncHttpCommitLog:
         except TransportError as exc:
             raise LogUnreachable(str(exc)) from exc
         if response.status >= 400:
-            raise _problem(response)
+            raise problem_of(response, _OURS, _BY_STATUS)
         return response
 
     async def read(self, start: int = 0) -> LogView:
@@ -151,7 +126,7 @@ class HttpCommitLog:
         self._thread.start()
 
         async def make() -> AsyncHttpCommitLog:
-            return AsyncHttpCommitLog(ref, log_transport(ssl, http1=http1, timeout=timeout))
+            return AsyncHttpCommitLog(ref, http_transport(ssl, http1=http1, timeout=timeout))
 
         self.aio = self._run(make())
 

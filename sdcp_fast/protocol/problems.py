@@ -121,6 +121,23 @@ class Forbidden(SdcpProblem):
     title = "Peer's role may not use this resource"
 
 
+class Busy(SdcpProblem):
+    """A documented 5xx: the instance (a role, or the MLC's upload budget) is at a capacity
+    bound (docs/security.md, "Limits"); the caller may retry or try another instance."""
+
+    suffix = "sdcp-busy"
+    status = 503
+    title = "At capacity"
+
+
+class InternalError(SdcpProblem):
+    """A bug, logged where it happened: never a traceback on the wire."""
+
+    suffix = "sdcp-internal-error"
+    status = 500
+    title = "Internal error"
+
+
 PROBLEMS: tuple[type[SdcpProblem], ...] = (
     StaleEpoch, StaleBase, QUnavailable, BadContract, Limit, SessionClosed, BadProposal, NotAssigned,
 )

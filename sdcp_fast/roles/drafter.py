@@ -45,6 +45,7 @@ from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever
+from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.drafter")
@@ -81,7 +82,7 @@ class DrafterRole:
         drafter: Drafter,
         *,
         uri: str,
-        mlc: Any,
+        mlc: Store,
         transport: Transport,
         router: str | None = None,
         seed: int = 0,
@@ -178,7 +179,8 @@ class DrafterRole:
             prompt = await self.objects.tokens(prompt)
         assigned = _Assigned(DrafterSession(assignment, estimator=self.acceptance), tuple(prompt), [])
         self._sessions[assignment.session] = assigned
-        assigned.task = asyncio.create_task(self._run(assigned), name="drafter-session")
+        assigned.task = asyncio.create_task(self._run(assigned, None if old is None else old.task),
+                                            name="drafter-session")
         return None
 
     async def _learn(self, assigned: _Assigned, committed: int, digest: bytes, ref: str | None) -> None:
@@ -205,12 +207,15 @@ class DrafterRole:
 
     # -- one session ----------------------------------------------------------------------
 
-    async def _run(self, assigned: _Assigned) -> None:
+    async def _run(self, assigned: _Assigned, previous: asyncio.Task[None] | None = None) -> None:
         record = assigned.record
         session = record.session
         prepared: _Prepared | None = None
         sending: asyncio.Task[Verdict | None] | None = None
         try:
+            if previous is not None:
+                # The replaced run lets go of its q rows first: this run may name the same round's.
+                await asyncio.wait([previous])
             await self._join(assigned)
             while record.stopped is None:
                 m = self._choose_m(assigned) if prepared is not None and prepared.confirmed else 0

@@ -22,7 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.protocol import (
     Action,
     Assignment,
@@ -37,7 +36,7 @@ from sdcp_fast.protocol import (
 from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY, parse_instance_path_id
 from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
-from sdcp_fast.protocol.problems import Forbidden
+from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.router import (
     RoutedSession,
     StatusTable,
@@ -56,7 +55,8 @@ from sdcp_fast.protocol.router import (
 )
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.wire import Busy, Routes, SdcpClient, decode_body
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
+from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Response, Transport
 
 log = logging.getLogger("sdcp_fast.router")
@@ -107,7 +107,7 @@ class RouterRole:
         self,
         *,
         uri: str,
-        mlc: Any,
+        mlc: Store,
         transport: Transport,
         target_digest: bytes,
         tokenizer_digest: bytes,
@@ -376,10 +376,10 @@ class RouterRole:
         target = choose_verifier(self.table, self.clock(), exclude=(old,))
         if target is None:
             return
-        log_ = await self.objects.call(open_commit_log, routed.commit_log, mlc=self.mlc)
-        await self.objects.call(log_.append, fence_for(routed), None)
+        log_ = await self.mlc.commit_log(routed.commit_log)
+        await log_.append(fence_for(routed), None)
         # Read after the fence: nothing the old verifier appends can follow it.
-        view = await self.objects.call(log_.read)
+        view = await log_.read()
         last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
         # The object of the epoch that wrote the last record holds (at least) what it names: that
         # verifier wrote it before appending the record (roles/verifier.py).

@@ -33,7 +33,7 @@ from sdcp_fast.protocol import (
     session_path_id,
 )
 from sdcp_fast.protocol.messages import instance_path_id
-from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, problem_from_response
+from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, InternalError, problem_from_response
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.errors import TransportError
@@ -54,21 +54,6 @@ class MethodNotAllowed(SdcpProblem):
     suffix = "sdcp-method-not-allowed"
     status = 405
     title = "Method not allowed on this resource"
-
-
-class Busy(SdcpProblem):
-    """A documented 5xx: the instance is at a capacity bound (docs/security.md, "Limits");
-    the caller may try another instance."""
-
-    suffix = "sdcp-busy"
-    status = 503
-    title = "At capacity"
-
-
-class InternalError(SdcpProblem):
-    suffix = "sdcp-internal-error"
-    status = 500
-    title = "Internal error"
 
 
 def problem_response(problem: SdcpProblem) -> Response:

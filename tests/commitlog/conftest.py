@@ -21,15 +21,10 @@ _prefixes = itertools.count()
 
 @contextmanager
 def _served_logs(directory, http2: bool):
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).parent.parent / "cache"))
-    from mlc_server import serving
-
     from sdcp_fast.cache import MLC
     from sdcp_fast.cache.tiers.host import HostTier
     from sdcp_fast.commitlog.directory import LogDirectory
+    from tests.store.serverkit import serving
 
     logs = LogDirectory(str(directory / "served"))
     with MLC([HostTier(1 << 16)]) as mlc, serving(mlc, logs=logs, http2=http2) as base:
@@ -54,12 +49,12 @@ def log_factory(request, tmp_path):
         factory = lambda: FileCommitLog(path)  # noqa: E731
     elif request.param == "mlc":
         import sdcp_fast.cache as cache
-        from sdcp_fast.embedded import embedded
+        from sdcp_fast.store import embedded
 
-        mlc = embedded(str(tmp_path), host_bytes=1 << 20, disk_bytes=1 << 20, max_open_logs=2)
-        request.addfinalizer(mlc.close)
+        store = embedded(str(tmp_path), host_bytes=1 << 20, disk_bytes=1 << 20, max_open_logs=2)
+        request.addfinalizer(store.close)
         ref = cache.object_uri(bytes(16), bytes(16), "commit_log")
-        factory = lambda: open_commit_log(ref, mlc=mlc)  # noqa: E731
+        factory = lambda: store.logs.log(ref)  # noqa: E731
     elif request.param in ("http2", "http1"):
         base = stack.enter_context(_served_logs(tmp_path, request.param == "http2"))
         ref = f"{base}/logs/{bytes(16).hex()}/{next(_prefixes):022d}/commit_log"

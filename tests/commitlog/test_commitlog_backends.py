@@ -99,8 +99,9 @@ def test_concurrent_writers_exactly_one_wins_each_slot(log_factory):
 
 def test_append_commit_releases_leases_after_success_and_after_fencing(log_factory, tmp_path):
     import sdcp_fast.cache as cache
+    from sdcp_fast.cache.tiers.host import HostTier
 
-    with cache.embedded(str(tmp_path / "mlc"), host_bytes=1 << 16, disk_bytes=1 << 16) as mlc:
+    with cache.MLC([HostTier(1 << 16)]) as mlc:
         q = cache.object_uri(bytes(16), bytes(16), "q_rows", 1)
         mlc.put(q, b"rows")
         log = log_factory()

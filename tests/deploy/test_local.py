@@ -9,14 +9,13 @@ import pytest
 import torch
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.deploy.local import Engine, SessionSpec, model_digest, session_id_for
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.roles.objects import unpack_tokens
+from sdcp_fast.store import embedded
 
 SCOPE = __import__("hashlib").sha256(b"sdcp-fast-inprocess").digest()[:16]
 
@@ -56,7 +55,7 @@ def test_weak_drafter_walks_the_ladder_and_the_log_holds_every_round(tmp_path):
     actions = {r.action for r in records}
     assert {Action.REDUCE, Action.SWITCH, Action.SELF_DECODE} <= actions
     assert result.finish in (Action.FAIL, Action.FINISH) and result.chain_ok
-    log = mlc.commit_log(object_uri(SCOPE, result.session, "commit_log"))
+    log = mlc.logs.log(object_uri(SCOPE, result.session, "commit_log"))
     commits = [r for r in log.read().records if isinstance(r, CommitRecord)]
     assert [c.round for c in commits] == list(range(1, result.rounds + 1))
     assert [t for c in commits for t in c.emitted] == result.tokens
@@ -70,7 +69,7 @@ def test_rule2_seeded_runs_are_bit_identical_and_use_the_mlc(tmp_path):
     for k in range(2):
         engine, _, mlc = make_engine(tmp_path / str(k))
         runs.append(engine.run([spec])[0])
-        assert mlc.stats()  # q rows went through the cache
+        assert mlc.mlc.stats()  # q rows went through the cache
     assert runs[0].tokens == runs[1].tokens and runs[0].digest == runs[1].digest
     assert runs[0].proposed > 0 and runs[0].chain_ok
 
@@ -96,7 +95,7 @@ def test_fenced_log_stops_the_session_without_releasing_the_round(tmp_path):
             while not committed:
                 await asyncio.sleep(0.001)
             # A fail-over elsewhere fences this verifier's epoch.
-            open_commit_log(routed.commit_log, mlc=mlc).append(FenceRecord(epoch=2), None)
+            mlc.logs.log(routed.commit_log).append(FenceRecord(epoch=2), None)
             session = d.verifier.sessions.get(routed.session)
             for _ in range(2000):
                 if session.closed:
@@ -106,12 +105,12 @@ def test_fenced_log_stops_the_session_without_releasing_the_round(tmp_path):
 
     routed, session = asyncio.run(scenario())
     assert session.closed and session.committed == sum(len(r.emitted) for r in committed)
-    records = [r for r in mlc.commit_log(routed.commit_log).read().records if isinstance(r, CommitRecord)]
+    records = [r for r in mlc.logs.log(routed.commit_log).read().records if isinstance(r, CommitRecord)]
     assert [r.round for r in records] == [r.round for r in committed]
     # What drafters and a new verifier learn, the object's prefix as long as the last record says,
     # is exactly what was committed before the fence.
     committed_tokens = [t for r in records for t in r.emitted]
-    released = unpack_tokens(mlc.get(routed.committed_tokens))
+    released = unpack_tokens(mlc.mlc.get(routed.committed_tokens))
     assert list(released[: records[-1].committed]) == committed_tokens
 
 
@@ -121,20 +120,20 @@ def test_q_rows_lost_from_the_cache_answer_q_unavailable_and_commit_nothing(tmp_
     real_get = mlc.get
     lost = []
 
-    def lose_q_rows_once(uri):
+    async def lose_q_rows_once(uri):
         if "/q_rows/" in uri and not lost:
             from sdcp_fast.cache import ObjectUnavailable
 
             lost.append(uri)
             raise ObjectUnavailable(uri)
-        return real_get(uri)
+        return await real_get(uri)
 
     mlc.get = lose_q_rows_once
     spec = SessionSpec(encode("the router"), max_new=8, rule=2, sampling=Sampling(seed=1), drafters=("good",))
     [result] = engine.run([spec])
     assert lost and result.problems == ["sdcp-q-unavailable"]
     assert result.chain_ok and len(result.tokens) == 8  # the drafter proposed again and the rounds commit
-    records = mlc.commit_log(object_uri(SCOPE, result.session, "commit_log")).read().records
+    records = mlc.logs.log(object_uri(SCOPE, result.session, "commit_log")).read().records
     assert [r.round for r in records] == list(range(1, result.rounds + 1))  # nothing for the lost round
 
 

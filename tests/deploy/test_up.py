@@ -37,8 +37,8 @@ def up(tmp_path_factory: pytest.TempPathFactory):
 
 def greedy_text(prompt: str, n: int) -> str:
     """Target-only greedy decoding of the toy target, in process (rule 1's reference, §6.4)."""
-    from sdcp_fast.embedded import embedded
     from sdcp_fast.model.toy import decode
+    from sdcp_fast.store import embedded
 
     target = ToyTarget()
     with embedded() as store:

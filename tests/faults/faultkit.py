@@ -254,7 +254,7 @@ def reference_runs(batch: Sequence[Job], m: int, *, target: str = "toy", drafter
     ``target`` and ``drafter`` are the deployment's (``load_target``/``load_drafter`` specs)."""
     from sdcp_fast.deploy.catalog import load_drafter, load_target
     from sdcp_fast.deploy.local import Engine
-    from sdcp_fast.embedded import embedded
+    from sdcp_fast.store import embedded
 
     model = load_target(target)
     draft, digest = load_drafter(drafter, model)

@@ -110,7 +110,7 @@ async def _pages_exist(store: Any, up: FaultUp, sessions: Sequence[bytes], epoch
     """Whether the MLC holds every session's target KV pages of ``epoch``."""
     from sdcp_fast.cache import object_uri
 
-    return all([await store.contains(object_uri(up.scope, s, "target_kv", epoch)) for s in sessions])
+    return all([await store.objects.contains(object_uri(up.scope, s, "target_kv", epoch)) for s in sessions])
 
 
 def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -> tuple[list[Seen], Kill]:
@@ -119,10 +119,10 @@ def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -
     kill = Kill()
 
     async def main() -> list[Seen]:
-        from sdcp_fast.deploy.service import RemoteStore, Security
+        from sdcp_fast.deploy.service import Security, remote_store
 
         client = Client(up)
-        store = RemoteStore(up.mlc_url(), Security(*up.role_cert("router")))  # the router may read any object
+        store = remote_store(up.mlc_url(), Security(*up.role_cert("router")))  # the router may read any object
         progress = asyncio.Event()
         seen = [Seen(job, pieces=Stamped()) for job in batch]
         try:
@@ -147,7 +147,7 @@ def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -
             return done
         finally:
             await client.close()
-            await store.close()
+            await store.aclose()
 
     return asyncio.run(main()), kill
 

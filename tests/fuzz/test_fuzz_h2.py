@@ -12,12 +12,12 @@ from typing import Any
 
 from roles.rolekit import TARGET, assignment, contract, greedy, proposal, session_open, sid
 
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import MEDIA_TYPE, Policy, Sampling, Verdict, session_path_id
 from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store import embedded
 from sdcp_fast.transport.certs import InstanceSpec, instance_files, write_certificates
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve

@@ -2,7 +2,7 @@
 process, with the identities of peers that own nothing there.
 
 A q-rows object written by drafter A and a commit log with records sit in the store
-throughout. Every answer: no 5xx but the documented ones (503 mlc-busy, 507 mlc-full), no
+throughout. Every answer: no 5xx but the documented ones (503 sdcp-busy, 507 mlc-full), no
 traceback, Problem Details on every refusal; the object's bytes never change (nobody sending
 owns it), and the log changes only by appends answered 201.
 """
@@ -25,7 +25,7 @@ from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord, encode_record
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.servers.mlc import MLCService
+from sdcp_fast.store.server import MLCService
 from sdcp_fast.transport.base import Request
 
 from .fuzzkit import EXAMPLES, ODD_VALUES, PER_EXAMPLE, TRACEBACK_MARKS, encode_any, mutate, reshape
@@ -40,7 +40,7 @@ STRANGERS = [Peer("https://127.0.0.1:8512/", PeerRole.DRAFTER), Peer("https://12
              Peer(None, PeerRole.CLIENT), Peer("https://x/", None), Peer("https://127.0.0.1:8470/", PeerRole.MLC)]
 Q = object_uri(SCOPE, SESSION, "q_rows", 1)
 LOG = object_uri(SCOPE, SESSION, "commit_log")
-SERVER_ERRORS = {503: "mlc-busy", 507: "mlc-full"}
+SERVER_ERRORS = {503: "sdcp-busy", 507: "mlc-full"}
 
 
 def bare(uri: str) -> str:
@@ -162,7 +162,7 @@ def test_mlc_over_http2_and_mtls(tmp_path) -> None:
     import os
 
     from sdcp_fast.cache.store import MLC as Store
-    from sdcp_fast.servers.mlc import serve as serve_mlc
+    from sdcp_fast.store.server import serve as serve_mlc
     from sdcp_fast.transport.certs import InstanceSpec, instance_files, write_certificates
     from sdcp_fast.transport.h2client import H2Transport
     from sdcp_fast.transport.tls import client_context, server_context

@@ -88,7 +88,7 @@ class RouterRig(Loop):
         super().__init__()
         self.rig = Rig(root)
         self.run(self.rig.__aenter__())
-        self.router = RouterRole(uri=ROUTER, mlc=self.rig.mlc, transport=self.rig.network.transport(ROUTER_PEER),
+        self.router = RouterRole(uri=ROUTER, mlc=self.rig.store, transport=self.rig.network.transport(ROUTER_PEER),
                                  target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, clock=Clock(),
                                  drafter_models={DRAFTER: b"a" * 32})
         self.rig.network.register(ROUTER, self.router.handler)
@@ -224,7 +224,7 @@ class FrontRig(Loop):
     def __init__(self, root: str) -> None:
         super().__init__()
         self.network = InProcessNetwork()
-        from sdcp_fast.embedded import embedded
+        from sdcp_fast.store import embedded
 
         self.mlc = embedded(root)
         self.router = RouterRole(uri=ROUTER, mlc=self.mlc, transport=self.network.transport(ROUTER_PEER),

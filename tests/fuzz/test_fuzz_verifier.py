@@ -33,7 +33,6 @@ from roles.rolekit import (
 )
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Output, Policy, Proposal, SessionOpen, Verdict
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE, session_path_id
 from sdcp_fast.protocol.peer import Peer, PeerRole
@@ -99,7 +98,7 @@ class FuzzRig:
                 # the verifier's view afresh by design (§6.9); the log keeps every record.
                 self.live[session] = replace(self.live[session], epoch=core.epoch)
             tokens = tuple(core.output(0).tokens) if core.epoch == 1 else None
-            records = open_commit_log(object_uri(SCOPE, session, "commit_log"), mlc=self.rig.mlc).read(0).records
+            records = self.rig.store.logs.log(object_uri(SCOPE, session, "commit_log")).read(0).records
             out[session] = (tokens, len(records))
         return out
 

@@ -17,7 +17,6 @@ import torch
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.deploy.local import model_digest
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import (
@@ -39,6 +38,7 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
 T = TypeVar("T")
@@ -165,13 +165,14 @@ class Rig:
 
     def __init__(self, root: str, *, scorer: Any = None, **verifier_kw: Any) -> None:
         self.network = InProcessNetwork()
-        self.mlc = embedded(root)
+        self.store = embedded(root)
+        self.mlc = self.store.mlc  # the cache itself, for looking at objects directly
         self.scorer = scorer if scorer is not None else CountingScorer()
         self.target = getattr(self.scorer, "target", self.scorer)
         self.rounds: list[RoundInfo] = []
         kw: dict[str, Any] = dict(batch_wait=0.0, output_wait=0.05)
         kw.update(verifier_kw)
-        self.verifier = VerifierRole(self.scorer, uri=VERIFIER, mlc=self.mlc, target_digest=TARGET,
+        self.verifier = VerifierRole(self.scorer, uri=VERIFIER, mlc=self.store, target_digest=TARGET,
                                      transport=self.network.transport(VERIFIER_PEER), backend="reference",
                                      on_round=self.rounds.append, **kw)
         self.network.register(VERIFIER, self.verifier.handler)
@@ -191,7 +192,7 @@ class Rig:
         for role in reversed(self.roles):
             await role.close()
         await self.verifier.close()
-        self.mlc.close()
+        self.store.close()
 
     async def open(self, session: bytes, c: Contract | None = None, *, m_init: int = 4, drafter: str | None = DRAFTER,
                    **kw: Any) -> tuple[SessionOpen, SessionState]:
@@ -206,7 +207,7 @@ class Rig:
                            **kw: Any) -> DrafterRole:
         """A drafter role at ``uri`` on this network, speaking as a drafter certificate of ``uri``."""
         role = DrafterRole(model if model is not None else ToyDrafter("good", self.target, 0.8), uri=uri,
-                           mlc=self.mlc, transport=transport or self.network.transport(Peer(uri, PeerRole.DRAFTER)),
+                           mlc=self.store, transport=transport or self.network.transport(Peer(uri, PeerRole.DRAFTER)),
                            **kw)
         self.network.register(uri, role.handler)
         self.roles.append(role)

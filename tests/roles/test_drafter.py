@@ -287,7 +287,7 @@ def test_status_reports_measured_load_and_queue(tmp_path):
 
         clock = Clock()
         async with Rig(str(tmp_path)) as rig:
-            router = RouterRole(uri=ROUTER, mlc=rig.mlc, transport=rig.network.transport(ROUTER_PEER),
+            router = RouterRole(uri=ROUTER, mlc=rig.store, transport=rig.network.transport(ROUTER_PEER),
                                 target_digest=b"\0" * 32, tokenizer_digest=b"\0" * 32, drafter_models={},
                                 clock=clock)
             rig.network.register(ROUTER, router.handler)
@@ -329,20 +329,20 @@ def test_verdict_for_a_finished_session_ends_the_drafters_part(tmp_path):
 
 
 class FlakyPuts:
-    """The MLC, unreachable for the first ``n`` puts (as while it restarts)."""
+    """The store, unreachable for the first ``n`` puts (as while it restarts)."""
 
-    def __init__(self, mlc, n):
-        self.mlc, self.n, self.refused, self.names = mlc, n, 0, []
+    def __init__(self, store, n):
+        self.store, self.n, self.refused, self.names = store, n, 0, []
 
-    def put(self, uri, data, lease_ttl=None):
+    async def put(self, uri, data, lease_ttl=None):
         if self.refused < self.n:
             self.refused += 1
             raise ConnectionError("the MLC is restarting")
         self.names.append(uri)
-        return self.mlc.put(uri, data, lease_ttl)
+        return await self.store.put(uri, data, lease_ttl)
 
     def __getattr__(self, name):
-        return getattr(self.mlc, name)
+        return getattr(self.store, name)
 
 
 def test_q_rows_ride_out_an_unreachable_mlc_under_names_of_their_own(tmp_path):
@@ -352,9 +352,9 @@ def test_q_rows_ride_out_an_unreachable_mlc_under_names_of_their_own(tmp_path):
 
     async def scenario():
         async with Rig(str(tmp_path)) as rig:
-            store = FlakyPuts(rig.mlc, 3)
+            store = FlakyPuts(rig.store, 3)
             role = await rig.drafter_role(fixed_m=3)
-            role.objects.mlc = store
+            role.objects.store = store
             other = await rig.drafter_role(uri=OTHER)
             opened, state = await rig.open(S, contract(RULE_SPECULATIVE, max_new=9), drafter=None)
             await assign(rig, opened, state)

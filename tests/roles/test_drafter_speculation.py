@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 
 from sdcp_fast.deploy.local import Engine, model_digest
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.roles.router import SessionSpec
+from sdcp_fast.store import embedded
 
 
 def greedy(target: ToyTarget, prompt: list[int], n: int) -> list[int]:

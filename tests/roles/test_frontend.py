@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from sdcp_fast.deploy.local import Deployment, Engine, model_digest
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
 from sdcp_fast.protocol import Action, Sampling
@@ -25,6 +24,7 @@ from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.roles.frontend import Frontend, IncrementalDecoder, ToyWords, mount_frontend
 from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.roles.sse import DONE, messages
+from sdcp_fast.store import embedded
 from sdcp_fast.transport import loop
 from sdcp_fast.transport.base import Request, Response
 

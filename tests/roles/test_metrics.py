@@ -8,12 +8,12 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from sdcp_fast.deploy.local import Engine, SessionSpec, model_digest
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.verifier import RoundInfo
+from sdcp_fast.store import embedded
 from sdcp_fast.transport import loop
 from sdcp_fast.transport.base import Request
 

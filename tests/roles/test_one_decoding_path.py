@@ -14,13 +14,13 @@ from dataclasses import replace
 from sdcp_fast.cli import demo as demo_module
 from sdcp_fast.cli import main
 from sdcp_fast.deploy.local import drafter_uri, generate, model_digest, session_id_for, spec_for
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import Sampling
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole
 from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
 from .rolekit import run

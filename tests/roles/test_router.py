@@ -9,7 +9,6 @@ import asyncio
 import pytest
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.model.toy import ToyDrafter
 from sdcp_fast.protocol import (
     Action,
@@ -89,7 +88,7 @@ class RouterRig(Rig):
         self.clock = Clock()
         self.sent: list[tuple[str, str, str]] = []
         self.router_role = RouterRole(
-            uri=ROUTER, mlc=self.mlc, transport=Logged(self.network.transport(ROUTER_PEER), self.sent),
+            uri=ROUTER, mlc=self.store, transport=Logged(self.network.transport(ROUTER_PEER), self.sent),
             target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, clock=self.clock,
             drafter_models={DRAFTER: b"a" * 32, OTHER: b"b" * 32}, sweep_interval=0.01)
         self.network.register(ROUTER, self.router_role.handler)
@@ -282,8 +281,8 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
     log with the next epoch, reads the last commit record, opens the session at the standby
     with resume and the current sampling policy (§6.6), and assigns the drafter again; the
     front end's output stream continues without duplicates or gaps (§6.7)."""
-    from sdcp_fast.embedded import embedded
     from sdcp_fast.model.toy import ToyTarget
+    from sdcp_fast.store import embedded
     from sdcp_fast.transport.inprocess import InProcessNetwork
 
     clock = Clock()
@@ -342,7 +341,7 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
 
     try:
         routed, tokens, finish, at_standby, final, before, problems = run(scenario(), timeout=30.0)
-        records = open_commit_log(object_uri(SCOPE, S, "commit_log"), mlc=mlc).read().records
+        records = mlc.logs.log(object_uri(SCOPE, S, "commit_log")).read().records
     finally:
         mlc.close()
     assert routed.verifier == STANDBY and routed.epoch == 2

@@ -11,6 +11,7 @@ import pytest
 from sdcp_fast.cache import object_uri
 from sdcp_fast.commitlog import PreconditionFailed
 from sdcp_fast.protocol.commitlog import CommitRecord
+from sdcp_fast.store.logs import ThreadedLog
 
 from .rolekit import SCOPE, VERIFIER, Rig, contract, proposal, run, sid
 
@@ -48,13 +49,13 @@ def test_a_412_while_the_log_cannot_be_read_leaves_the_round_to_the_retry(tmp_pa
     async def scenario():
         async with Rig(str(tmp_path)) as rig:
             logs = []
-            real = rig.mlc.commit_log
+            real = rig.store.logs.log
 
-            def commit_log(name):
+            async def commit_log(name):
                 logs.append(RestartingLog(real(name)))
-                return logs[-1]
+                return ThreadedLog(logs[-1])
 
-            rig.mlc.commit_log = commit_log
+            rig.store.commit_log = commit_log
             _, state = await rig.open(S, contract(max_new=16), m_init=3)
             first = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 3)))
             logs[0].down, logs[0].lands = True, lands

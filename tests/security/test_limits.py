@@ -15,11 +15,11 @@ import h2.connection
 import h2.events
 from roles.rolekit import TARGET, assignment, contract, greedy, proposal, session_open, sid
 
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import MEDIA_TYPE, SdcpProblem
 from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store import embedded
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.h2server import serve

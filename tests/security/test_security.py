@@ -16,13 +16,13 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.policy import may_delete, may_lease, may_put, may_read
 from sdcp_fast.cache.store import Head
 from sdcp_fast.cache.uri import served_name
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import SdcpProblem
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import Forbidden
 from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store import embedded
 from sdcp_fast.transport.errors import TransportError
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve

@@ -202,17 +202,17 @@ def test_q_rows_are_little_endian_binary32_rows_in_position_order(tmp_path: Path
     """§5.2: q_rows holds one row of V IEEE 754 binary32 values, little-endian, per proposed position,
     concatenated in position order. The drafter's rows ([M, V] float32) stored in the MLC are
     those octets, and the verifier reads q[i](x[i]) from row i, column x[i], of them."""
-    from sdcp_fast.embedded import embedded
     from sdcp_fast.protocol.acceptance import q_of_tokens
     from sdcp_fast.protocol.problems import BadProposal
+    from sdcp_fast.store import embedded
 
     vocab, tokens = 5, [4, 0, 2]
     rows = torch.arange(1, 1 + len(tokens) * vocab, dtype=torch.float32).reshape(len(tokens), vocab) / 64
     octets = struct.pack(f"<{rows.numel()}f", *rows.flatten().tolist())
     mlc = embedded(str(tmp_path))
     try:
-        mlc.put("mlc://q/rows", rows.contiguous())
-        assert bytes(mlc.get("mlc://q/rows")) == octets
+        mlc.mlc.put("mlc://q/rows", rows.contiguous())
+        assert bytes(mlc.mlc.get("mlc://q/rows")) == octets
     finally:
         mlc.close()
     assert q_of_tokens(octets, tokens, vocab) == [float(rows[i, x]) for i, x in enumerate(tokens)]

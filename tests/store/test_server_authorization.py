@@ -4,8 +4,6 @@ roles come from the client certificates' URI SANs."""
 from __future__ import annotations
 
 import pytest
-from mlc_certs import make_certs
-from mlc_server import WIRES, serving
 
 from sdcp_fast.cache import MLC, ObjectLeased, UnknownLease, object_uri
 from sdcp_fast.cache.client import RemoteMLC, client_ssl
@@ -14,7 +12,10 @@ from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.problems import Forbidden
-from sdcp_fast.servers.mlc import server_ssl
+from sdcp_fast.store.server import server_ssl
+
+from .certkit import make_certs
+from .serverkit import WIRES, serving
 
 SCOPE = bytes(range(16))
 Q = object_uri(SCOPE, b"s" * 16, "q_rows", 1)

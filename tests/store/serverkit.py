@@ -66,7 +66,7 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
     async def start_http1() -> None:
         from aiohttp import web
 
-        from sdcp_fast.servers.mlc_http1 import init_app
+        from sdcp_fast.store.server_http1 import init_app
 
         runner = web.AppRunner(init_app(mlc, logs, **app_kwargs))
         await runner.setup()
@@ -76,7 +76,7 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
         stop.append(runner.cleanup)
 
     async def start_http2() -> None:
-        from sdcp_fast.servers.mlc import MLCService, serve
+        from sdcp_fast.store.server import MLCService, serve
 
         if ssl_ctx is not None:
             ssl_ctx.set_alpn_protocols(["h2"])

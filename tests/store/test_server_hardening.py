@@ -17,12 +17,13 @@ import time
 
 import cbor2
 import pytest
-from mlc_server import WIRES, serving
 
 from sdcp_fast.cache import MLC, object_uri
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
+
+from .serverkit import WIRES, serving
 
 SCOPE = bytes(range(16))
 PROBLEM = "application/problem+json"
@@ -172,7 +173,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(server1):
 
 
 def test_a_body_over_the_limit_without_a_length_is_cut_off(server1, monkeypatch):
-    import sdcp_fast.servers.mlc as srv
+    import sdcp_fast.store.server as srv
 
     base, mlc = server1
     monkeypatch.setattr(srv, "MAX_BODY", 1 << 20)
@@ -226,11 +227,11 @@ def test_many_logs_hold_at_most_max_open_descriptors(server, logs):
 # -- 7. large bodies are encoded and decoded off the event loop -----------------------------
 
 def test_large_cbor_bodies_are_encoded_and_decoded_off_the_loop(server, monkeypatch):
-    import sdcp_fast.servers.mlc as srv
+    import sdcp_fast.store.server as srv
 
     base, _ = server
     on_loop: list[tuple[str, bool]] = []
-    dumps, decode = srv.cbor2.dumps, srv.cbor.decode
+    dumps, decode = srv.cbor.deterministic_cbor, srv.cbor.decode
 
     def running_loop() -> bool:
         try:
@@ -239,17 +240,17 @@ def test_large_cbor_bodies_are_encoded_and_decoded_off_the_loop(server, monkeypa
         except RuntimeError:
             return False
 
-    def spy_dumps(obj, *a, **k):
+    def spy_dumps(obj):
         if isinstance(obj, dict) and "data" in obj:
             on_loop.append(("encode", running_loop()))
-        return dumps(obj, *a, **k)
+        return dumps(obj)
 
     def spy_decode(data):
         if len(data) > srv.INLINE_BYTES:
             on_loop.append(("decode", running_loop()))
         return decode(data)
 
-    monkeypatch.setattr(srv.cbor2, "dumps", spy_dumps)
+    monkeypatch.setattr(srv.cbor, "deterministic_cbor", spy_dumps)
     monkeypatch.setattr(srv.cbor, "decode", spy_decode)
     data = os.urandom(2 << 20)
     body = dumps({"data": data, "meta": {"dtype": "uint8"}})

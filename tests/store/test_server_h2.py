@@ -15,11 +15,12 @@ import h2.config
 import h2.connection
 import h2.events
 import pytest
-from mlc_server import serving
 
 from sdcp_fast.cache import MLC, object_uri
 from sdcp_fast.cache.client import AsyncMLC, LoopThread, mlc_transport
 from sdcp_fast.cache.tiers.host import HostTier
+
+from .serverkit import serving
 
 SCOPE = bytes(range(16))
 
@@ -160,20 +161,22 @@ def test_the_async_client_encodes_large_tensors_off_its_loop(server, monkeypatch
     import torch
 
     import sdcp_fast.cache.client as client_module
+    import sdcp_fast.store.server as server_module
 
     on_loop: list[bool] = []
-    dumps = client_module.cbor2.dumps
+    dumps = client_module.deterministic_cbor
 
-    def spy(obj, *a, **k):
+    def spy(obj):
         if isinstance(obj, dict) and "data" in obj:
             try:
                 asyncio.get_running_loop()
                 on_loop.append(True)
             except RuntimeError:
                 on_loop.append(False)
-        return dumps(obj, *a, **k)
+        return dumps(obj)
 
-    monkeypatch.setattr(client_module.cbor2, "dumps", spy)
+    monkeypatch.setattr(client_module, "deterministic_cbor", spy)
+    monkeypatch.setattr(server_module.cbor, "deterministic_cbor", spy)  # the server's encoder
     base, _ = server
     runner = LoopThread("test-async-mlc")
     small, large = torch.ones(4, dtype=torch.float32), torch.ones(8, 32000, dtype=torch.float32)

@@ -1,5 +1,5 @@
-"""The cache and the commit log do not import each other; ``sdcp_fast.embedded`` composes
-them into the embedded default (issue 9, layering)."""
+"""The cache and the commit log do not import each other; only the store (``sdcp_fast.store``)
+composes them (tests/store/test_local.py: the embedded default)."""
 
 from __future__ import annotations
 
@@ -36,21 +36,11 @@ def test_cache_and_commitlog_do_not_import_each_other():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_embedded_store_is_the_cache_plus_its_logs(tmp_path):
-    from sdcp_fast.cache import object_uri
-    from sdcp_fast.commitlog import open_commit_log
-    from sdcp_fast.embedded import embedded
-    from sdcp_fast.protocol.commitlog import FenceRecord
-
-    ref = object_uri(bytes(16), bytes(16), "commit_log")
-    with embedded(str(tmp_path), host_bytes=1 << 16, disk_bytes=1 << 16, max_open_logs=1, max_objects=4) as store:
-        q = object_uri(bytes(16), bytes(16), "q_rows", 1)
-        store.put(q, b"rows")
-        assert bytes(store.get(q)) == b"rows" and store.stats()["index"]["max_objects"] == 4
-        assert store.commit_log(ref).append(FenceRecord(1), '"0"') == '"1"'
-        assert open_commit_log(ref, mlc=store).read().records == [FenceRecord(1)]
-        other = object_uri(bytes(16), b"\x01" * 16, "commit_log")
-        store.commit_log(other).append(FenceRecord(1), None)
-        assert store.logs.open_count == 1
-    assert (tmp_path / "logs").is_dir()
-    assert open_commit_log(ref, root=str(tmp_path)).read().records == [FenceRecord(1)], "the file outlives the store"
+def test_only_the_store_composes_the_cache_and_the_commit_logs():
+    """Of the lower layers, only sdcp_fast.store imports both; the roles and the deployments
+    reach objects and logs through its interface."""
+    for package in ("protocol", "kernels", "model", "transport"):
+        found = _imports(package)
+        assert not {m for m in found if m.startswith(("sdcp_fast.cache", "sdcp_fast.commitlog"))}, package
+    store = _imports("store")
+    assert any(m.startswith("sdcp_fast.cache") for m in store) and any(m.startswith("sdcp_fast.commitlog") for m in store)

@@ -10,13 +10,14 @@ import sys
 import time
 
 import pytest
-from mlc_certs import make_certs
-from mlc_redis import free_port
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.client import RemoteMLC, client_ssl
 from sdcp_fast.commitlog.http import HttpCommitLog
+from sdcp_fast.deploy.up import free_port
 from sdcp_fast.protocol.commitlog import FenceRecord
+
+from .certkit import make_certs
 
 
 @pytest.mark.parametrize("wire", ["h2", "http1"])

@@ -5,8 +5,6 @@ from __future__ import annotations
 import ssl
 
 import pytest
-from mlc_certs import make_certs
-from mlc_server import WIRES, serving
 
 from sdcp_fast.cache import MLC, BadRange, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
 from sdcp_fast.cache.client import client_ssl
@@ -16,7 +14,10 @@ from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.servers.mlc import server_ssl
+from sdcp_fast.store.server import server_ssl
+
+from .certkit import make_certs
+from .serverkit import WIRES, serving
 
 SCOPE = bytes(range(16))
 

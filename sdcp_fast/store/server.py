@@ -1,5 +1,5 @@
-"""HTTP API of the MLC (a KVSP-like object API) and of its commit logs, independent of the
-server that carries it.
+"""The MLC server: the HTTP API of the store (a KVSP-like object API) and of its commit logs,
+independent of the transport that carries it.
 
 Objects (``<name>`` is an ``mlc://<scope>/<session>/<kind>[/<round>]`` URI without its scheme):
   PUT    /objects/<name>[?lease_ms=N]   raw body, or application/cbor {data, ? lease_ms, ? meta}
@@ -16,11 +16,12 @@ Metrics: GET /stats (JSON), GET /metrics (Prometheus text).
 :class:`MLCService` holds the routes; each runs on a :class:`Call` (a request as the routes
 see it) and returns a transport :class:`~sdcp_fast.transport.base.Response`. Two servers
 carry it: :func:`serve` on the project's HTTP/2 + mutual TLS transport (the default,
-``sdcp-fast mlc``), and the aiohttp HTTP/1.1 application of :mod:`.mlc_http1` (``--http1``,
-for debugging), which streams bodies in against their limit. Errors are RFC 9457 problem
+``sdcp-fast mlc``), and the aiohttp HTTP/1.1 application of :mod:`.server_http1`
+(``--http1``, for debugging), which streams bodies in against their limit. Errors are RFC 9457 problem
 details, never tracebacks. With client certificates every request is authorized by
 :mod:`sdcp_fast.cache.policy` (docs/security.md), before the store is touched. Large
-bodies are encoded, decoded and copied on worker threads, never on the event loop.
+bodies are encoded, decoded and copied on worker threads, never on the event loop. CBOR
+bodies are read and written with the project's codec (:mod:`sdcp_fast.protocol.cbor`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import ssl
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import cbor2
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
@@ -47,15 +47,14 @@ from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record, encode_record
 from sdcp_fast.protocol.peer import Peer
-from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, SdcpProblem
+from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, Busy, InternalError, SdcpProblem
+from sdcp_fast.store.local import INLINE_BYTES, run_on
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.problem import http_problem
 
 CBOR = "application/cbor"
 CBOR_SEQ = "application/cbor-seq"
 OCTETS = "application/octet-stream"
-# Above this size, bytes are copied, encoded and decoded on a worker thread, not on the loop.
-INLINE_BYTES = 256 << 10
 MAX_BODY = 1 << 30  # an object upload
 MAX_SMALL_BODY = 4 << 10  # a lease request
 MAX_LEASE_MS = int(MAX_LEASE_TTL * 1000)
@@ -66,22 +65,10 @@ MAX_INFLIGHT = 2 << 30
 log = logging.getLogger(__name__)
 
 
-class InternalError(SdcpProblem):
-    suffix = "mlc-internal"
-    status = 500
-    title = "MLC internal error"
-
-
 class BodyTooLarge(SdcpProblem):
     suffix = "mlc-too-large"
     status = 413
     title = "Request body over the server's limit"
-
-
-class Busy(SdcpProblem):
-    suffix = "mlc-busy"
-    status = 503
-    title = "Too many upload bytes in flight; retry later"
 
 
 class Incomplete(SdcpProblem):
@@ -169,16 +156,6 @@ async def _offload(size: int, fn: Callable[[], Any]) -> Any:
     return await asyncio.get_running_loop().run_in_executor(None, fn)
 
 
-async def _store(mlc: MLC, fn: Callable[[], Any], size: int = 0) -> Any:
-    """Run a store call: inline when it is small and the store's lock is free, else on a
-    worker thread, so the event loop never waits behind a large copy holding the lock."""
-    if size <= INLINE_BYTES:
-        with mlc.held_if_free() as free:
-            if free:
-                return fn()
-    return await asyncio.get_running_loop().run_in_executor(None, fn)
-
-
 def _name(name: str, *, log: bool = False) -> tuple[str, ObjectName]:
     uri = SCHEME + name
     return uri, served_name(uri, log=log)
@@ -224,7 +201,7 @@ def _span(spec: str) -> Callable[[int], tuple[int, int]]:
 
 
 def _cbor_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
-    return Response(status, cbor2.dumps(doc), {"content-type": CBOR, **(headers or {})})
+    return Response(status, cbor.deterministic_cbor(doc), {"content-type": CBOR, **(headers or {})})
 
 
 # method -> route name, per path prefix; a path matching no prefix is 404, a method the
@@ -300,7 +277,7 @@ class MLCService:
                 if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) for k in meta)):
                     raise BadRequest("meta must be a map with text keys")
             ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
-            stored = await _store(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
+            stored = await run_on(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
                                                        check=check), len(data))
         finally:
             budget.give(len(body))
@@ -316,9 +293,9 @@ class MLCService:
         check = policy.may_read(call.peer, parsed)
         spec = call.headers.get("range")
         span = None if spec is None else _span(spec)
-        hint = (await _store(mlc, lambda: mlc.head(uri))).size  # where to copy; the answer's head comes with the bytes
+        hint = (await run_on(mlc, lambda: mlc.head(uri))).size  # where to copy; the answer's head comes with the bytes
         # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
-        head, view = await _store(mlc, lambda: mlc.read(uri, span, check=check), hint)
+        head, view = await run_on(mlc, lambda: mlc.read(uri, span, check=check), hint)
         headers = {"etag": head.etag, "accept-ranges": "bytes", "mlc-tier": head.tier}
         if span is not None:
             start, stop = span(head.size)
@@ -326,8 +303,8 @@ class MLCService:
             return Response(206, view, {**headers, "content-type": OCTETS})
         if CBOR in call.headers.get("accept", ""):
             # The CBOR form carries the metadata too (dtype/shape of a tensor put).
-            body = await _offload(head.size, lambda: cbor2.dumps({"data": bytes(view), "etag": head.etag,
-                                                                   "meta": head.meta}))
+            body = await _offload(head.size, lambda: cbor.deterministic_cbor(
+                {"data": bytes(view), "etag": head.etag, "meta": head.meta}))
             return Response(200, body, {**headers, "content-type": CBOR})
         return Response(200, view, {**headers, "content-type": OCTETS})
 
@@ -335,7 +312,7 @@ class MLCService:
         uri, parsed = _name(name)
         mlc = self.mlc
         check = policy.may_read(call.peer, parsed)
-        head = await _store(mlc, lambda: mlc.head(uri, check=check))
+        head = await run_on(mlc, lambda: mlc.head(uri, check=check))
         # MLC-Size: an HTTP/2 server may give a bodiless answer Content-Length 0.
         return Response(200, b"", {
             "etag": head.etag, "mlc-tier": head.tier, "mlc-leased": "1" if head.leased else "0",
@@ -346,7 +323,7 @@ class MLCService:
         uri, parsed = _name(name)
         mlc = self.mlc
         check = policy.may_delete(call.peer, parsed)
-        await _store(mlc, lambda: mlc.delete(uri, check=check))
+        await run_on(mlc, lambda: mlc.delete(uri, check=check))
         return Response(204)
 
     # -- leases -------------------------------------------------------------------------------
@@ -366,18 +343,18 @@ class MLCService:
         ttl = _ttl(msg.get("ttl_ms"), "ttl_ms")
         peer, mlc = call.peer, self.mlc
         check = policy.may_lease(peer, parsed)
-        lease = await _store(mlc, lambda: mlc.lease(uri, ttl, holder=policy.principal(peer), check=check))
+        lease = await run_on(mlc, lambda: mlc.lease(uri, ttl, holder=policy.principal(peer), check=check))
         return _cbor_response({"lease": lease}, 201)
 
     async def renew_lease(self, call: Call, lease: str) -> Response:
         ttl = _ttl((await self._cbor_map(call)).get("ttl_ms"), "ttl_ms")
         mlc, check = self.mlc, policy.may_hold(call.peer)
-        await _store(mlc, lambda: mlc.renew(lease, ttl, check=check))
+        await run_on(mlc, lambda: mlc.renew(lease, ttl, check=check))
         return Response(204)
 
     async def release_lease(self, call: Call, lease: str) -> Response:
         mlc, check = self.mlc, policy.may_hold(call.peer)
-        await _store(mlc, lambda: mlc.release(lease, check=check))
+        await run_on(mlc, lambda: mlc.release(lease, check=check))
         return Response(204)
 
     # -- commit logs --------------------------------------------------------------------------
@@ -422,13 +399,13 @@ class MLCService:
     async def stats(self, call: Call) -> Response:
         policy.may_see_stats(call.peer)
         mlc = self.mlc
-        body = json.dumps(await _store(mlc, mlc.stats)).encode()
+        body = json.dumps(await run_on(mlc, mlc.stats)).encode()
         return Response(200, body, {"content-type": "application/json"})
 
     async def metrics(self, call: Call) -> Response:
         policy.may_see_stats(call.peer)
         mlc = self.mlc
-        text = prometheus_text(await _store(mlc, mlc.stats))
+        text = prometheus_text(await run_on(mlc, mlc.stats))
         return Response(200, text.encode(), {"content-type": "text/plain; charset=utf-8", "cache-control": "no-store"})
 
 
@@ -486,14 +463,6 @@ async def serve(service: MLCService, host: str, port: int, *, ssl: ssl.SSLContex
     from sdcp_fast.transport.h2server import serve as serve_h2
 
     return await serve_h2(service.handler, host, port, ssl=ssl, insecure=insecure, limits=limits())
-
-
-def init_app(mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = MAX_INFLIGHT,
-             on_close: Callable[[], None] | None = None) -> Any:
-    """The HTTP/1.1 (aiohttp) application: see :func:`sdcp_fast.servers.mlc_http1.init_app`."""
-    from sdcp_fast.servers.mlc_http1 import init_app as make
-
-    return make(mlc, logs, inflight_bytes=inflight_bytes, on_close=on_close)
 
 
 def server_ssl(cert: str, key: str, ca: str | None = None) -> ssl.SSLContext:

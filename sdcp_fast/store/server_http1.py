@@ -1,5 +1,5 @@
-"""The MLC's routes (:class:`~sdcp_fast.servers.mlc.MLCService`) as an aiohttp HTTP/1.1
-application: ``sdcp-fast mlc --http1``, for debugging with HTTP/1.1 tools.
+"""The MLC server (:class:`~sdcp_fast.store.server.MLCService`, its one route table) as an
+aiohttp HTTP/1.1 application: ``sdcp-fast mlc --http1``, for debugging with HTTP/1.1 tools.
 
 Bodies are read in chunks against their route's limit (a declared Content-Length over it is
 refused unread), taken from the upload budget as they arrive, and released as soon as the
@@ -9,24 +9,19 @@ answer goes out and the connection is closed.
 
 from __future__ import annotations
 
-import json
-import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
 
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
-from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE
-from sdcp_fast.servers import mlc as core
-from sdcp_fast.servers.mlc import BodyTooLarge, Call, Incomplete, MLCService, UploadBudget, answer_for
+from sdcp_fast.store import server
+from sdcp_fast.store.server import BodyTooLarge, Call, Incomplete, MLCService, UploadBudget, answer_for
 from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.tls import peer_of
 
-log = logging.getLogger("sdcp_fast.servers.mlc")
 SERVICE_KEY = web.AppKey("mlc_service", MLCService)
-View = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 async def read_body(request: web.Request, limit: int, budget: UploadBudget | None = None) -> bytearray:
@@ -72,19 +67,14 @@ def _to_aiohttp(response: Response, *, keep_length: bool = False) -> web.Respons
     return web.Response(status=response.status, body=response.body if response.body else None, headers=headers)
 
 
-@web.middleware
-async def problems(request: web.Request, handler: View) -> web.StreamResponse:
+async def _view(request: web.Request) -> web.StreamResponse:
+    """Every request, routed by the service's one route table."""
     try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        # aiohttp's own refusals (no such route, wrong method, ...) as problem details too.
-        body = json.dumps({"type": "about:blank", "title": exc.reason, "status": exc.status}).encode()
-        resp = web.Response(status=exc.status, body=body, content_type=PROBLEM_MEDIA_TYPE,
-                            headers={k: v for k, v in exc.headers.items() if k.lower() == "allow"})
+        answer = await request.app[SERVICE_KEY].dispatch(_StreamedCall(request))
     except Exception as exc:
-        resp = _to_aiohttp(answer_for(exc, request.method, request.path))
+        answer = answer_for(exc, request.method, request.path)
+    # aiohttp keeps an explicit Content-Length on a bodiless HEAD response.
+    resp = _to_aiohttp(answer, keep_length=request.method == "HEAD" and answer.status < 400)
     if not request.content.is_eof():
         # A refused body is neither read nor drained (aiohttp would linger up to 10 s
         # reading it): answer, then close the connection.
@@ -95,35 +85,14 @@ async def problems(request: web.Request, handler: View) -> web.StreamResponse:
     return resp
 
 
-def _view(route: str) -> View:
-    async def view(request: web.Request) -> web.StreamResponse:
-        service = request.app[SERVICE_KEY]
-        response: Response = await getattr(service, route)(_StreamedCall(request), **request.match_info)
-        # aiohttp keeps an explicit Content-Length on a bodiless HEAD response.
-        return _to_aiohttp(response, keep_length=request.method == "HEAD")
-
-    return view
-
-
-def init_app(mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = core.MAX_INFLIGHT,
+def init_app(mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = server.MAX_INFLIGHT,
              on_close: Callable[[], None] | None = None) -> web.Application:
     """The MLC's application: objects and leases of ``mlc``, commit logs of ``logs`` (none
     when None), at most ``inflight_bytes`` of object bodies held at once; ``on_close`` runs
-    at clean-up (e.g. ``EmbeddedStore.close``)."""
-    app = web.Application(middlewares=[problems], client_max_size=core.MAX_BODY)
+    at clean-up (e.g. ``LocalStore.close``)."""
+    app = web.Application(client_max_size=server.MAX_BODY)
     app[SERVICE_KEY] = MLCService(mlc, logs, inflight_bytes=inflight_bytes)
-    obj = "/objects/{name:.+}"
-    app.router.add_put(obj, _view("put_object"))
-    app.router.add_get(obj, _view("get_object"), allow_head=False)
-    app.router.add_route("HEAD", obj, _view("head_object"))
-    app.router.add_delete(obj, _view("delete_object"))
-    app.router.add_post("/leases", _view("create_lease"))
-    app.router.add_put("/leases/{lease}", _view("renew_lease"))
-    app.router.add_delete("/leases/{lease}", _view("release_lease"))
-    app.router.add_get("/logs/{name:.+}", _view("read_log"))
-    app.router.add_post("/logs/{name:.+}", _view("append_log"))
-    app.router.add_get("/stats", _view("stats"))
-    app.router.add_get("/metrics", _view("metrics"))
+    app.router.add_route("*", "/{tail:.*}", _view)
     if on_close is not None:
         async def closing(app: web.Application) -> Any:
             yield

@@ -13,13 +13,14 @@ import time
 
 import cbor2
 import pytest
-from mlc_server import serving
 
 from sdcp_fast.cache import MLC, object_uri
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.protocol.commitlog import FenceRecord, encode_record
+
+from .serverkit import serving
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS and fds from /proc")
 SCOPE = bytes(range(16))

@@ -1,0 +1,13 @@
+"""The store the roles use: objects, leases and commit logs behind one typed interface.
+
+``interface`` holds :class:`Store` and :class:`Log` (typing.Protocol); ``local`` the
+in-process implementation (:func:`embedded` builds the default one); ``remote`` the client
+of an ``sdcp-fast mlc`` server. This package is the one place that composes the cache
+(:mod:`sdcp_fast.cache`) with the commit logs (:mod:`sdcp_fast.commitlog`).
+"""
+
+from sdcp_fast.store.interface import Log, Store
+from sdcp_fast.store.local import LocalStore, embedded
+from sdcp_fast.store.remote import RemoteStore
+
+__all__ = ["LocalStore", "Log", "RemoteStore", "Store", "embedded"]

@@ -1,0 +1,131 @@
+"""The store in this process: the multi-level cache and the file commit logs kept under its
+root, composed (``sdcp_fast.cache`` and ``sdcp_fast.commitlog`` do not import each other).
+
+:func:`embedded` builds the default one. Its calls are coroutines that keep the event loop
+free: a call on a small object runs inline when the cache's lock is free (a thread hop costs
+more than the call), anything else (a large copy, a disk read, a commit-log fsync) on a
+worker thread. ``mlc`` and ``logs`` are the synchronous parts, for a server that adds
+authorization to every call and for callers that inspect the store directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sdcp_fast.cache import MiB
+from sdcp_fast.cache.errors import ObjectUnavailable
+from sdcp_fast.cache.store import MLC, Clock, Head
+from sdcp_fast.cache.tiers.base import Tier
+from sdcp_fast.commitlog.directory import MAX_OPEN, LogDirectory
+from sdcp_fast.store.interface import Log
+from sdcp_fast.store.logs import ThreadedLog, open_backend
+
+T = TypeVar("T")
+
+# Above this many bytes a copy leaves the event loop.
+INLINE_BYTES = 256 << 10
+
+
+async def run_on(mlc: MLC, fn: Callable[[], T], size: int = 0) -> T:
+    """``fn`` (a call on ``mlc``): inline when it moves at most ``INLINE_BYTES`` and the
+    cache's lock is free, else on a worker thread, so the event loop never waits behind a
+    large copy holding the lock."""
+    if size <= INLINE_BYTES:
+        with mlc.held_if_free() as free:
+            if free:
+                return fn()
+    return await asyncio.to_thread(fn)
+
+
+def _size(data: Any) -> int:
+    if hasattr(data, "untyped_storage"):  # a tensor, without importing torch here
+        return int(data.numel() * data.element_size())
+    return memoryview(data).nbytes
+
+
+class LocalStore:
+    """:class:`~sdcp_fast.store.interface.Store` over an in-process ``mlc`` and the commit
+    logs of ``logs``."""
+
+    def __init__(self, mlc: MLC, logs: LogDirectory) -> None:
+        self.mlc = mlc
+        self.logs = logs
+
+    async def run(self, fn: Callable[[], T], size: int = 0) -> T:
+        return await run_on(self.mlc, fn, size)
+
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
+        mlc = self.mlc
+        return (await self.run(lambda: mlc.put(uri, data, lease_ttl), _size(data))).lease
+
+    async def get(self, uri: str) -> memoryview:
+        mlc = self.mlc
+        with mlc.held_if_free() as free:
+            if free:
+                try:
+                    small = mlc.head(uri).size <= INLINE_BYTES
+                except ObjectUnavailable:
+                    small = True  # the get raises it again, counted as a miss
+                if small:
+                    return memoryview(bytearray(mlc.get(uri)))
+        # The copy out of the cache is made outside its lock, as the cache's views allow.
+        return await asyncio.to_thread(lambda: memoryview(bytearray(mlc.get(uri))))
+
+    async def head(self, uri: str) -> Head:
+        mlc = self.mlc
+        return await self.run(lambda: mlc.head(uri))
+
+    async def delete(self, uri: str) -> None:
+        mlc = self.mlc
+        await self.run(lambda: mlc.delete(uri))
+
+    async def release(self, lease: str) -> None:
+        mlc = self.mlc
+        await self.run(lambda: mlc.release(lease))
+
+    async def commit_log(self, ref: str) -> Log:
+        if ref.startswith("mlc://"):
+            return ThreadedLog(self.logs.log(ref))
+        return await open_backend(ref)
+
+    def close(self) -> None:
+        self.logs.close()
+        self.mlc.close()
+
+    async def aclose(self) -> None:
+        self.close()
+
+    def __enter__(self) -> LocalStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_bytes: int = 16384 * MiB,
+             device_bytes: int = 0, redis_url: str | None = None, redis_bytes: int = 4096 * MiB,
+             clock: Clock = time.monotonic, max_open_logs: int = MAX_OPEN, **limits: int) -> LocalStore:
+    """The default store: an MLC over [device,] page-locked host memory, disk under ``root``
+    (a temporary folder when None) [and Redis], with its commit logs under ``<root>/logs``
+    (at most ``max_open_logs`` descriptors open). ``limits``: the MLC's ``max_objects``,
+    ``index_bytes``, ``max_leases``."""
+    from sdcp_fast.cache.tiers.disk import DiskTier
+    from sdcp_fast.cache.tiers.host import HostTier
+
+    tiers: list[Tier] = []
+    if device_bytes:
+        from sdcp_fast.cache.tiers.device import DeviceTier
+
+        tiers.append(DeviceTier(device_bytes))
+    tiers.append(HostTier(host_bytes))
+    disk = DiskTier(disk_bytes, root)
+    tiers.append(disk)
+    if redis_url:
+        from sdcp_fast.cache.tiers.network import RedisTier
+
+        tiers.append(RedisTier(redis_bytes, redis_url))
+    mlc = MLC(tiers, clock=clock, **limits)
+    return LocalStore(mlc, LogDirectory(disk.root, max_open=max_open_logs))

@@ -1,0 +1,53 @@
+"""The store of an ``sdcp-fast mlc`` server, reached over the project's transport: objects
+and leases with :class:`~sdcp_fast.cache.client.AsyncMLC`, the server's commit logs with
+:class:`~sdcp_fast.commitlog.http.AsyncHttpCommitLog`, both on one transport (HTTP/2 with
+this service's client certificate: one connection, a stream per call, no thread)."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Any
+
+from sdcp_fast.cache.client import AsyncMLC, mlc_transport
+from sdcp_fast.cache.store import Head
+from sdcp_fast.commitlog.http import AsyncHttpCommitLog
+from sdcp_fast.store.interface import Log
+from sdcp_fast.store.logs import open_backend
+from sdcp_fast.transport.base import Transport
+
+
+class RemoteStore:
+    """:class:`~sdcp_fast.store.interface.Store` served at ``base_url`` through ``transport``
+    (by default :func:`~sdcp_fast.cache.client.mlc_transport` with the client context
+    ``ssl``; without one, h2c on loopback)."""
+
+    def __init__(self, base_url: str, transport: Transport | None = None, *,
+                 ssl: ssl.SSLContext | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.transport = transport if transport is not None else mlc_transport(ssl)
+        self.objects = AsyncMLC(self.base_url, self.transport)
+
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
+        return (await self.objects.put(uri, data, lease_ttl)).lease
+
+    async def get(self, uri: str) -> memoryview:
+        return await self.objects.get(uri)
+
+    async def head(self, uri: str) -> Head:
+        return await self.objects.head(uri)
+
+    async def delete(self, uri: str) -> None:
+        await self.objects.delete(uri)
+
+    async def release(self, lease: str) -> None:
+        await self.objects.release(lease)
+
+    async def commit_log(self, ref: str) -> Log:
+        if ref.startswith("mlc://"):
+            return AsyncHttpCommitLog.on_server(self.base_url, ref, self.transport)
+        if ref.startswith(("http://", "https://")):
+            return AsyncHttpCommitLog(ref, self.transport)
+        return await open_backend(ref)
+
+    async def aclose(self) -> None:
+        await self.transport.close()
