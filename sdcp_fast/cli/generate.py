@@ -37,9 +37,9 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.deploy.catalog import check_device, place_drafter
     from sdcp_fast.deploy.local import generate
     from sdcp_fast.model import loader
-    from sdcp_fast.model.build import make_drafter, stop_tokens, uses_chatml
+    from sdcp_fast.model.build import chat_template, make_drafter, stop_tokens
     from sdcp_fast.model.target_scorer import ModelRunner
-    from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
+    from sdcp_fast.model.tokenizer import decode, encode
     from sdcp_fast.protocol import Sampling
 
     if args.threads:
@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
     if lm.tokenizer is None:
         print(f"sdcp-fast generate: {args.model} has no tokenizer", file=sys.stderr)
         return 2
-    text = chat_prompt(args.prompt) if uses_chatml(lm) and not args.raw else args.prompt
+    chat = None if args.raw else chat_template(lm)
+    text = args.prompt if chat is None else chat(args.prompt)
     prompt = encode(lm.tokenizer, text)
     sampling = None
     if args.rule == 2:

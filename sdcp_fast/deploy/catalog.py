@@ -97,10 +97,10 @@ def _load_target(spec: str, device: str) -> Target:
             describe=f"toy target ({len(WORDS)} words, no checkpoint)",
         )
     from sdcp_fast.model import loader
-    from sdcp_fast.model.build import stop_tokens, uses_chatml
+    from sdcp_fast.model.build import chat_template, stop_tokens
     from sdcp_fast.model.contract_digests import tokenizer_digest, weights_digest
     from sdcp_fast.model.target_scorer import ModelRunner
-    from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
+    from sdcp_fast.model.tokenizer import decode, encode
 
     lm = loader.load(spec)
     lm.model.to(device)
@@ -110,7 +110,7 @@ def _load_target(spec: str, device: str) -> Target:
     return Target(
         name=spec, scorer=ModelRunner(lm.model), vocab_size=lm.config.vocab_size, digest=weights_digest(lm.model),
         tokenizer_digest=tokenizer_digest(tok), encode=lambda text: encode(tok, text),
-        decode=lambda ids: decode(tok, list(ids)), chat=chat_prompt if uses_chatml(lm) else None,
+        decode=lambda ids: decode(tok, list(ids)), chat=chat_template(lm),
         stop=tuple(stop_tokens(lm)),
         describe=f"{spec} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size}"
                  + ("" if device == "cpu" else f", on {device}") + ")",

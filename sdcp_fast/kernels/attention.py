@@ -11,14 +11,16 @@ from . import backends, params
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
                     seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float | None = None,
-                    backend: str = "auto") -> torch.Tensor:
+                    backend: str = "auto", window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Causal attention over a paged KV cache (decode: one query row per session; a verify pass: M + 1).
 
     Query row i of session b (rows ``cu_q[b]:cu_q[b+1]``) sits at position
     ``seq_lens[b] - q_len_b + i`` and attends to the session's positions 0..that position,
     read from block ``block_table[b, j // block_size]``, offset ``j % block_size``. The new
     rows' K and V must already be written (:func:`write_paged_kv`). Query head h reads KV head
-    ``h // (H / H_kv)`` (grouped-query attention). The triton backend reads K and V in place,
+    ``h // (H / H_kv)`` (grouped-query attention). With a sliding ``window`` a row at position p
+    sees only positions > p - window (its last ``window`` keys). With ``softcap`` each score s
+    (q.k times scale) becomes ``softcap * tanh(s / softcap)`` before the softmax. The triton backend reads K and V in place,
     one cache block at a time, and reads nothing on the host; other backends use the reference.
 
     Parameters
@@ -37,6 +39,10 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         Multiplies q.k; default ``1 / sqrt(D)``.
     backend : str
         ``"auto"``, ``"reference"``, ``"cpu"`` (the reference) or ``"triton"``.
+    window : int, optional
+        Sliding window (>= 1): keys per query row, its own included; default: every earlier key.
+    softcap : float, optional
+        Score soft-capping (> 0); default: none.
 
     Returns
     -------
@@ -59,12 +65,17 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     if params.on_host(cu_q) and (int(cu_q[0]) != 0 or int(cu_q[-1]) != q.shape[0]
                                   or bool((cu_q[1:] < cu_q[:-1]).any())):
         raise ValueError("cu_q must start at 0, be non-decreasing and end at T")
+    if window is not None and int(window) < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if softcap is not None and not float(softcap) > 0:
+        raise ValueError(f"softcap must be > 0, got {softcap}")
     scale = 1.0 / math.sqrt(q.shape[2]) if scale is None else float(scale)
     name = backends.resolve(backend, q.device)
     if name == "triton":
         from . import triton_backend
 
-        return triton_backend.paged_attention(q.contiguous(), k_cache, v_cache, block_table, seq_lens, cu_q, scale)
+        return triton_backend.paged_attention(q.contiguous(), k_cache, v_cache, block_table, seq_lens, cu_q, scale,
+                                              window, softcap)
     from . import reference
 
-    return reference.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale)
+    return reference.paged_attention(q, k_cache, v_cache, block_table, seq_lens, cu_q, scale, window, softcap)

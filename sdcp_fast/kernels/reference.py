@@ -151,12 +151,14 @@ def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                    seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float) -> torch.Tensor:
+                    seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Causal attention of each session's query rows over its cached keys, in float32 (the definition).
 
     Query row i of session b (rows cu_q[b]..cu_q[b+1]) sits at position
-    ``seq_lens[b] - q_len_b + i`` and attends to positions 0..that position. Query head h
-    reads KV head ``h // (H / H_kv)``.
+    ``seq_lens[b] - q_len_b + i`` and attends to positions 0..that position (with a
+    ``window``: only those > position - window). Query head h reads KV head ``h // (H / H_kv)``.
+    Scores are ``q.k * scale``, then ``softcap * tanh(score / softcap)`` where ``softcap`` is set.
     """
     out = torch.empty_like(q)
     heads, kv_heads = q.shape[1], k_cache.shape[2]
@@ -171,8 +173,13 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
         v = flat_v[slots].float().repeat_interleave(heads // kv_heads, dim=1)
         rows = q[q0:q1].float()  # [t, H, D]
         scores = torch.einsum("thd,nhd->htn", rows, k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         pos = n - (q1 - q0) + torch.arange(q1 - q0, device=q.device)
-        visible = torch.arange(n, device=q.device)[None, :] <= pos[:, None]  # [t, n]
+        keys = torch.arange(n, device=q.device)[None, :]
+        visible = keys <= pos[:, None]  # [t, n]
+        if window is not None:
+            visible &= keys > pos[:, None] - window
         p = torch.softmax(scores.masked_fill(~visible[None], float("-inf")), dim=2)
         out[q0:q1] = torch.einsum("htn,nhd->thd", p, v).to(q.dtype)
     return out

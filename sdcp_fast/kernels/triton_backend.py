@@ -188,7 +188,8 @@ def gather_paged_kv(cache: torch.Tensor, block_table: torch.Tensor, seq_lens: to
 
 
 def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                    seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float) -> torch.Tensor:
+                    seq_lens: torch.Tensor, cu_q: torch.Tensor, scale: float, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     from sdcp_fast.triton_kernels import attention as attn_kernels
 
     dev = q.device
@@ -202,7 +203,8 @@ def paged_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tenso
     group = heads // kv_heads
     attn_kernels.paged_attention_kernel[(rows, kv_heads)](
         q, k_cache, v_cache, table, _on(seq_lens, dev), _on(cu_q, dev), out, scale, batch, table.shape[1],
-        heads, kv_heads, dim, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
+        heads, kv_heads, dim, window or 0, float(softcap or 0.0), WINDOWED=window is not None,
+        CAPPED=softcap is not None, GROUP=group, GROUP_P2=triton.next_power_of_2(group),
         D_P2=triton.next_power_of_2(dim), BS=block_size, BS_P2=triton.next_power_of_2(block_size),
         LOG_B=max(1, batch.bit_length()))
     return out

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 
 from sdcp_fast.model.interfaces import Drafter
@@ -42,3 +45,15 @@ def stop_tokens(lm: LoadedModel) -> list[int]:
 
 def uses_chatml(lm: LoadedModel) -> bool:
     return lm.tokenizer is not None and lm.tokenizer.token_to_id("<|im_start|>") is not None
+
+
+def chat_template(lm: LoadedModel) -> Callable[[str], str] | None:
+    """The model's chat template for one user turn: the jinja template its tokenizer config
+    ships (rendered as transformers does), else ChatML where the tokenizer has its markers,
+    else None (raw prompts)."""
+    from .tokenizer import chat_prompt, render_chat
+
+    template = lm.meta.get("chat_template")
+    if template:
+        return partial(render_chat, template, tokens=lm.meta.get("chat_tokens") or {})
+    return chat_prompt if uses_chatml(lm) else None

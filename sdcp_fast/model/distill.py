@@ -235,6 +235,7 @@ def init_draft(target: Transformer, n_layers: int, head_ids: torch.Tensor | None
     draft.norm = copy.deepcopy(target.norm)
     draft.lm_head = target.lm_head  # shared and frozen too (None when tied)
     draft.register_buffer("inv_freq", rope_inv_freq(cfg).to(target.inv_freq.device), persistent=False)
+    draft.register_buffer("inv_freq_local", target.inv_freq_local, persistent=False)
     draft.register_buffer("head_ids", None if head_ids is None else head_ids.to(target.inv_freq.device))
     draft._head_rows = None
     for p in [*draft.layers.parameters(), *draft.norm.parameters()]:

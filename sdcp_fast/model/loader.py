@@ -19,7 +19,7 @@ import torch
 from tokenizers import Tokenizer
 
 from . import weights
-from .config import ModelConfig
+from .config import ModelConfig, UnsupportedModel
 from .llama import Transformer, rope_inv_freq
 
 log = logging.getLogger(__name__)
@@ -96,9 +96,14 @@ def _build(cfg: ModelConfig, state: dict[str, torch.Tensor], dtype: torch.dtype)
     missing = expected - set(state)
     if missing:
         raise ValueError(f"checkpoint lacks {sorted(missing)[:5]}")
-    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items() if k in expected},
+    unused = set(state) - expected
+    if unused:  # weights of a feature the model lacks (biases, say): refused, never dropped
+        raise UnsupportedModel(f"checkpoint has tensors this {cfg.family} model does not use: {sorted(unused)[:5]}")
+    model.load_state_dict({k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()},
                           assign=True, strict=True)
     model.inv_freq = rope_inv_freq(cfg)  # built on the meta device above
+    if model.inv_freq_local is not None:
+        model.inv_freq_local = rope_inv_freq(cfg, local=True)
     return model.eval().requires_grad_(False)
 
 
@@ -112,11 +117,16 @@ def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32, borrow: Transfor
     if not files:
         raise ModelNotFound(f"{path} has no *.safetensors")
     state: dict[str, torch.Tensor] = {}
+    unknown: list[str] = []
     for f in files:
         for name, t in load_file(str(f)).items():
-            ours = weights.from_hf_name(name)
+            ours = weights.from_hf_name(name, cfg.family)
             if ours is not None:
                 state[ours] = t
+            elif not name.endswith("rotary_emb.inv_freq"):  # recomputed from the config
+                unknown.append(name)
+    if unknown:
+        raise UnsupportedModel(f"{path}: tensors a {cfg.family} model does not have: {sorted(unknown)[:5]}")
     if cfg.tie_embeddings:
         state.pop("lm_head.weight", None)
     if borrows:
@@ -125,11 +135,33 @@ def load_hf_dir(path: Path, dtype: torch.dtype = torch.float32, borrow: Transfor
             raise ValueError(f"{path} borrows its embedding from its target; pass a target with vocabulary "
                              f"{cfg.vocab_size} and width {cfg.dim}")
         state["embed.weight"] = borrow.embed.weight
-        if borrow.lm_head is not None:
+        if borrow.lm_head is not None and not cfg.tie_embeddings:
             state["lm_head.weight"] = borrow.lm_head.weight
     tok_file = path / "tokenizer.json"
     tok = Tokenizer.from_file(str(tok_file)) if tok_file.is_file() else None
-    return LoadedModel(_build(cfg, state, dtype), tok, str(path), {"format": "hf", "hf_config": hf})
+    return LoadedModel(_build(cfg, state, dtype), tok, str(path), {"format": "hf", "hf_config": hf, **_chat(path)})
+
+
+def _chat(path: Path) -> dict[str, Any]:
+    """The chat template of an HF directory (``chat_template.jinja`` or the tokenizer config's
+    ``chat_template``, the one named "default" of a list) and the special tokens it names."""
+    conf_file = path / "tokenizer_config.json"
+    conf = json.loads(conf_file.read_text()) if conf_file.is_file() else {}
+    template = conf.get("chat_template")
+    if isinstance(template, list):
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text()
+    if not template:
+        return {}
+    tokens = {}
+    for key in ("bos_token", "eos_token", "pad_token", "unk_token"):
+        v = conf.get(key)
+        v = v.get("content") if isinstance(v, dict) else v
+        if isinstance(v, str):
+            tokens[key] = v
+    return {"chat_template": template, "chat_tokens": tokens}
 
 
 def _field_value(f: Any) -> Any:
@@ -297,17 +329,23 @@ def _convert_gguf(path: Path) -> _Converted:
     return cfg, state, tokenizer_from_gguf(fields), meta
 
 
+_WRITABLE = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
+             "mistral": "MistralForCausalLM"}
+
+
 def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = None,
                 dtype: torch.dtype = torch.bfloat16, extra: dict[str, Any] | None = None,
                 borrow_embedding: bool = False) -> None:
-    """Write ``model`` as a Hugging Face Llama directory that :func:`load_hf_dir` (and
-    ``transformers``) read."""
+    """Write ``model`` as a Hugging Face directory of its family that :func:`load_hf_dir` (and
+    ``transformers``) read: Llama, Qwen2, Qwen3 or Mistral (the others are refused)."""
     from safetensors.torch import save_file
 
     cfg = model.cfg
+    if cfg.family not in _WRITABLE:
+        raise UnsupportedModel(f"writing a {cfg.family} directory is not implemented ({', '.join(_WRITABLE)})")
     path.mkdir(parents=True, exist_ok=True)
     hf = {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": cfg.vocab_size,
+        "architectures": [_WRITABLE[cfg.family]], "model_type": cfg.family, "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.dim, "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
         "num_key_value_heads": cfg.n_kv_heads, "intermediate_size": cfg.ffn_dim, "rms_norm_eps": cfg.norm_eps,
         "rope_theta": cfg.rope_theta, "rope_scaling": cfg.rope_scaling, "tie_word_embeddings": cfg.tie_embeddings,
@@ -315,10 +353,15 @@ def save_hf_dir(model: Transformer, path: Path, tokenizer: Tokenizer | None = No
         "bos_token_id": cfg.bos_token_id, "eos_token_id": list(cfg.eos_token_ids) or None,
         "hidden_act": "silu", "torch_dtype": str(dtype).removeprefix("torch."),
     }
+    if cfg.explicit_head_dim:
+        hf["head_dim"] = cfg.explicit_head_dim
+    if cfg.sliding_window:
+        hf.update(sliding_window=cfg.sliding_window, use_sliding_window=True,
+                  layer_types=[("sliding" if cfg.window(i) else "full") + "_attention" for i in range(cfg.n_layers)])
     if extra or borrow_embedding or cfg.head_vocab:
         hf["sdcp_fast"] = {**(extra or {}), "borrow_embedding": borrow_embedding, "head_vocab": cfg.head_vocab}
     (path / "config.json").write_text(json.dumps(hf, indent=1) + "\n")
-    state = {weights.to_hf_name(k): (v.detach().to(dtype) if v.is_floating_point() else v).contiguous()
+    state = {weights.to_hf_name(k, cfg.family): (v.detach().to(dtype) if v.is_floating_point() else v).contiguous()
              for k, v in model.state_dict().items()
              if not (borrow_embedding and k in ("embed.weight", "lm_head.weight"))}
     save_file(state, str(path / "model.safetensors"))

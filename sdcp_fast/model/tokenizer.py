@@ -3,6 +3,7 @@ BPE vocabulary and merges (no ``transformers`` needed)."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -60,6 +61,30 @@ def encode(tok: Tokenizer, text: str) -> list[int]:
 
 def decode(tok: Tokenizer, ids: list[int]) -> str:
     return str(tok.decode(ids, skip_special_tokens=False))
+
+
+def render_chat(template: str, user: str, system: str | None = None, tokens: dict[str, str] | None = None) -> str:
+    """One user turn (after ``system``, if given) through a Hugging Face jinja chat template,
+    ending with the generation prompt, rendered as transformers' ``apply_chat_template``
+    renders it (a sandbox, trimmed blocks, loop controls, ``raise_exception``, ``tojson``).
+    ``tokens``: the special tokens the template names (``bos_token``, ``eos_token``)."""
+    from datetime import datetime
+
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message: str) -> None:
+        raise ValueError(f"chat template: {message}")
+
+    def tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+               sort_keys: bool = False) -> str:
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = tojson
+    env.globals.update(raise_exception=raise_exception,
+                       strftime_now=lambda fmt: datetime.now().strftime(fmt))  # Llama 3.x templates date the turn
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
+    return str(env.from_string(template).render(messages=messages, add_generation_prompt=True, **(tokens or {})))
 
 
 def chat_prompt(user: str, system: str | None = None) -> str:

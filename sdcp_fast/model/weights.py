@@ -6,7 +6,7 @@ import re
 
 import torch
 
-# Ours -> Hugging Face (Llama / Qwen2 / SmolLM2 naming).
+# Ours -> Hugging Face (Llama / Qwen2 / Qwen3 / Mistral / SmolLM2 naming; Gemma and Phi-3 below).
 _HF_LAYER = {
     "attn_norm.weight": "input_layernorm.weight",
     "attn.wq.weight": "self_attn.q_proj.weight",
@@ -20,7 +20,17 @@ _HF_LAYER = {
     "ffn.w_gate.weight": "mlp.gate_proj.weight",
     "ffn.w_up.weight": "mlp.up_proj.weight",
     "ffn.w_down.weight": "mlp.down_proj.weight",
+    "attn.q_norm.weight": "self_attn.q_norm.weight",
+    "attn.k_norm.weight": "self_attn.k_norm.weight",
 }
+# Gemma 2/3 norm every sublayer's input and output: its "post_attention_layernorm" is the
+# norm after attention, not (as in Llama) the one before the MLP.
+_HF_GEMMA = {**_HF_LAYER, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+             "post_attn_norm.weight": "post_attention_layernorm.weight",
+             "post_ffn_norm.weight": "post_feedforward_layernorm.weight"}
+_HF_PHI3 = {**_HF_LAYER, "attn.wqkv.weight": "self_attn.qkv_proj.weight",
+            "ffn.w_gate_up.weight": "mlp.gate_up_proj.weight"}
+_HF_FAMILY = {"gemma2": _HF_GEMMA, "gemma3_text": _HF_GEMMA, "phi3": _HF_PHI3}
 _HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
            "lm_head.weight": "lm_head.weight", "head_ids": "sdcp_fast.head_ids"}
 
@@ -37,6 +47,8 @@ _GGUF_LAYER = {
     "ffn.w_gate.weight": "ffn_gate.weight",
     "ffn.w_up.weight": "ffn_up.weight",
     "ffn.w_down.weight": "ffn_down.weight",
+    "attn.q_norm.weight": "attn_q_norm.weight",
+    "attn.k_norm.weight": "attn_k_norm.weight",
 }
 _GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
@@ -44,18 +56,18 @@ _GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.we
 _OURS_LAYER = re.compile(r"layers\.(\d+)\.(.+)")
 
 
-def to_hf_name(name: str) -> str:
+def to_hf_name(name: str, family: str = "llama") -> str:
     m = _OURS_LAYER.fullmatch(name)
     if m:
-        return f"model.layers.{m[1]}.{_HF_LAYER[m[2]]}"
+        return f"model.layers.{m[1]}.{_HF_FAMILY.get(family, _HF_LAYER)[m[2]]}"
     return _HF_TOP[name]
 
 
-def from_hf_name(name: str) -> str | None:
+def from_hf_name(name: str, family: str = "llama") -> str | None:
     """Our name for a Hugging Face tensor, or None for tensors we do not use."""
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", name)
     if m:
-        inv = {v: k for k, v in _HF_LAYER.items()}
+        inv = {v: k for k, v in _HF_FAMILY.get(family, _HF_LAYER).items()}
         return f"layers.{m[1]}.{inv[m[2]]}" if m[2] in inv else None
     inv = {v: k for k, v in _HF_TOP.items()}
     return inv.get(name)

@@ -78,3 +78,43 @@ def test_rejects_bad_arguments() -> None:
         paged_attention(**{**args, "q": args["q"][:, :3]})  # H not a multiple of H_kv
     with pytest.raises(ValueError):
         paged_attention(**{**args, "cu_q": torch.tensor([0, 2])})  # cu_q must end at T
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("case", range(len(CASES)))
+@pytest.mark.parametrize(("window", "softcap"), [(1, None), (5, None), (6, 1.5), (None, 2.0)])
+def test_window_and_softcap_match_reference(backend: str, case: int, window: int | None,
+                                            softcap: float | None) -> None:
+    seq_lens, q_lens, heads, kv_heads, dim, block = CASES[case]
+    args = _case(case, seq_lens, q_lens, heads, kv_heads, dim, block, torch.float32)
+    want = paged_attention(**args, backend="reference", window=window, softcap=softcap)
+    got = call(paged_attention, **args, backend=backend, window=window, softcap=softcap)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_reference_window_and_softcap_are_their_definition() -> None:
+    """Row at position p sees keys p - window + 1 .. p; scores s = scale q.k become cap tanh(s / cap)."""
+    seq_lens, q_lens, heads, kv_heads, dim, block, window, cap = [11, 6], [4, 6], 4, 2, 16, 4, 3, 0.7
+    args = _case(9, seq_lens, q_lens, heads, kv_heads, dim, block, torch.float32)
+    out = paged_attention(**args, backend="reference", scale=0.3, window=window, softcap=cap)
+    flat_k = args["k_cache"].view(-1, kv_heads, dim)
+    flat_v = args["v_cache"].view(-1, kv_heads, dim)
+    for b, (n, t) in enumerate(zip(seq_lens, q_lens, strict=True)):
+        pos = torch.arange(n)
+        slots = args["block_table"][b, pos // block].long() * block + pos % block
+        k = flat_k[slots].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)  # [H, n, D]
+        v = flat_v[slots].transpose(0, 1).repeat_interleave(heads // kv_heads, 0)
+        q = args["q"][int(args["cu_q"][b]) : int(args["cu_q"][b + 1])].transpose(0, 1)  # [H, t, D]
+        qpos = (n - t + torch.arange(t))[:, None]
+        visible = (pos[None, :] <= qpos) & (pos[None, :] >= qpos - window + 1)
+        s = cap * torch.tanh(0.3 * (q @ k.transpose(1, 2)) / cap)
+        want = (s.masked_fill(~visible, float("-inf")).softmax(-1) @ v).transpose(0, 1)
+        torch.testing.assert_close(out[int(args["cu_q"][b]) : int(args["cu_q"][b + 1])], want, rtol=1e-5, atol=1e-6)
+
+
+def test_rejects_bad_window_and_softcap() -> None:
+    args = _case(1, [5], [1], 4, 2, 16, 4, torch.float32)
+    with pytest.raises(ValueError, match="window"):
+        paged_attention(**args, window=0)
+    with pytest.raises(ValueError, match="softcap"):
+        paged_attention(**args, softcap=0.0)

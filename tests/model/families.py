@@ -1,0 +1,105 @@
+"""Tiny random checkpoints of every family the loader reads, made with transformers (the
+independent implementation) and saved as Hugging Face directories, with a byte-level
+tokenizer and a jinja chat template of their own.
+
+transformers is the ``[compare]`` extra, part of the dev set-up: where it is missing the
+tests skip, except in CI (``CI`` set), where a skip would hide the check, so they fail.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+VOCAB = 260  # 256 bytes, then <bos> <eos> <|im_start|> <|im_end|>
+BOS, EOS = 256, 257
+WINDOW = 8
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_attention_heads=4, num_key_value_heads=2,
+              bos_token_id=BOS, eos_token_id=EOS, pad_token_id=EOS, max_position_embeddings=512)
+TEMPLATE = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] | trim }}<|im_end|>\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def require_transformers() -> None:
+    if importlib.util.find_spec("transformers") is None:
+        why = "transformers is not installed (extra [compare]); it is the independent implementation"
+        if os.environ.get("CI"):
+            pytest.fail(f"{why}: CI installs it (make test), so this check must run there")
+        pytest.skip(why)
+
+
+def hf_config(family: str):  # -> transformers.PretrainedConfig
+    import transformers as tf
+
+    if family == "llama":
+        return tf.LlamaConfig(num_hidden_layers=2, rope_theta=500.0, **COMMON)
+    if family == "qwen3":  # head_dim 32 != 64 / 4, q/k norms
+        return tf.Qwen3Config(num_hidden_layers=2, head_dim=32, rope_theta=1000.0, tie_word_embeddings=True, **COMMON)
+    if family == "mistral":
+        return tf.MistralConfig(num_hidden_layers=2, sliding_window=WINDOW, rope_theta=1000.0, **COMMON)
+    if family == "gemma2":  # small caps, so that soft-capping changes the numbers
+        return tf.Gemma2Config(num_hidden_layers=3, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
+                               attn_logit_softcapping=3.0, final_logit_softcapping=4.0, **COMMON)
+    if family == "gemma3":
+        rope = {"sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 20000.0}}
+        return tf.Gemma3TextConfig(num_hidden_layers=3, head_dim=32, sliding_window=WINDOW, query_pre_attn_scalar=24,
+                                   layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+                                   rope_parameters=rope, **COMMON)
+    if family == "phi3":
+        return tf.Phi3Config(num_hidden_layers=2, sliding_window=12, **COMMON)
+    raise ValueError(family)
+
+
+def make_tokenizer():  # -> tokenizers.Tokenizer
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from tokenizers.pre_tokenizers import ByteLevel
+
+    alphabet = ByteLevel.alphabet()
+    vocab = {ch: i for i, ch in enumerate(sorted(alphabet, key=lambda c: ord(c)))}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                            for t in ("<bos>", "<eos>", "<|im_start|>", "<|im_end|>")])
+    return tok
+
+
+def make_checkpoint(family: str, path: Path, seed: int = 0):
+    """A random ``family`` model (transformers), saved to ``path`` in float32; returns it."""
+    import transformers as tf
+
+    cfg = hf_config(family)
+    torch.manual_seed(seed)
+    cls = tf.Gemma3ForCausalLM if family == "gemma3" else tf.AutoModelForCausalLM
+    model = cls.from_config(cfg, dtype=torch.float32) if cls is tf.AutoModelForCausalLM else cls(cfg)
+    with torch.no_grad():  # larger than transformers' init, so that greedy choices are clear-cut
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(torch.empty_like(p).uniform_(-0.3, 0.3) + (0.0 if family.startswith("gemma") else 1.0))
+            else:
+                p.normal_(0, 0.25)
+    model = model.eval()
+    model.save_pretrained(str(path))
+    make_tokenizer().save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<bos>", "eos_token": "<eos>",
+        "pad_token": "<eos>", "chat_template": TEMPLATE}))
+    return model
+
+
+def hf_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()  # [T, V]
+
+
+def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=max_new, do_sample=False, eos_token_id=EOS, pad_token_id=EOS)
+    return out[0, len(prompt):].tolist()

@@ -1,0 +1,116 @@
+"""Every family the loader reads, against transformers on tiny random checkpoints: the
+logits at every position of a prompt longer than the sliding window (each attention path:
+gather + SDPA, the paged reference, the paged triton kernel), the same after a cached
+prefix, greedy decoding through the roles, batched scoring of sessions of different
+lengths against each alone, and the chat template as transformers renders it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sdcp_fast.model import loader
+from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.target_scorer import ModelRunner
+
+from .families import EOS, WINDOW, hf_greedy, hf_logits, make_checkpoint, require_transformers
+
+FAMILIES = ["llama", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+TOL = dict(atol=1e-4, rtol=1e-4)  # float32 on both sides
+PROMPT = torch.randint(0, 256, (44,), generator=torch.Generator().manual_seed(7)).tolist()
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def pair(request, tmp_path_factory):
+    """(transformers' model, ours loaded from its directory, the directory)."""
+    require_transformers()
+    path = tmp_path_factory.mktemp(request.param)
+    hf = make_checkpoint(request.param, path)
+    return hf, loader.load(path), path
+
+
+@pytest.fixture(scope="module")
+def reference(pair) -> torch.Tensor:
+    return hf_logits(pair[0], PROMPT)  # [T, V]
+
+
+def _all_positions(runner: ModelRunner, tokens: list[int], session: bytes = b"s") -> torch.Tensor:
+    return runner.score([ScoreRequest(session, tokens[:1], tokens[1:])])[0]  # [T, V]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "reference", "triton"])
+def test_logits_equal_transformers_at_every_position(pair, reference, attention) -> None:
+    assert len(PROMPT) > 5 * WINDOW
+    torch.testing.assert_close(_all_positions(ModelRunner(pair[1].model, attention=attention), PROMPT), reference,
+                               **TOL)
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "reference"])
+def test_logits_after_a_cached_prefix_equal_transformers(pair, reference, attention) -> None:
+    """Positions beyond the window read their keys from the paged cache of earlier passes."""
+    runner = ModelRunner(pair[1].model, attention=attention, block_size=4)
+    runner.prefill(b"s", PROMPT[:20])
+    got = runner.score([ScoreRequest(b"s", PROMPT[:30], PROMPT[30:])])[0]  # positions 29..
+    torch.testing.assert_close(got, reference[29:], **TOL)
+
+
+def test_every_feature_is_exercised(pair, reference) -> None:
+    """The window and the soft-caps change these logits: a model without them would differ."""
+    model = pair[1].model
+    cfg = model.cfg
+    layers = [b.attn for b in model.layers if b.attn.window is not None]
+    if cfg.family in ("mistral", "gemma2", "gemma3", "phi3"):
+        assert layers and cfg.sliding_window is not None
+    if cfg.family == "gemma2":
+        assert cfg.attn_softcap and cfg.logit_softcap
+    saved = [(a, a.window, a.softcap) for a in (b.attn for b in model.layers)]
+    cap = cfg.logit_softcap
+    if not layers and cap is None and cfg.attn_softcap is None:
+        pytest.skip(f"{cfg.family} has no window or soft-cap")
+    try:
+        for a, _, _ in saved:
+            a.window, a.softcap = None, None
+        object.__setattr__(cfg, "logit_softcap", None)
+        plain = _all_positions(ModelRunner(model, attention="sdpa"), PROMPT)
+    finally:
+        for a, w, c in saved:
+            a.window, a.softcap = w, c
+        object.__setattr__(cfg, "logit_softcap", cap)
+    assert (plain - reference).abs().max() > 1e-2
+
+
+def test_greedy_through_the_roles_equals_transformers(pair) -> None:
+    from sdcp_fast.deploy.local import generate
+    from sdcp_fast.model.build import make_drafter
+
+    hf, lm, _ = pair
+    prompts = [PROMPT[:30], PROMPT[:5]]
+    refs = [hf_greedy(hf, p, 16) for p in prompts]
+    runner = ModelRunner(lm.model)
+    for drafter in (None, make_drafter("layerskip:1", lm)):
+        got = generate(runner, drafter, prompts, 16, stop=(EOS,))
+        assert [r.tokens for r in got] == refs, drafter
+
+
+def test_batched_scoring_equals_each_session_alone(pair) -> None:
+    model = pair[1].model
+    reqs = [ScoreRequest(b"a", PROMPT[:9], PROMPT[9:12]), ScoreRequest(b"b", PROMPT[:40], PROMPT[40:44]),
+            ScoreRequest(b"c", PROMPT[:23], PROMPT[23:24])]
+    for attention in ("sdpa", "reference"):
+        batched = ModelRunner(model, attention=attention).score(reqs)
+        for req, got in zip(reqs, batched, strict=True):
+            alone = ModelRunner(model, attention=attention).score([req])[0]
+            torch.testing.assert_close(got, alone, atol=1e-5, rtol=1e-5)
+
+
+def test_chat_template_renders_as_transformers(pair) -> None:
+    from transformers import AutoTokenizer
+
+    from sdcp_fast.model.build import chat_template
+
+    lm, path = pair[1], pair[2]
+    chat = chat_template(lm)
+    assert chat is not None
+    want = AutoTokenizer.from_pretrained(str(path)).apply_chat_template(
+        [{"role": "user", "content": "Hello there "}], tokenize=False, add_generation_prompt=True)
+    assert chat("Hello there ") == want
