@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     store.add_argument("--store", metavar="MODULE:FACTORY",
                        help="another deployment's cache and commit log: FACTORY() returns an object with the "
                             "adapter coroutines of sdcp_fast/conform/adapters.py (docs/conformance.md)")
+    parser.add_argument("--oracle", metavar="MODULE:FACTORY",
+                        help="the target's logits, for rule 2 with a seed above temperature 0: FACTORY() returns an "
+                             "object with logits(context, proposal) (sdcp_fast/conform/oracles.py; "
+                             "sdcp_fast.conform.oracles:toy for --model toy)")
     parser.add_argument("--only", metavar="GROUP", action="append", choices=GROUPS,
                         help=f"run only these parts of the kit (repeatable): {', '.join(GROUPS)}")
     parser.add_argument("--vectors", metavar="DIR",
@@ -58,6 +62,7 @@ async def conform(args: argparse.Namespace) -> object:
     from sdcp_fast.conform.adapters import load_store, remote_mlc_store
     from sdcp_fast.conform.client import Answer, Identities, certificate_peer
     from sdcp_fast.conform.kit import GROUPS, Conform
+    from sdcp_fast.conform.oracles import load_oracle
     from sdcp_fast.conform.other_roles import check_other_role
     from sdcp_fast.conform.probes import probe
     from sdcp_fast.conform.report import Report
@@ -98,7 +103,8 @@ async def conform(args: argparse.Namespace) -> object:
         digest = bytes.fromhex(args.target_digest) if args.target_digest else None
         kit = Conform(args.url, as_router=sender(router_t), as_drafter=sender(drafter_t), ids=ids,
                       target_digest=digest, vocab=args.vocab, store=store, stranger=sender(stranger_t),
-                      vectors=args.vectors, probe=lambda: probe(args.url, *drafter_files, timeout=args.timeout))
+                      vectors=args.vectors, probe=lambda: probe(args.url, *drafter_files, timeout=args.timeout),
+                      oracle=load_oracle(args.oracle) if args.oracle else None)
         return await kit.run(tuple(args.only) if args.only else GROUPS)
     finally:
         for t in (router_t, drafter_t, stranger_t):

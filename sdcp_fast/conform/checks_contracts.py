@@ -114,6 +114,13 @@ def reference_digests(kit: Conform) -> None:
             d.append(extend_digest(d[-1], (token,)))
         if [x.hex() for x in d] != chain["d"]:
             bad.append(chain["name"])
+    uniforms = _vector_file(kit, "uniforms.json")
+    if uniforms is not None:  # §6.4's HMAC draws, which the seeded rule-2 rounds predict
+        from sdcp_fast.protocol.randoms import VerifierRandom
+
+        bad += [f"uniform {n}" for n, u in enumerate(uniforms["uniforms"])
+                if VerifierRandom(u["seed"], bytes.fromhex(u["session"])).uniform(u["round"], u["i"], u["purpose"])
+                != u["value"]]
     kit.report.add("reference-digests", not bad, ", ".join(bad))
 
 

@@ -4,13 +4,17 @@ The kit does not know the target distribution p, except where the sampling profi
 one-hot: at temperature 0, p is the greedy token (§4.1), so with uniform q rows the greedy
 proposed token is accepted (p/q = V >= 1), any other rejected (p = 0), and the additional
 token drawn from max(0, p - q) is the greedy one, whatever the draws: every verdict is exact.
-The seeded draws themselves (§6.4) would need p at a temperature above 0: not reachable.
+With an oracle of the target's logits (oracles.py), the kit also checks rounds under a seeded
+profile above temperature 0: each acceptance test r < min(1, p/q) with r from §6.4's HMAC is
+predicted, so the verdict's accepted count is exact, and its additional token must be one the
+residual max(0, p - q) (or p[M+1]) gives weight to. How a draw maps r to a token the draft does
+not say, so the token itself is not predicted. Without an oracle this is not reachable.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sdcp_fast.conform.driver import Scripted
 from sdcp_fast.conform.expect import expected_emitted, wrong
@@ -21,7 +25,8 @@ from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 if TYPE_CHECKING:
     from sdcp_fast.conform.kit import Conform
 
-STATEMENTS = ("rule2-needs-q", "rule2-q-zero", "rule2-q-unavailable", "rule2-temperature-0", "policy-from-round")
+STATEMENTS = ("rule2-needs-q", "rule2-q-zero", "rule2-q-unavailable", "rule2-temperature-0", "policy-from-round",
+              "rule2-seeded")
 
 
 def uniform_rows(vocab: int, m: int) -> bytearray:
@@ -30,14 +35,14 @@ def uniform_rows(vocab: int, m: int) -> bytearray:
 
 async def rule2(kit: Conform) -> None:
     r = kit.report
-    r.add("rule2-seeded", None, "needs the target distribution at a temperature above 0; the kit does not "
-          "know the model")
+    if kit.oracle is None:
+        r.add("rule2-seeded", None, "needs the target distribution at a temperature above 0 (--oracle)")
     if not kit.can_put or kit.vocab is None:
         for check in STATEMENTS:
             r.add(check, None, "needs the cache the verifier reads q rows from (--mlc or --store) and --vocab")
         return
     greedy = await kit.greedy()
-    c = kit.contract(RULE_SPECULATIVE, max_new=30)
+    c = kit.contract(RULE_SPECULATIVE, max_new=44)
     opened = kit.session_open(c)
     answer = await kit.post_session(opened)
     if answer.status == 422 and answer.suffix == "sdcp-bad-contract":
@@ -90,3 +95,43 @@ async def rule2(kit: Conform) -> None:
         verdict = await s.round(proposal, q_rows=await rows(bytes(uniform_rows(v, 2)), 10 + k))
         exact_before = exact_before and verdict is not None and (verdict.accepted, tuple(verdict.emitted)) == want
     r.add("policy-from-round", exact_before, f"rounds {start + 1}..{start + 2} before from_round {start + 3}")
+    if kit.oracle is not None:
+        await seeded(kit, s, Sampling(temperature_milli=1500, seed=11), rows)
+
+
+async def seeded(kit: Conform, s: Scripted, profile: Sampling, rows: Any) -> None:
+    """Rounds under the policy's seeded profile, each predicted from the oracle's logits."""
+    from sdcp_fast.protocol.acceptance import profile_distribution
+    from sdcp_fast.protocol.randoms import VerifierRandom
+
+    r, v = kit.report, kit.vocab
+    assert v is not None and profile.seed is not None and s.opened is not None
+    draws = VerifierRandom(profile.seed, s.session)
+    s.exact = False  # the committed prefix leaves the greedy continuation here
+    for k in range(8):
+        state = s.state
+        assert state is not None
+        if state.committed + 4 > s.contract.max_new:
+            break
+        context = [*s.opened.prompt, *s.committed]  # type: ignore[misc]
+        tokens: list[int] = []
+        for _ in range(3):  # the oracle's greedy chain: likely tokens, so the tests are not all rejections
+            tokens.append(max(range(v), key=kit.oracle.logits(context + tokens, [])[0].__getitem__))
+        q = bytearray(struct.pack(f"<{3 * v}f", *([0.5 / (v - 1)] * (3 * v))))
+        for i, x in enumerate(tokens):
+            struct.pack_into("<f", q, 4 * (i * v + x), 0.5)
+        q_rows = [list(struct.unpack_from(f"<{v}f", q, 4 * i * v)) for i in range(3)]
+        p = [profile_distribution(row, profile) for row in kit.oracle.logits(context, tokens)]
+        rnd = state.round + 1
+        a = 0
+        while a < 3 and draws.uniform(rnd, a + 1, 0) < min(1.0, p[a][tokens[a]] / q_rows[a][tokens[a]]):
+            a += 1
+        verdict = await s.round(tuple(tokens), q_rows=await rows(bytes(q), 20 + k))
+        if verdict is None:
+            return
+        extra = verdict.emitted[verdict.accepted] if len(verdict.emitted) > verdict.accepted else None
+        weight = (p[3] if a == 3 else [max(0.0, pk - qk) for pk, qk in zip(p[a], q_rows[a], strict=True)])
+        ok = verdict.accepted == a and (extra is None or weight[extra] > 0.0)
+        detail = f"round {rnd}: accepted {verdict.accepted}, expected {a}; additional token {extra}"
+        r.add("rule2-seeded", ok, detail)
+        r.add("policy-from-round", ok, f"the new profile from from_round: {detail}")

@@ -52,12 +52,14 @@ class Conform:
     """The checks. ``as_router`` / ``as_drafter`` send ``(method, path, body, query)`` with that
     identity and return an :class:`Answer`; ``stranger`` (optional) sends without a client
     certificate; ``store`` reaches the deployment's cache and commit log (adapters.py);
-    ``probe`` (optional) runs the transport checks that need sockets of their own (§5.1)."""
+    ``probe`` (optional) runs the transport checks that need sockets of their own (§5.1);
+    ``oracle`` (optional) gives the target's logits (oracles.py); ``session_ids`` (optional)
+    draws the session ids (by default from the operating system)."""
 
     def __init__(self, target: str, *, as_router: Send, as_drafter: Send, ids: Identities,
                  target_digest: bytes | None, vocab: int | None = None, store: Any = None,
                  scope: bytes | None = None, stranger: Send | None = None, vectors: str | None = None,
-                 probe: Any = None) -> None:
+                 probe: Any = None, oracle: Any = None, session_ids: Any = None) -> None:
         from sdcp_fast.conform.checks_contracts import default_vectors
 
         self.target = target
@@ -72,6 +74,8 @@ class Conform:
         self.scope = scope or os.urandom(16)
         self.vectors = vectors if vectors is not None else default_vectors()
         self.probe = probe
+        self.oracle = oracle  # the target's logits (oracles.py), for rule 2 above temperature 0
+        self._ids = session_ids or (lambda: os.urandom(16))
         self.report = Report(target, "verifier")
         self._greedy: list[int] | None = None
 
@@ -101,7 +105,7 @@ class Conform:
 
     def session_open(self, c: Contract, session: bytes | None = None, prompt: tuple[int, ...] = PROMPT,
                      epoch: int = 1, **kw: Any) -> SessionOpen:
-        session = session or os.urandom(16)
+        session = session or self._ids()
         return SessionOpen(session=session, epoch=epoch, contract=c, prompt=prompt,
                            commit_log=self.store.commit_log(self.scope, session), **kw)
 

@@ -38,7 +38,8 @@ _OLD_EPOCH = ("Proposals carrying an older epoch are rejected, and front ends di
 
 _ALL = [
     # §4.1, §4.2
-    Check("reference-digests", "4.1/4.2", "the kit's own digests reproduce the published vectors",
+    Check("reference-digests", "4.1/4.2", "the kit's own digests (and §6.4 draws) reproduce the published "
+          "vectors",
           "The contract digest is the SHA-256 of the contract encoded with the core deterministic encoding of "
           "Section 4.2.1 of [RFC8949], prefixed with a domain separator:"),
     Check("valid-contracts", "4.1/4.2", "published valid contracts open a session whose d[0] follows the "
@@ -122,7 +123,8 @@ _ALL = [
           "(greedy token accepted, any other rejected and replaced by the greedy one)",
           "At the first rejected position, the additional token is drawn from the normalized residual "
           "distribution max(0, p[i] - q[i])."),
-    Check("rule2-seeded", "6.4", "rule 2 with a seed: the verdict's tokens follow the HMAC draws exactly",
+    Check("rule2-seeded", "6.4", "rule 2 with a seed, above temperature 0 (with an oracle of the target's "
+          "logits): the accepted count follows the HMAC draws exactly; the additional token has weight",
           "When the sampling profile contains a seed, the verifier derives each value from HMAC-SHA-256 "
           "[RFC2104] keyed with the seed"),
     # §6.5
@@ -151,7 +153,7 @@ _ALL = [
     Check("events", "6.5.2", "switch, self_decode, finish and fail send an event to the router",
           "The verifier sends an event to the router"),
     # §6.6
-    Check("policy-from-round", "6.6", "a policy takes effect from from_round, not before",
+    Check("policy-from-round", "6.6", "a policy takes effect from from_round (with an oracle), not before",
           "The verifier applies the new profile to rounds numbered from_round and later,"),
     Check("policy-past-round", "6.6", "a policy for a round not after the current one is refused "
           "(accepted: interpretation)",

@@ -27,8 +27,10 @@ from sdcp_fast.protocol import (
     SessionState,
     Verdict,
 )
+from sdcp_fast.protocol import session as session_module
 from sdcp_fast.protocol.control import SpeculationControl
 from sdcp_fast.protocol.peer import PeerRole
+from sdcp_fast.protocol.randoms import VerifierRandom
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import VerifierSession
 from sdcp_fast.transport.base import Request, Response
@@ -276,6 +278,13 @@ def _rule2_without_q(q: Request) -> bool:
     return p is not None and p.q_rows is None and len(p.tokens) == 2 and p.round == 1
 
 
+class _PurposesSwapped(VerifierRandom):
+    """§6.4's derivation with the purpose octet swapped (0 for the draw, 1 for the test)."""
+
+    def uniform(self, round: int, i: int, purpose: int) -> float:
+        return super().uniform(round, i, 1 - purpose)
+
+
 _open_state = rewrite(post=lambda q, s, m: Response(200, replace(SessionState.decode(s.body), round=1).encode(),
                                                     s.headers)
                       if _session_open(q) is not None and s.status == 200 else s)
@@ -333,6 +342,8 @@ OTHERS = [
           _on_problem("sdcp-bad-proposal", 409, "sdcp-q-unavailable")),
     Fault("rows unavailable answered sdcp-bad-proposal", ("rule2-q-unavailable",), ("rule2",),
           _on_problem("sdcp-q-unavailable", 422, "sdcp-bad-proposal")),
+    Fault("seeded draws with the purposes swapped", ("rule2-seeded",), ("rule2",),
+          patches=[(session_module, "VerifierRandom", _PurposesSwapped)]),
     Fault("a policy applied two rounds early", ("policy-from-round",), ("rule2",), rewrite(_policy_now)),
     Fault("a policy for round 0 is a 500", ("policy-past-round",), ("refusals",),
           _answers(lambda q: q.path.endswith("/policy") and Policy.decode(q.body).from_round == 0,
@@ -367,4 +378,4 @@ FAULTS = PLANTED + OTHERS
 # interpretation), and statements the kit cannot reach in process (tests/conform/test_probes.py
 # has the transport's; events and load need the deployment's router and traffic).
 NEVER_FAIL = {"m-cap-restore"}
-NOT_IN_PROCESS = {"tls13-only", "h2-only", "mutual-tls", "events", "m-cap-load", "rule2-seeded"}
+NOT_IN_PROCESS = {"tls13-only", "h2-only", "mutual-tls", "events", "m-cap-load"}

@@ -7,19 +7,22 @@ fault-injection hook: a function ``wrap(handler) -> handler`` whose result answe
 request in the verifier's place (tests/conform/faults.py builds the wrong verifiers with it,
 tests/conform/variants.py the faithful ones that choose differently where the draft is
 silent). ``patches`` are ``(object, attribute, value)`` set for the run and put back after;
-``scorer`` replaces the toy target.
+``scorer`` replaces the toy target. Session ids are drawn from a counter, so a run is the
+same every time (the seeded rule-2 rounds included); the kit's oracle is the toy target.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from sdcp_fast.conform.adapters import MlcStore
 from sdcp_fast.conform.client import Answer, Identities
 from sdcp_fast.conform.kit import GROUPS, Conform
+from sdcp_fast.conform.oracles import ScorerOracle
 from sdcp_fast.conform.report import Report
 from sdcp_fast.deploy.local import model_digest
 from sdcp_fast.model.toy import ToyTarget
@@ -67,9 +70,12 @@ def run_kit(root: str, *, wrap: Callable[[Handler], Handler] | None = None,
             return send
 
         try:
+            counter = iter(range(1 << 30))
             kit = Conform(VERIFIER, as_router=sender(IDS.router), as_drafter=sender(IDS.drafter), ids=IDS,
                           target_digest=TARGET, vocab=ToyTarget().vocab_size,
-                          store=MlcStore(mlc) if store else None, **(kit_kw or {}))
+                          store=MlcStore(mlc) if store else None, oracle=ScorerOracle(ToyTarget()),
+                          session_ids=lambda: hashlib.sha256(b"conform-%d" % next(counter)).digest()[:16],
+                          **(kit_kw or {}))
             return await kit.run(groups)
         finally:
             await role.close()
