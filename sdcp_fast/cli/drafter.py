@@ -4,6 +4,16 @@ with mutual TLS."""
 from __future__ import annotations
 
 import argparse
+from functools import partial
+from typing import TYPE_CHECKING
+
+from sdcp_fast.protocol.peer import PeerRole
+
+if TYPE_CHECKING:
+    from sdcp_fast.model.interfaces import Drafter
+    from sdcp_fast.roles.drafter import DrafterRole
+    from sdcp_fast.store.interface import Store
+    from sdcp_fast.transport.base import Transport
 
 HELP = "serve an SDCP drafter role (proposes tokens from a draft model)"
 
@@ -25,37 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from sdcp_fast.deploy.catalog import load_drafter, load_target
-    from sdcp_fast.deploy.service import Security, configure_logging, listen_address
+    from sdcp_fast.deploy.service import run_role
 
-    configure_logging(args.log_level)
-    try:
-        security = Security.from_args(args, "drafter-a")
-        drafter, _ = load_drafter(args.drafter, load_target(args.model, args.device))
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"sdcp-fast drafter: {exc}", file=sys.stderr)
-        return 2
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from sdcp_fast.transport.loop import run as run_loop
-
-    host, port = listen_address(args)
-    return run_loop(_serve(args, drafter, security, host, port)) or 0
+    return run_role(args, PeerRole.DRAFTER, lambda: load_drafter(args.drafter, load_target(args.model, args.device))[0],
+                    partial(_role, args), lambda _: args.drafter)
 
 
-async def _serve(args: argparse.Namespace, drafter: object, security: object, host: str, port: int) -> int:
-    from sdcp_fast.deploy.service import RemoteStore, client_transport, serve_role
-    from sdcp_fast.protocol.peer import Peer, PeerRole
+def _role(args: argparse.Namespace, drafter: Drafter, store: Store, transport: Transport) -> DrafterRole:
     from sdcp_fast.roles.drafter import DrafterRole
 
-    role = DrafterRole(
-        drafter, uri=args.uri, mlc=RemoteStore(args.mlc, security),  # type: ignore[arg-type]
-        transport=client_transport(security, Peer(args.uri, PeerRole.DRAFTER)),  # type: ignore[arg-type]
-        router=args.router, seed=args.seed, fixed_m=args.m, offload=True, status_ttl_ms=args.status_ttl_ms)
-    await serve_role(role, host=host, port=port, security=security,  # type: ignore[arg-type]
-                     ready=f"sdcp-fast drafter ({args.drafter})")
-    return 0
+    return DrafterRole(drafter, uri=args.uri, mlc=store, transport=transport, router=args.router, seed=args.seed,
+                       fixed_m=args.m, offload=True, status_ttl_ms=args.status_ttl_ms)

@@ -4,6 +4,16 @@ over HTTP/2 with mutual TLS; it opens sessions, assigns drafters and fails verif
 from __future__ import annotations
 
 import argparse
+from functools import partial
+from typing import TYPE_CHECKING, NamedTuple
+
+from sdcp_fast.protocol.peer import PeerRole
+
+if TYPE_CHECKING:
+    from sdcp_fast.deploy.catalog import Target
+    from sdcp_fast.roles.router import RouterRole
+    from sdcp_fast.store.interface import Store
+    from sdcp_fast.transport.base import Transport
 
 HELP = "serve the SDCP router role (status table, assignment, events, fail-over)"
 
@@ -19,7 +29,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_service_arguments(p, name="router", port=8500, router=False)
 
 
-def drafter_models(entries: list[str], target: object) -> dict[str, bytes]:
+def drafter_models(entries: list[str], target: Target) -> dict[str, bytes]:
     from sdcp_fast.deploy.catalog import load_drafter
 
     models = {}
@@ -30,47 +40,36 @@ def drafter_models(entries: list[str], target: object) -> dict[str, bytes]:
         if len(spec) == 64 and all(c in "0123456789abcdef" for c in spec.lower()):
             models[uri] = bytes.fromhex(spec)
         else:
-            models[uri] = load_drafter(spec, target)[1]  # type: ignore[arg-type]
+            models[uri] = load_drafter(spec, target)[1]
     return models
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from sdcp_fast.deploy.catalog import load_target
-    from sdcp_fast.deploy.service import Security, configure_logging, listen_address
+    from sdcp_fast.deploy.service import run_role
 
-    configure_logging(args.log_level)
-    try:
-        security = Security.from_args(args, "router")
+    def load() -> _Loaded:
         target = load_target(args.model)
-        models = drafter_models(args.drafter_model, target)
-        scope = bytes.fromhex(args.scope) if args.scope else None
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"sdcp-fast router: {exc}", file=sys.stderr)
-        return 2
-    from sdcp_fast.transport.loop import run as run_loop
+        return _Loaded(target, drafter_models(args.drafter_model, target),
+                       bytes.fromhex(args.scope) if args.scope else None)
 
-    host, port = listen_address(args)
-    return run_loop(_serve(args, target, models, scope, security, host, port)) or 0
+    return run_role(args, PeerRole.ROUTER, load, partial(_role, args),
+                    lambda loaded: f"{len(loaded.models)} drafters registered")
 
 
-async def _serve(args: argparse.Namespace, target: object, models: dict[str, bytes], scope: bytes | None,
-                 security: object, host: str, port: int) -> int:
-    from sdcp_fast.deploy.service import RemoteStore, client_transport, serve_role
-    from sdcp_fast.protocol.peer import Peer, PeerRole
+class _Loaded(NamedTuple):
+    target: Target
+    models: dict[str, bytes]
+    scope: bytes | None
+
+
+def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Transport) -> RouterRole:
+    from sdcp_fast.roles.frontend import HFTokenizer, ToyWords, mount_frontend
     from sdcp_fast.roles.router import RouterRole
 
-    role = RouterRole(
-        uri=args.uri, mlc=RemoteStore(args.mlc, security),  # type: ignore[arg-type]
-        transport=client_transport(security, Peer(args.uri, PeerRole.ROUTER)),  # type: ignore[arg-type]
-        target_digest=target.digest, tokenizer_digest=target.tokenizer_digest,  # type: ignore[attr-defined]
-        drafter_models=models, scope=scope)
-    from sdcp_fast.roles.frontend import HFTokenizer, ToyWords, mount_frontend
-
-    loaded = target.loaded  # type: ignore[attr-defined]
-    tokenizer = ToyWords() if loaded is None else HFTokenizer(loaded.tokenizer)
-    mount_frontend(role, tokenizer, stop=target.stop, model=target.name)  # type: ignore[attr-defined]
-    await serve_role(role, host=host, port=port, security=security,  # type: ignore[arg-type]
-                     ready=f"sdcp-fast router ({len(models)} drafters registered)")
-    return 0
+    target = loaded.target
+    role = RouterRole(uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
+                      tokenizer_digest=target.tokenizer_digest, drafter_models=loaded.models, scope=loaded.scope)
+    tokenizer = ToyWords() if target.loaded is None else HFTokenizer(target.loaded.tokenizer)
+    mount_frontend(role, tokenizer, stop=target.stop, model=target.name)
+    return role

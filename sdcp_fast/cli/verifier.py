@@ -4,6 +4,16 @@ output, policy) over HTTP/2 with mutual TLS."""
 from __future__ import annotations
 
 import argparse
+from functools import partial
+from typing import TYPE_CHECKING
+
+from sdcp_fast.protocol.peer import PeerRole
+
+if TYPE_CHECKING:
+    from sdcp_fast.deploy.catalog import Target
+    from sdcp_fast.roles.verifier import VerifierRole
+    from sdcp_fast.store.interface import Store
+    from sdcp_fast.transport.base import Transport
 
 HELP = "serve the SDCP verifier role (the target model; the only party that commits output)"
 
@@ -24,38 +34,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import sys
-
     from sdcp_fast.deploy.catalog import load_target
-    from sdcp_fast.deploy.service import Security, configure_logging, listen_address
+    from sdcp_fast.deploy.service import run_role
 
-    configure_logging(args.log_level)
-    try:
-        security = Security.from_args(args, "verifier")
-        target = load_target(args.model, args.device)
-    except (FileNotFoundError, ValueError) as exc:
-        print(f"sdcp-fast verifier: {exc}", file=sys.stderr)
-        return 2
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
-    from sdcp_fast.transport.loop import run as run_loop
-
-    host, port = listen_address(args)
-    return run_loop(_serve(args, target, security, host, port)) or 0
+    return run_role(args, PeerRole.VERIFIER, lambda: load_target(args.model, args.device), partial(_role, args),
+                    lambda target: target.describe)
 
 
-async def _serve(args: argparse.Namespace, target: object, security: object, host: str, port: int) -> int:
-    from sdcp_fast.deploy.service import RemoteStore, client_transport, serve_role
-    from sdcp_fast.protocol.peer import Peer, PeerRole
+def _role(args: argparse.Namespace, target: Target, store: Store, transport: Transport) -> VerifierRole:
     from sdcp_fast.roles.verifier import VerifierRole
 
-    role = VerifierRole(
-        target.scorer, uri=args.uri, mlc=RemoteStore(args.mlc, security),  # type: ignore[attr-defined,arg-type]
-        transport=client_transport(security, Peer(args.uri, PeerRole.VERIFIER)),  # type: ignore[arg-type]
-        target_digest=target.digest, router=args.router, backend=args.backend,  # type: ignore[attr-defined]
-        max_batch=args.max_batch, batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms)
-    await serve_role(role, host=host, port=port, security=security,  # type: ignore[arg-type]
-                     ready=f"sdcp-fast verifier ({target.describe})")  # type: ignore[attr-defined]
-    return 0
+    return VerifierRole(target.scorer, uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
+                        router=args.router, backend=args.backend, max_batch=args.max_batch,
+                        batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms)

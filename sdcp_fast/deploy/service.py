@@ -17,17 +17,20 @@ import logging
 import signal
 import ssl
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.store.remote import RemoteStore
 from sdcp_fast.transport.base import Handler, Request, Response, Transport
 
 log = logging.getLogger("sdcp_fast.deploy")
 
 CLAIM_URI, CLAIM_ROLE = "x-sdcp-peer-uri", "x-sdcp-peer-role"
+
+L = TypeVar("L")  # what a role command loads before it serves (run_role)
 
 
 @dataclass(frozen=True)
@@ -139,30 +142,41 @@ def client_transport(security: Security, peer: Peer) -> Transport:
     return H2Transport(security.client_context())
 
 
-class RemoteStore:
-    """The MLC API of an ``sdcp-fast mlc`` server plus its commit logs (``commit_log(name)``),
-    reached over HTTP/2 with this service's own certificate: one connection, a stream per
-    call, no thread. Its calls are coroutines (``roles.objects.Objects`` awaits them)."""
+def remote_store(base_url: str, security: Security) -> RemoteStore:
+    """The store of the ``sdcp-fast mlc`` server at ``base_url``, reached over HTTP/2 with
+    this service's own certificate."""
+    return RemoteStore(base_url, ssl=security.client_context())
 
-    nonblocking = True
 
-    def __init__(self, base_url: str, security: Security) -> None:
-        from sdcp_fast.cache.client import AsyncMLC, mlc_transport
+def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
+             build: Callable[[L, RemoteStore, Transport], Any], ready: Callable[[L], str]) -> int:
+    """What every role command does: log at ``--log-level``; take its security from the
+    options; ``load()`` what it serves (a model, a drafter; a missing file or a bad name ends
+    the command with status 2 and one line); set ``--threads``; then, on the service loop,
+    ``build`` the role on the MLC server's store and a client transport proving ``role`` at
+    ``--uri``, and serve it until SIGINT or SIGTERM. ``ready(loaded)`` describes it."""
+    configure_logging(args.log_level)
+    try:
+        security = Security.from_args(args, args.name)
+        loaded = load()
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"sdcp-fast {role.value}: {exc}", file=sys.stderr)
+        return 2
+    if getattr(args, "threads", None):
+        import torch
 
-        self.base_url = base_url.rstrip("/")
-        self.transport = mlc_transport(security.client_context())
-        self.mlc = AsyncMLC(self.base_url, self.transport)
+        torch.set_num_threads(args.threads)
+    host, port = listen_address(args)
 
-    def commit_log(self, name: str) -> Any:
-        from sdcp_fast.commitlog.http import AsyncHttpCommitLog
+    async def main() -> int:
+        served = build(loaded, remote_store(args.mlc, security), client_transport(security, Peer(args.uri, role)))
+        await serve_role(served, host=host, port=port, security=security,
+                         ready=f"sdcp-fast {role.value} ({ready(loaded)})")
+        return 0
 
-        return AsyncHttpCommitLog.on_server(self.base_url, name, self.transport)
+    from sdcp_fast.transport.loop import run
 
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self.mlc, attr)
-
-    async def close(self) -> None:
-        await self.transport.close()
+    return run(main())
 
 
 def configure_logging(level: str) -> None:
