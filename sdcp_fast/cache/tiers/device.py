@@ -17,7 +17,7 @@ from sdcp_fast.cache.tiers.base import as_bytes_view
 def _side_stream(device: str) -> Any:
     import torch
 
-    return torch.cuda.Stream(device=device)
+    return torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
 
 
 def copy_async(dst: Any, src: Any) -> None:
@@ -29,7 +29,7 @@ def copy_async(dst: Any, src: Any) -> None:
     stream.wait_stream(torch.cuda.current_stream(dev))
     with torch.cuda.stream(stream):
         dst.copy_(src.reshape(-1).view(torch.uint8), non_blocking=True)
-        done = torch.cuda.Event()
+        done = torch.cuda.Event()  # type: ignore[no-untyped-call]
         done.record(stream)
     done.synchronize()
 
@@ -73,7 +73,7 @@ class DeviceTier:
         host = torch.empty(handle.numel(), dtype=torch.uint8, pin_memory=True)
         if handle.numel():
             copy_async(host, handle)
-        return memoryview(host.numpy()).toreadonly()
+        return host.numpy().data.toreadonly()
 
     def read_range(self, handle: Any, start: int, stop: int) -> memoryview:
         return self.read(handle[start:stop])
