@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.deploy.catalog import load_drafter, load_target
     from sdcp_fast.deploy.service import run_role
 
-    return run_role(args, PeerRole.DRAFTER, lambda: load_drafter(args.drafter, load_target(args.model, args.device))[0],
+    return run_role(args, PeerRole.DRAFTER, lambda: load_drafter(args.drafter, load_target(args.model, args.device, args.weights))[0],
                     partial(_role, args), lambda _: args.drafter)
 
 

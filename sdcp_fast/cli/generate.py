@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
 
     from sdcp_fast.deploy.catalog import check_device, place_drafter
     from sdcp_fast.deploy.local import generate
-    from sdcp_fast.model import loader
+    from sdcp_fast.model import loader, quant_weights
     from sdcp_fast.model.build import chat_template, make_drafter, stop_tokens
     from sdcp_fast.model.target_scorer import ModelRunner
     from sdcp_fast.model.tokenizer import decode, encode
@@ -46,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     try:
         check_device(args.device)
-        lm = loader.load(args.model)
+        lm = quant_weights.load(args.model, args.weights, device=args.device)
         lm.model.to(args.device)
         drafter = make_drafter(args.drafter, lm)
         if drafter is not None:

@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or a 64-hex-digit digest; repeat per drafter")
     p.add_argument("--scope", help="the KVSP scope of this router's sessions, 32 hex digits (default random)")
     add_service_arguments(p, name="router", port=8500, router=False)
+    from sdcp_fast.deploy.catalog import add_weights_argument
+
+    add_weights_argument(p)  # the target digest in contracts follows the form of the weights
 
 
 def drafter_models(entries: list[str], target: Target) -> dict[str, bytes]:
@@ -49,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.deploy.service import run_role
 
     def load() -> _Loaded:
-        target = load_target(args.model)
+        target = load_target(args.model, weights=args.weights)
         return _Loaded(target, drafter_models(args.drafter_model, target),
                        bytes.fromhex(args.scope) if args.scope else None)
 

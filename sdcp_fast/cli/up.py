@@ -25,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None,
                    help="where the verifiers and drafters run their models: cpu, cuda, cuda:N (default: the "
                         "services' own, the CPU)")
+    p.add_argument("--weights", default=None, choices=("auto", "f32", "bf16", "q8_0", "q4"),
+                   help="form of the target's linear layers in every service (default: the services' own, auto)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         args.dir = tmp.name
     drafters = tuple(d.strip() for d in args.drafters.split(",")) if args.drafters else None
     up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
-            status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device)
+            status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device,
+            weights=args.weights)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:

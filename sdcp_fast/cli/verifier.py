@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     from sdcp_fast.deploy.catalog import load_target
     from sdcp_fast.deploy.service import run_role
 
-    return run_role(args, PeerRole.VERIFIER, lambda: load_target(args.model, args.device), partial(_role, args),
+    return run_role(args, PeerRole.VERIFIER, lambda: load_target(args.model, args.device, args.weights), partial(_role, args),
                     lambda target: target.describe)
 
 

@@ -75,17 +75,27 @@ def add_device_argument(p: Any) -> None:
     """``--device`` on the commands that load a model (the same words everywhere)."""
     p.add_argument("--device", default="cpu",
                    help="where the model runs: cpu (default), cuda or cuda:N (paged attention and CUDA graphs)")
+    add_weights_argument(p)
 
 
-def load_target(spec: str, device: str = "cpu") -> Target:
-    """The target named by ``spec``, its weights on ``device`` (raises
-    ``FileNotFoundError``/``ValueError`` with a clear message when it cannot be loaded); one
-    load per resolved name and device in a process."""
-    return _load_target(resolve(spec), check_device(device))
+def add_weights_argument(p: Any) -> None:
+    """``--weights`` (see ``model/quant_weights.py``): every process that loads the target
+    (verifier, drafter, router) must use the same form, since the weights digest follows it."""
+    p.add_argument("--weights", default="auto", choices=("auto", "f32", "bf16", "q8_0", "q4"),
+                   help="form of the linear layers: auto (a GGUF's own blocks on the CPU, else f32), f32, bf16, "
+                        "q8_0 or q4 (quantized kernels, CPU only; see docs/kernels.md)")
+
+
+def load_target(spec: str, device: str = "cpu", weights: str = "auto") -> Target:
+    """The target named by ``spec``, its weights on ``device`` in the form ``weights`` names
+    (``--weights``, see ``model/quant_weights.py``; raises ``FileNotFoundError``/``ValueError``
+    with a clear message when it cannot be loaded); one load per resolved name, device and
+    form in a process."""
+    return _load_target(resolve(spec), check_device(device), weights)
 
 
 @functools.lru_cache(maxsize=4)
-def _load_target(spec: str, device: str) -> Target:
+def _load_target(spec: str, device: str, weights: str = "auto") -> Target:
     if spec == "toy" and device != "cpu":
         raise ValueError(f"--device {device}: the toy target has no weights to move")
     if spec == "toy":
@@ -96,13 +106,13 @@ def _load_target(spec: str, device: str) -> Target:
             tokenizer_digest=model_digest("toy-words"), encode=encode, decode=decode, chat=None, stop=(),
             describe=f"toy target ({len(WORDS)} words, no checkpoint)",
         )
-    from sdcp_fast.model import loader
+    from sdcp_fast.model import quant_weights
     from sdcp_fast.model.build import chat_template, stop_tokens
     from sdcp_fast.model.contract_digests import tokenizer_digest, weights_digest
     from sdcp_fast.model.target_scorer import ModelRunner
     from sdcp_fast.model.tokenizer import decode, encode
 
-    lm = loader.load(spec)
+    lm = quant_weights.load(spec, weights, device=device)
     lm.model.to(device)
     tok = lm.tokenizer
     if tok is None:
@@ -112,8 +122,8 @@ def _load_target(spec: str, device: str) -> Target:
         tokenizer_digest=tokenizer_digest(tok), encode=lambda text: encode(tok, text),
         decode=lambda ids: decode(tok, list(ids)), chat=chat_template(lm),
         stop=tuple(stop_tokens(lm)),
-        describe=f"{spec} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size}"
-                 + ("" if device == "cpu" else f", on {device}") + ")",
+        describe=f"{spec} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size}, "
+                 f"weights {lm.meta['weights']}" + ("" if device == "cpu" else f", on {device}") + ")",
         loaded=lm,
     )
 

@@ -62,6 +62,7 @@ class Up:
     fixed_m: int | None = None
     max_batch: int | None = None
     device: str | None = None
+    weights: str | None = None  # --weights of the router, verifiers and drafters (one form: one digest)
     services: dict[str, Service] = field(default_factory=dict)
 
     def _ports(self, n: int) -> list[int]:
@@ -89,18 +90,19 @@ class Up:
         drafter_uris = {f"drafter-{c}": f"https://127.0.0.1:{ports[f'drafter-{c}']}/" for c in "ab"[: len(drafters)]}
         s["router"] = Service("router", "router", ports["router"], [
             *py, "router", "--uri", router, "--name", "router", "--model", model, *common,
+            *self._option("--weights", self.weights),
             *(a for name, spec in zip(drafter_uris, drafters, strict=True)
               for a in ("--drafter-model", f"{drafter_uris[name]}={spec}"))])
         for name in ("verifier", "verifier-standby"):
             s[name] = Service(name, "verifier", ports[name], [
                 *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
                 "--model", model, *common, *self._option("--max-batch", self.max_batch),
-                *self._option("--device", self.device)])
+                *self._option("--device", self.device), *self._option("--weights", self.weights)])
         for name, spec in zip(drafter_uris, drafters, strict=True):
             s[name] = Service(name, "drafter", ports[name], [
                 *py, "drafter", "--uri", drafter_uris[name], "--name", name, "--router", router, "--model", model,
                 "--drafter", spec, "--threads", str(self.threads), *common, *self._option("--m", self.fixed_m),
-                *self._option("--device", self.device)])
+                *self._option("--device", self.device), *self._option("--weights", self.weights)])
 
     @staticmethod
     def _option(flag: str, value: object) -> list[str]:
