@@ -11,7 +11,6 @@ raises the problem it carried (matched by type suffix, unlisted statuses by clas
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,6 +36,7 @@ from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, InternalError, probl
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.problem import problem_body
 
 log = logging.getLogger("sdcp_fast.roles")
 
@@ -156,7 +156,7 @@ class SdcpClient:
             if answer is None or response.status == 204:
                 return None
             return answer.decode(response.body)  # type: ignore[attr-defined,no-any-return]
-        raise problem_from_response(response.status, _problem_body(response))
+        raise problem_from_response(response.status, problem_body(response))
 
     async def _call_again(self, base: str, method: str, path: str, message: Any, answer: type[M] | None = None) -> M | None:
         """A call its receiver answers the same when it is repeated (POST sessions is
@@ -196,13 +196,3 @@ class SdcpClient:
 
     async def event(self, router: str, event: Event) -> None:
         await self._call(router, "POST", "events", event)
-
-
-def _problem_body(response: Response) -> dict[str, Any] | None:
-    if not response.content_type.startswith(PROBLEM_MEDIA_TYPE):
-        return None
-    try:
-        body = json.loads(response.body)
-    except ValueError:
-        return None
-    return body if isinstance(body, dict) else None

@@ -6,8 +6,15 @@ of an ``sdcp-fast mlc`` server. This package is the one place that composes the 
 (:mod:`sdcp_fast.cache`) with the commit logs (:mod:`sdcp_fast.commitlog`).
 """
 
+from typing import TYPE_CHECKING
+
 from sdcp_fast.store.interface import Log, Store
 from sdcp_fast.store.local import LocalStore, embedded
 from sdcp_fast.store.remote import RemoteStore
 
 __all__ = ["LocalStore", "Log", "RemoteStore", "Store", "embedded"]
+
+if TYPE_CHECKING:  # both implementations satisfy the interface: mypy checks it here
+
+    def _implements(local: LocalStore, remote: RemoteStore) -> tuple[Store, Store]:
+        return local, remote

@@ -18,7 +18,7 @@ from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.store import server
 from sdcp_fast.store.server import BodyTooLarge, Call, Incomplete, MLCService, UploadBudget, answer_for
-from sdcp_fast.transport.base import Response
+from sdcp_fast.transport.http1 import to_aiohttp
 from sdcp_fast.transport.tls import peer_of
 
 SERVICE_KEY = web.AppKey("mlc_service", MLCService)
@@ -62,11 +62,6 @@ class _StreamedCall(Call):
         return await read_body(self.request, limit, budget)
 
 
-def _to_aiohttp(response: Response, *, keep_length: bool = False) -> web.Response:
-    headers = {k: v for k, v in response.headers.items() if keep_length or k != "content-length"}
-    return web.Response(status=response.status, body=response.body if response.body else None, headers=headers)
-
-
 async def _view(request: web.Request) -> web.StreamResponse:
     """Every request, routed by the service's one route table."""
     try:
@@ -74,7 +69,7 @@ async def _view(request: web.Request) -> web.StreamResponse:
     except Exception as exc:
         answer = answer_for(exc, request.method, request.path)
     # aiohttp keeps an explicit Content-Length on a bodiless HEAD response.
-    resp = _to_aiohttp(answer, keep_length=request.method == "HEAD" and answer.status < 400)
+    resp = to_aiohttp(answer, keep_length=request.method == "HEAD" and answer.status < 400)
     if not request.content.is_eof():
         # A refused body is neither read nor drained (aiohttp would linger up to 10 s
         # reading it): answer, then close the connection.

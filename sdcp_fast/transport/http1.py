@@ -32,9 +32,11 @@ from sdcp_fast.transport.tls import peer_of
 log = logging.getLogger("sdcp_fast.transport")
 
 
-def _to_aiohttp(response: Response) -> web.Response:
-    headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length"}}
-    return web.Response(status=response.status, body=response.body, headers=headers)
+def to_aiohttp(response: Response, *, keep_length: bool = False) -> web.Response:
+    """``response`` as aiohttp's; ``keep_length`` keeps a bodiless HEAD answer's Content-Length."""
+    dropped = HOP_BY_HOP if keep_length else HOP_BY_HOP | {"content-length"}
+    headers = {k: v for k, v in response.headers.items() if k.lower() not in dropped}
+    return web.Response(status=response.status, body=response.body or None, headers=headers)
 
 
 _LEFT_CHECK = 0.25  # seconds between checks for a client that left a streamed response
@@ -81,11 +83,11 @@ def make_app(handler: Handler, limits: Limits | None = None, base_path: str = "/
 
     async def view(request: web.Request) -> web.StreamResponse:
         if not request.path.startswith(base):
-            return _to_aiohttp(http_problem(404, f"outside this instance's base path {base}"))
+            return to_aiohttp(http_problem(404, f"outside this instance's base path {base}"))
         try:
             body = await request.read()
         except web.HTTPRequestEntityTooLarge:
-            return _to_aiohttp(http_problem(413, f"request body over {limits.max_body} bytes"))
+            return to_aiohttp(http_problem(413, f"request body over {limits.max_body} bytes"))
         transport = request.transport
         ours = Request(method=request.method, path=request.path[len(base):], query=dict(request.query),
                        body=body, headers={k.lower(): v for k, v in request.headers.items()},
@@ -97,7 +99,7 @@ def make_app(handler: Handler, limits: Limits | None = None, base_path: str = "/
             response = http_problem(500, INTERNAL_ERROR_DETAIL)
         if response.stream is not None:
             return await _stream_out(request, response)
-        return _to_aiohttp(response)
+        return to_aiohttp(response)
 
     app = web.Application(client_max_size=limits.max_body)
     app.router.add_route("*", "/{tail:.*}", view)
