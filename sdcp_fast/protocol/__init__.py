@@ -59,9 +59,9 @@ __all__ = [
 # The roles' state machines and rules (verifier session, control, acceptance, drafter, router).
 from sdcp_fast.protocol.acceptance import RoundResult, greedy, profile_distribution, speculative  # noqa: E402
 from sdcp_fast.protocol.control import SpeculationControl  # noqa: E402
-from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession, choose_m  # noqa: E402
+from sdcp_fast.protocol.drafting import AcceptanceEstimator, DrafterSession, choose_m  # noqa: E402
 from sdcp_fast.protocol.registry import SessionRegistry  # noqa: E402
-from sdcp_fast.protocol.router import (  # noqa: E402
+from sdcp_fast.protocol.routing import (  # noqa: E402
     RoutedSession,
     StatusTable,
     choose_drafter,

@@ -37,7 +37,7 @@ from sdcp_fast.protocol import (
     extend_digest,
     prefix_digest,
 )
-from sdcp_fast.protocol.drafter import AcceptanceEstimator, DrafterSession, state_from_problem
+from sdcp_fast.protocol.drafting import AcceptanceEstimator, DrafterSession, state_from_problem
 from sdcp_fast.protocol.messages import ROLE_DRAFTER
 from sdcp_fast.protocol.peer import PeerRole, require_role
 from sdcp_fast.roles.load import BusyMeter

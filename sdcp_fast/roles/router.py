@@ -37,7 +37,7 @@ from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY, parse_instance_path_id
 from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
-from sdcp_fast.protocol.router import (
+from sdcp_fast.protocol.routing import (
     RoutedSession,
     StatusTable,
     after_open,

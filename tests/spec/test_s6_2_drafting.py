@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from s6kit import DRAFTER, STATUS, assignment, open_session, proposal
 
-from sdcp_fast.protocol.drafter import DrafterError, DrafterSession, choose_m, expected_tokens
+from sdcp_fast.protocol.drafting import DrafterError, DrafterSession, choose_m, expected_tokens
 from sdcp_fast.protocol.problems import Limit
 from sdcp_fast.protocol.session import ScoreNeeded
 

@@ -19,7 +19,7 @@ from s6kit import (
 )
 
 from sdcp_fast.protocol import randoms
-from sdcp_fast.protocol.drafter import DrafterSession
+from sdcp_fast.protocol.drafting import DrafterSession
 from sdcp_fast.protocol.messages import Action, Sampling
 from sdcp_fast.protocol.problems import (
     BadProposal,

@@ -137,7 +137,7 @@ def test_drafter_side_does_not_use_the_verifier_derivation(monkeypatch: pytest.M
     from s6kit import STATUS, assignment, run_round
 
     from sdcp_fast.protocol import randoms
-    from sdcp_fast.protocol.drafter import DrafterSession
+    from sdcp_fast.protocol.drafting import DrafterSession
     from sdcp_fast.protocol.problems import StaleBase
 
     verifier = open_session(contract(rule=2, sampling=Sampling(seed=9)))

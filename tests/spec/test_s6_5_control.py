@@ -130,7 +130,7 @@ def test_drafter_stops_proposing_on_switch() -> None:
     proposing for the session; only a new assignment lets a drafter propose again."""
     from s6kit import STATUS
 
-    from sdcp_fast.protocol.drafter import DrafterError, DrafterSession
+    from sdcp_fast.protocol.drafting import DrafterError, DrafterSession
 
     verifier = open_session(contract(low_rounds=1, fallback=(2,)))
     drafter = DrafterSession(assignment(verifier))

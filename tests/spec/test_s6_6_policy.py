@@ -7,7 +7,7 @@ from s6kit import DRAFTER, PROMPT, SID, VERIFIER, contract, open_session, propos
 
 from sdcp_fast.protocol.messages import Policy, Sampling, Status
 from sdcp_fast.protocol.problems import BadRequest
-from sdcp_fast.protocol.router import RoutedSession, StatusTable, assign, policy_update
+from sdcp_fast.protocol.routing import RoutedSession, StatusTable, assign, policy_update
 from sdcp_fast.protocol.session import ScoreNeeded
 
 

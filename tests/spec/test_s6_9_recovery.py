@@ -21,7 +21,7 @@ from s6kit import (
 from sdcp_fast.protocol.commitlog import CommitRecord, append_allowed
 from sdcp_fast.protocol.messages import Status
 from sdcp_fast.protocol.problems import NotAssigned, StaleEpoch
-from sdcp_fast.protocol.router import RoutedSession, StatusTable, after_open, plan_failover, reassign_expired
+from sdcp_fast.protocol.routing import RoutedSession, StatusTable, after_open, plan_failover, reassign_expired
 from sdcp_fast.protocol.session import ScoreNeeded, State, VerifierSession
 
 B = "https://drafter-b.example/"
@@ -108,7 +108,7 @@ def test_new_assignment_after_failover_names_the_session_state() -> None:
 def test_verifier_failure_is_detected_from_ttl_and_the_session_moves_to_a_live_verifier() -> None:
     """§6.9 Verifier failure, detected as §6.1 defines liveness: a verifier whose status outlived
     its ttl_ms has failed; its open sessions move (fence, then open) to a live verifier."""
-    from sdcp_fast.protocol.router import choose_verifier, expired_verifiers
+    from sdcp_fast.protocol.routing import choose_verifier, expired_verifiers
 
     table = _table()
     table.report(Status(instance=VERIFIER, role=2, load=0, queue=0, ttl_ms=1000), 0.0)
@@ -128,7 +128,7 @@ def test_failover_carries_the_current_sampling_policy() -> None:
     session's current profile as a policy from the resumed round + 1, sent after the open and
     before the assignment; the resumed rounds then use the profile the router set."""
     from sdcp_fast.protocol.messages import Sampling
-    from sdcp_fast.protocol.router import policy_update
+    from sdcp_fast.protocol.routing import policy_update
 
     old = open_session(contract(rule=2))
     routed = _routed(old)
@@ -173,7 +173,7 @@ def test_a_redelivered_event_reassigns_once() -> None:
     """§6.9 Lost messages: the verifier may send an event again; the router acts on a switch
     once, so the session is not moved twice."""
     from sdcp_fast.protocol.messages import Action, Event
-    from sdcp_fast.protocol.router import on_event
+    from sdcp_fast.protocol.routing import on_event
 
     table = _table()
     table.report(Status(instance="https://drafter-c.example/", role=1, load=60, queue=0, ttl_ms=60_000), 0.0)

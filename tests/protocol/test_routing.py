@@ -1,4 +1,4 @@
-"""Router decisions (sdcp_fast/protocol/router.py, draft §6.1, §6.6, §6.9)."""
+"""Router decisions (sdcp_fast/protocol/routing.py, draft §6.1, §6.6, §6.9)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from sessionkit import PROMPT, SID, TARGET, VERIFIER, contract
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.messages import Action, Event, Policy, Sampling, SessionState, Status
 from sdcp_fast.protocol.problems import BadRequest
-from sdcp_fast.protocol.router import (
+from sdcp_fast.protocol.routing import (
     RoutedSession,
     StatusTable,
     after_open,

@@ -1,4 +1,4 @@
-"""Drafter-side logic (sdcp_fast/protocol/drafter.py, draft §6.2)."""
+"""Drafter-side logic (sdcp_fast/protocol/drafting.py, draft §6.2)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sessionkit import DRAFTER, STATUS, VERIFIER, assignment, open_session, proposal, run_round
 
-from sdcp_fast.protocol.drafter import (
+from sdcp_fast.protocol.drafting import (
     AcceptanceEstimator,
     DrafterError,
     DrafterSession,
