@@ -8,6 +8,7 @@ import json
 import os
 from typing import TYPE_CHECKING, Any
 
+from sdcp_fast.conform.client import prompt_tokens
 from sdcp_fast.conform.report import Outcome
 from sdcp_fast.protocol import (
     Contract,
@@ -141,7 +142,7 @@ async def contract_vectors(kit: Conform) -> None:
         opened = kit.session_open(Contract.from_map(m))
         answer = await kit.post_session(opened)
         if answer.status == 200:
-            expected = prefix_digest(contract_digest(opened.contract), opened.prompt)
+            expected = prefix_digest(contract_digest(opened.contract), prompt_tokens(opened.prompt))
             r.add("valid-contracts", SessionState.decode(answer.body).digest == expected, f"{v['name']}: d[0]")
         elif v["name"] != BASELINE_VALID and answer.status == 422 and answer.suffix == "sdcp-bad-contract":
             r.add("valid-contracts", Outcome.INTERPRETATION, f"{v['name']} not supported ({answer.brief()})")

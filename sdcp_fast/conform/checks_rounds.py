@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
-from sdcp_fast.conform.client import brief_output, find_session_state, state_mismatch
+from sdcp_fast.conform.client import brief_output, find_session_state, prompt_tokens, state_mismatch
 from sdcp_fast.conform.driver import Scripted
 from sdcp_fast.conform.expect import wrong
 from sdcp_fast.conform.report import Outcome
@@ -37,7 +37,7 @@ async def session_creation(kit: Conform) -> None:
         r.add("open-state", False, f"a valid session-open {answer.brief()}")
         return
     state = SessionState.decode(answer.body)
-    d0 = prefix_digest(contract_digest(c), opened.prompt)
+    d0 = prefix_digest(contract_digest(c), prompt_tokens(opened.prompt))
     r.add("open-state", (state.session, state.epoch, state.round, state.committed, state.digest)
           == (opened.session, 1, 0, 0, d0), f"round {state.round}, committed {state.committed}")
     # Another drafter is assigned: the kit's proposals are not its, whatever their epoch.

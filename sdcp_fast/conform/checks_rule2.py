@@ -113,7 +113,7 @@ async def seeded(kit: Conform, s: Scripted, profile: Sampling, rows: Any) -> Non
         assert state is not None
         if state.committed + 4 > s.contract.max_new:
             break
-        context = [*s.opened.prompt, *s.committed]  # type: ignore[misc]
+        context = [*s.opened.prompt, *s.committed]
         tokens: list[int] = []
         for _ in range(3):  # the oracle's greedy chain: likely tokens, so the tests are not all rejections
             tokens.append(max(range(v), key=kit.oracle.logits(context + tokens, [])[0].__getitem__))

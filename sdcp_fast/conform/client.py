@@ -70,6 +70,12 @@ def certificate_peer(path: str) -> Peer:
     return peer_from_uris(sans.get_values_for_type(x509.UniformResourceIdentifier))
 
 
+def prompt_tokens(prompt: tuple[int, ...] | str) -> tuple[int, ...]:
+    """A session-open's prompt as tokens (the kit never sends a cache-ref prompt)."""
+    assert not isinstance(prompt, str), "the kit's prompts are tokens"
+    return prompt
+
+
 def brief_output(out: Any) -> str:
     """An output message in short (None: the GET was refused)."""
     if out is None:
@@ -121,4 +127,4 @@ def state_mismatch(found: dict[str, Any] | None, expected: Any) -> str:
         f"{k} ({found.get(k)!r:.20} for {getattr(expected, k)!r:.20})" for k in wrong)
 
 
-__all__ = ["Answer", "Identities", "Send", "brief_output", "certificate_peer", "find_session_state", "state_mismatch"]
+__all__ = ["Answer", "Identities", "Send", "brief_output", "certificate_peer", "prompt_tokens", "find_session_state", "state_mismatch"]

@@ -78,7 +78,8 @@ class Scripted:
         committed behind the kit's back would carry another proposal's verdict)."""
         before = self.state
         assert before is not None
-        want = expected_emitted(self.greedy, before.committed, tokens, self.contract) if self.exact else None
+        want = expected_emitted(self.greedy, before.committed, tokens, self.contract) \
+            if self.exact and self.greedy is not None else None
         v = await self.round(tokens, **kw)
         ok = v is not None and v.round == before.round + 1 and v.committed == before.committed + len(v.emitted)
         if ok and want is not None:
