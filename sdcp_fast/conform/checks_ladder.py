@@ -4,6 +4,7 @@ self_decode as the router would (a new assignment) and checks what the verifier 
 
 from __future__ import annotations
 
+import asyncio
 from typing import TYPE_CHECKING
 
 from sdcp_fast.conform.client import brief_output
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from sdcp_fast.conform.kit import Conform
 
 R = 2
+SELF_DECODE_WAIT = 10.0  # seconds for the self-decoded tokens to appear as output
 # reduce; (two full rounds reset j) reduce again; switch; self_decode; reduce; then nothing is
 # left: fail. self_max 1 < R, so however self-decoded rounds count, they cannot reset j.
 FALLBACK = (int(Action.REDUCE), int(Action.SWITCH), int(Action.SELF_DECODE), int(Action.REDUCE))
@@ -68,7 +70,8 @@ async def self_decoding(kit: Conform, s: Scripted, greedy: list[int]) -> None:
     assert s.state is not None and s.contract.self_max is not None
     n, rnd, digest, want = s.state.committed, s.state.round, s.state.digest, s.contract.self_max
     tokens: list[int] = []
-    for _ in range(20):
+    deadline = asyncio.get_running_loop().time() + SELF_DECODE_WAIT
+    while asyncio.get_running_loop().time() < deadline:
         answer = await kit.output(s.session, n + len(tokens))
         out = Output.decode(answer.body) if answer.status == 200 else None
         if out is None:
@@ -76,6 +79,8 @@ async def self_decoding(kit: Conform, s: Scripted, greedy: list[int]) -> None:
         tokens.extend(out.tokens)
         if len(tokens) >= want or out.final:
             break
+        if not out.tokens:
+            await asyncio.sleep(0.05)  # a verifier whose output wait is short (§6.7: its choice)
     state = await s.reassign()
     expected = greedy[n:n + want]
     ok = tokens[:want] == expected and (state.round, state.committed, state.digest) == (
