@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -37,6 +36,7 @@ from sdcp_fast.roles.retry import retrying
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.errors import TransportError
 from sdcp_fast.transport.problem import problem_body
+from sdcp_fast.transport.routes import NoRoute, RouteTable
 
 log = logging.getLogger("sdcp_fast.roles")
 
@@ -71,12 +71,12 @@ class Routes:
     named groups and returns a message (200), None (204) or a :class:`Response`."""
 
     def __init__(self) -> None:
-        self._routes: list[tuple[str, re.Pattern[str], Endpoint]] = []
+        self._table = RouteTable[Endpoint]()
         self.add("GET", "health", _healthy)  # liveness for supervisors and load balancers: 204
         self.on_problem: Callable[[SdcpProblem], None] | None = None  # counts problems (roles/metrics.py)
 
     def add(self, method: str, pattern: str, endpoint: Endpoint) -> None:
-        self._routes.append((method, re.compile(pattern + r"\Z"), endpoint))
+        self._table.add(method, pattern, endpoint)
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -96,17 +96,12 @@ class Routes:
 
     def _match(self, request: Request) -> tuple[Endpoint, dict[str, str]]:
         path = request.path.lstrip("/")
-        allowed = False
-        for method, pattern, endpoint in self._routes:
-            found = pattern.match(path)
-            if found is None:
-                continue
-            if method == request.method:
-                return endpoint, found.groupdict()
-            allowed = True
-        if allowed:
-            raise MethodNotAllowed(f"{request.method} {path}")
-        raise NotFound(path)
+        try:
+            return self._table.match(request.method, path)
+        except NoRoute as none:
+            if none.allowed:
+                raise MethodNotAllowed(f"{request.method} {path}") from None
+            raise NotFound(path) from None
 
 
 async def report_status_forever(report: Callable[[], Awaitable[None]], ttl_ms: int, router: str | None) -> None:

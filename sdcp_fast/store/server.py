@@ -51,6 +51,7 @@ from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, Busy, In
 from sdcp_fast.store.local import INLINE_BYTES, run_on
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.problem import http_problem
+from sdcp_fast.transport.routes import NoRoute, RouteTable
 
 CBOR = "application/cbor"
 CBOR_SEQ = "application/cbor-seq"
@@ -204,17 +205,18 @@ def _cbor_response(doc: Any, status: int = 200, headers: Mapping[str, str] | Non
     return Response(status, cbor.deterministic_cbor(doc), {"content-type": CBOR, **(headers or {})})
 
 
-# method -> route name, per path prefix; a path matching no prefix is 404, a method the
-# prefix does not list 405.
-_ROUTES: list[tuple[re.Pattern[str], dict[str, str]]] = [
-    (re.compile(r"objects/(?P<name>.+)"),
-     {"PUT": "put_object", "GET": "get_object", "HEAD": "head_object", "DELETE": "delete_object"}),
-    (re.compile(r"leases"), {"POST": "create_lease"}),
-    (re.compile(r"leases/(?P<lease>[^/]+)"), {"PUT": "renew_lease", "DELETE": "release_lease"}),
-    (re.compile(r"logs/(?P<name>.+)"), {"GET": "read_log", "POST": "append_log"}),
-    (re.compile(r"stats"), {"GET": "stats"}),
-    (re.compile(r"metrics"), {"GET": "metrics"}),
-]
+# The route (an MLCService method) of each request; a path no pattern takes is 404, a method
+# its pattern does not list 405.
+ROUTES = RouteTable[str]()
+for _method, _pattern, _route in [
+    ("PUT", r"objects/(?P<name>.+)", "put_object"), ("GET", r"objects/(?P<name>.+)", "get_object"),
+    ("HEAD", r"objects/(?P<name>.+)", "head_object"), ("DELETE", r"objects/(?P<name>.+)", "delete_object"),
+    ("POST", r"leases", "create_lease"),
+    ("PUT", r"leases/(?P<lease>[^/]+)", "renew_lease"), ("DELETE", r"leases/(?P<lease>[^/]+)", "release_lease"),
+    ("GET", r"logs/(?P<name>.+)", "read_log"), ("POST", r"logs/(?P<name>.+)", "append_log"),
+    ("GET", r"stats", "stats"), ("GET", r"metrics", "metrics"),
+]:
+    ROUTES.add(_method, _pattern, _route)
 
 
 class MLCService:
@@ -242,18 +244,16 @@ class MLCService:
         return response
 
     async def dispatch(self, call: Call) -> Response:
-        for pattern, methods in _ROUTES:
-            m = pattern.fullmatch(call.path)
-            if m is None:
-                continue
-            route = methods.get(call.method)
-            if route is None:
-                allowed = ", ".join(methods)
-                response = http_problem(405, f"{call.method} /{call.path}: allowed {allowed}")
-                return Response(405, response.body, {**response.headers, "allow": allowed})
-            out: Response = await getattr(self, route)(call, **m.groupdict())
-            return out
-        return http_problem(404, f"no route for /{call.path}")
+        try:
+            route, groups = ROUTES.match(call.method, call.path)
+        except NoRoute as none:
+            if not none.allowed:
+                return http_problem(404, f"no route for /{call.path}")
+            allowed = ", ".join(none.allowed)
+            response = http_problem(405, f"{call.method} /{call.path}: allowed {allowed}")
+            return Response(405, response.body, {**response.headers, "allow": allowed})
+        out: Response = await getattr(self, route)(call, **groups)
+        return out
 
     # -- objects ------------------------------------------------------------------------------
 

@@ -1,0 +1,29 @@
+"""The route table every server shares (sdcp_fast/transport/routes.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdcp_fast.transport.routes import NoRoute, RouteTable
+
+
+def table() -> RouteTable[str]:
+    t = RouteTable[str]()
+    t.add("GET", r"objects/(?P<name>.+)", "get")
+    t.add("PUT", r"objects/(?P<name>.+)", "put")
+    t.add("POST", r"leases", "lease")
+    return t
+
+
+def test_the_method_and_the_whole_path_pick_the_endpoint_and_its_groups():
+    assert table().match("PUT", "objects/a/b") == ("put", {"name": "a/b"})
+    assert table().match("POST", "leases") == ("lease", {})
+
+
+def test_a_path_no_pattern_takes_has_no_allowed_methods_and_a_wrong_method_lists_them():
+    with pytest.raises(NoRoute) as missing:
+        table().match("POST", "leases/x")  # patterns match whole paths only
+    assert missing.value.allowed == ()
+    with pytest.raises(NoRoute) as wrong:
+        table().match("DELETE", "objects/a")
+    assert wrong.value.allowed == ("GET", "PUT")
