@@ -73,7 +73,7 @@ def _setup(args: argparse.Namespace, model: str) -> Setup:
     from sdcp_fast.data import prompts as builtin_prompts
     from sdcp_fast.deploy.catalog import TOY_DRAFTERS, load_drafter, load_target
 
-    target = load_target(model, args.device)
+    target = load_target(model, args.device, args.weights)
     specs = [s.strip() for s in args.drafters.split(",") if s.strip()]
     if target.name == "toy" and args.drafters == DEFAULT_DRAFTERS:
         specs = list(TOY_DRAFTERS)
@@ -113,9 +113,9 @@ def _target_only(setup: Setup, specs: list[Any], mlc: Any, backend: str, seed: i
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.deploy.local import Engine, RoundRecord, spec_for
-    from sdcp_fast.embedded import embedded
+    from sdcp_fast.deploy.local import Engine, RoundInfo, spec_for
     from sdcp_fast.protocol import Action, Sampling
+    from sdcp_fast.store import embedded
 
     model = args.model
     if model == "auto":
@@ -151,13 +151,13 @@ def run(args: argparse.Namespace) -> int:
         # ends up decoded by the target itself.
         specs.append(replace(spec, drafters=(setup.weak,) if only_weak else None))
 
-    def show(rec: RoundRecord) -> None:
+    def show(rec: RoundInfo) -> None:
         if quiet:
             return
         who = rec.drafter or "verifier (self-decode)"
         extra = "" if rec.action is Action.CONTINUE else f"  -> {rec.action.name.lower()}"
         text = repr(setup.decode(rec.emitted))
-        print(f"  s{rec.session} r{rec.round:<3} {who:<23} M={rec.proposed} a={rec.accepted} "
+        print(f"  s{engine.index_of[rec.session]} r{rec.round:<3} {who:<23} M={rec.proposed} a={rec.accepted} "
               f"+{text:<30} m_cap={rec.m_cap} d={rec.digest.hex()[:12]}{extra}", flush=True)
 
     with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:

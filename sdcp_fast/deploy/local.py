@@ -21,9 +21,10 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
+from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
-__all__ = ["Engine", "RoundRecord", "SessionResult", "SessionSpec", "model_digest", "session_id_for"]
+__all__ = ["Engine", "RoundInfo", "SessionResult", "SessionSpec", "model_digest", "session_id_for"]
 
 ROUTER = "inproc://router/"
 VERIFIER = "inproc://verifier/"
@@ -38,21 +39,6 @@ def session_id_for(seed: int, index: int) -> bytes:
     """The session id a seeded in-process run gives its ``index``-th session: §6.4's randoms
     depend on the session id, so a run repeats exactly only with the same ids."""
     return hashlib.sha256(f"sdcp-fast/session/{seed}/{index}".encode()).digest()[:16]
-
-
-@dataclass(frozen=True)
-class RoundRecord:
-    """One committed round, as a researcher or the demo wants to see it."""
-
-    session: int
-    round: int
-    drafter: str | None  # None for a self-decoded round
-    proposed: int
-    accepted: int
-    emitted: tuple[int, ...]
-    action: Action
-    m_cap: int
-    digest: bytes
 
 
 @dataclass
@@ -82,7 +68,7 @@ class Engine:
         self,
         scorer: TargetScorer,
         drafters: Sequence[Drafter],
-        mlc: object,
+        mlc: Store,
         *,
         target_digest: bytes,
         tokenizer_digest: bytes,
@@ -91,7 +77,7 @@ class Engine:
         seed: int = 0,
         adaptive_m: bool = True,
         fixed_m: int | None = None,
-        on_round: Callable[[RoundRecord], None] | None = None,
+        on_round: Callable[[RoundInfo], None] | None = None,
         batch_wait: float = 0.005,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -105,10 +91,12 @@ class Engine:
         self.seed = seed
         # §6.2's choice of M from measured costs, unless fixed (seeded runs then repeat exactly).
         self.fixed_m = fixed_m if fixed_m is not None or adaptive_m else 64
+        # Each committed round, its drafter named by the drafter's name (not its URI).
         self.on_round = on_round
         self.batch_wait = batch_wait
         self.clock = clock
         self.target_passes = 0
+        self.index_of: dict[bytes, int] = {}  # each session of the last run: its index in the specs
         self.verifier: VerifierRole | None = None
         self.router: RouterRole | None = None
         self.drafter_roles: dict[str, DrafterRole] = {}
@@ -128,7 +116,7 @@ class Engine:
         return Deployment(self, on_round)
 
     async def arun(self, specs: Sequence[SessionSpec]) -> list[SessionResult]:
-        index_of: dict[bytes, int] = {}
+        self.index_of = {}
         results: dict[bytes, SessionResult] = {}
         names = {drafter_uri(d.name): d.name for d in self.drafters}
 
@@ -144,18 +132,16 @@ class Engine:
                 result.proposed += info.proposed
                 result.accepted += info.accepted
             if self.on_round is not None:
-                self.on_round(RoundRecord(
-                    session=index_of[info.session], round=info.round,
-                    drafter=None if info.drafter is None else names.get(info.drafter, info.drafter),
-                    proposed=info.proposed, accepted=info.accepted, emitted=info.emitted,
-                    action=Action.parse(int(info.action)), m_cap=info.m_cap, digest=info.digest))
+                if info.drafter is not None:
+                    info = replace(info, drafter=names.get(info.drafter, info.drafter))
+                self.on_round(info)
 
         opened = []
         async with self.deployment(observe) as deployment:
             t0 = time.perf_counter()
             for i, spec in enumerate(specs):
                 routed = await deployment.router.open(self._spec(spec, i))
-                index_of[routed.session] = i
+                self.index_of[routed.session] = i
                 d0 = prefix_digest(contract_digest(routed.contract), tuple(spec.prompt))
                 results[routed.session] = SessionResult(routed.session, tuple(spec.prompt), digest=d0)
                 opened.append(routed)
@@ -251,27 +237,29 @@ def generate(
     stop: Sequence[int] = (),
     seed: int = 0,
     backend: str = "auto",
-    mlc: object = None,
+    mlc: Store | None = None,
 ) -> list[SessionResult]:
     """Decode every prompt through the roles: ``drafter=None`` is target-only decoding (the
     verifier decodes each session itself, §6.5.2 self_decode). ``m`` fixes M (None: §6.2's
     choice from measured costs); ``sampling`` is the rule-2 :class:`~sdcp_fast.protocol.Sampling`."""
     import tempfile
 
-    from sdcp_fast.embedded import embedded
+    from sdcp_fast.store import embedded
 
     drafters = [] if drafter is None else [drafter]
     with tempfile.TemporaryDirectory(prefix="sdcp-generate-") as root:
-        store = mlc if mlc is not None else embedded(root)
+        own = None
+        if mlc is None:
+            own = mlc = embedded(root)
         try:
-            engine = Engine(scorer, drafters, store, target_digest=model_digest("target"),
+            engine = Engine(scorer, drafters, mlc, target_digest=model_digest("target"),
                             tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,
                             fixed_m=m, adaptive_m=m is None)
             specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m) for p in prompts]
             return engine.run(specs)
         finally:
-            if mlc is None:
-                store.close()  # type: ignore[attr-defined]
+            if own is not None:
+                own.close()
 
 
 def spec_for(prompt: Sequence[int], *, max_new: int, rule: int = 1, sampling: object = None,

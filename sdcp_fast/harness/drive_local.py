@@ -5,8 +5,9 @@ and the in-process peer of a networked run.
 Where the time goes: every role runs on one event loop here and the in-process transport is
 a direct call, so the parts of a round are serial and add up. The harness times them from
 outside the roles: the target's scoring passes and the drafter's proposals through proxies,
-the MLC through a proxy of the store, and the verifier's acceptance step and commit-log
-append by wrapping the two functions the verifier module calls, for the duration of the run.
+the store's object writes and reads and its commit-log appends through a store that times
+them (each as long as the round awaited it), and the verifier's acceptance step by wrapping
+the function the verifier's batcher calls, for the duration of the run.
 """
 
 from __future__ import annotations
@@ -18,8 +19,12 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from sdcp_fast.cache.store import Head
+from sdcp_fast.commitlog.base import LogView
 from sdcp_fast.harness.samples import Config, RoundSample, RunSample, SessionSample
 from sdcp_fast.harness.workload import Workload
+from sdcp_fast.protocol.commitlog import LogRecord
+from sdcp_fast.store.interface import Log, Store
 
 PHASES = ("draft", "mlc_write", "mlc_read", "scoring", "acceptance", "commit")
 
@@ -71,24 +76,68 @@ def timed_drafter(drafter: Any, clock: _Clock) -> Any:
     return proxy
 
 
-def timed_store(store: Any, clock: _Clock) -> Any:
-    proxy = _Proxy(store)
-    proxy.__dict__["put"] = _timed(store.put, clock, "mlc_write")
-    proxy.__dict__["get"] = _timed(store.get, clock, "mlc_read")
-    return proxy
+class _TimedLog:
+    def __init__(self, log: Log, clock: _Clock) -> None:
+        self.log, self.ref, self.clock = log, log.ref, clock
+
+    async def read(self, start: int = 0) -> LogView:
+        return await self.log.read(start)
+
+    async def append(self, record: LogRecord, if_match: str | None) -> str:
+        t = time.perf_counter()
+        try:
+            return await self.log.append(record, if_match)
+        finally:
+            self.clock.add("commit", time.perf_counter() - t)
+
+
+class TimedStore:
+    """A :class:`~sdcp_fast.store.interface.Store` that adds the time each object write,
+    object read and commit-log append of ``store`` took to the run's phases."""
+
+    def __init__(self, store: Store, clock: _Clock) -> None:
+        self.store, self.clock = store, clock
+
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
+        t = time.perf_counter()
+        try:
+            return await self.store.put(uri, data, lease_ttl)
+        finally:
+            self.clock.add("mlc_write", time.perf_counter() - t)
+
+    async def get(self, uri: str) -> memoryview:
+        t = time.perf_counter()
+        try:
+            return await self.store.get(uri)
+        finally:
+            self.clock.add("mlc_read", time.perf_counter() - t)
+
+    async def head(self, uri: str) -> Head:
+        return await self.store.head(uri)
+
+    async def delete(self, uri: str) -> None:
+        await self.store.delete(uri)
+
+    async def release(self, lease: str) -> None:
+        await self.store.release(lease)
+
+    async def commit_log(self, ref: str) -> Log:
+        return _TimedLog(await self.store.commit_log(ref), self.clock)
+
+    async def aclose(self) -> None:
+        await self.store.aclose()
 
 
 @contextlib.contextmanager
 def timed_verifier_steps(clock: _Clock) -> Iterator[None]:
-    from sdcp_fast.roles import verifier
+    from sdcp_fast.roles import verifier_batch
 
-    saved = verifier.verify_batch, verifier.append_checked
-    verifier.verify_batch = _timed(saved[0], clock, "acceptance")  # type: ignore[assignment]
-    verifier.append_checked = _timed(saved[1], clock, "commit")  # type: ignore[assignment]
+    saved = verifier_batch.verify_batch
+    verifier_batch.verify_batch = _timed(saved, clock, "acceptance")  # type: ignore[assignment]
     try:
         yield
     finally:
-        verifier.verify_batch, verifier.append_checked = saved  # type: ignore[assignment]
+        verifier_batch.verify_batch = saved  # type: ignore[assignment]
 
 
 def run_inprocess(target: Any, drafter: tuple[Any, bytes] | None, config: Config, workload: Workload,
@@ -96,7 +145,7 @@ def run_inprocess(target: Any, drafter: tuple[Any, bytes] | None, config: Config
                   on_session: Callable[[], None] | None = None, timeout: float = 600.0) -> list[RunSample]:
     """``repeats`` measured runs of ``workload`` at ``level`` sessions in flight, on one
     in-process deployment of ``config`` (after one warm-up session, not measured)."""
-    from sdcp_fast.embedded import embedded
+    from sdcp_fast.store import embedded
 
     with tempfile.TemporaryDirectory(prefix="sdcp-bench-") as root:
         store = embedded(root)
@@ -112,13 +161,12 @@ async def _deployment(target: Any, drafter: tuple[Any, bytes] | None, config: Co
                       level: int, repeats: int, store: Any, warmup: bool, backend: str,
                       on_session: Callable[[], None] | None) -> list[RunSample]:
     from sdcp_fast.deploy.local import Engine, spec_for
-    from sdcp_fast.roles.load import VerifierLoad
 
     run = RunSample(config.name, level, -1)  # the warm-up's, replaced per repeat
     clock = _Clock(run)
     drafters = [] if drafter is None else [timed_drafter(drafter[0], clock)]
     digests = {} if drafter is None else {drafter[0].name: drafter[1]}
-    engine = Engine(timed_scorer(target.scorer, clock), drafters, timed_store(store, clock),
+    engine = Engine(timed_scorer(target.scorer, clock), drafters, TimedStore(store, clock),
                     target_digest=target.digest, tokenizer_digest=target.tokenizer_digest,
                     drafter_digests=digests, backend=backend, seed=workload.seed,
                     fixed_m=config.m, adaptive_m=config.m is None)
@@ -138,9 +186,9 @@ async def _deployment(target: Any, drafter: tuple[Any, bytes] | None, config: Co
     # stays relative to the usual capacity: measured against one session per pass it would
     # always be full, and §6.5.2 would refuse every self-decoding period (the ladder's next
     # step fails the session), so escalation would differ from the batched configuration.
-    capacity = deployment.verifier.max_batch
-    deployment.verifier.max_batch = config.max_batch
-    deployment.verifier.load = VerifierLoad(max(capacity, config.max_batch))
+    batcher = deployment.verifier.batcher
+    deployment.verifier.load.max_batch = max(batcher.max_batch, config.max_batch)
+    batcher.max_batch = config.max_batch
 
     prompts = [target.prompt(p.text) for p in workload.prompts]
 

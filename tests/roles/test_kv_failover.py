@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.embedded import embedded
 from sdcp_fast.model.drafters import ModelDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.kv_transfer import Layout, PagedTargetKV, decode
@@ -25,6 +24,7 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
 from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from tests.model.conftest import random_model
 
@@ -67,18 +67,18 @@ def counter(role: VerifierRole, name: str, **labels: str) -> float:
 
 
 class NoPages:
-    """The MLC as verifier A sees it when every write of target KV pages fails."""
+    """The store as verifier A sees it when every write of target KV pages fails."""
 
-    def __init__(self, mlc: Any) -> None:
-        self.mlc = mlc
+    def __init__(self, store: Any) -> None:
+        self.store = store
 
-    def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Any:
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Any:
         if "/target_kv/" in uri:
             raise ConnectionError("the MLC refused the pages")
-        return self.mlc.put(uri, data, lease_ttl)
+        return await self.store.put(uri, data, lease_ttl)
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self.mlc, name)
+        return getattr(self.store, name)
 
 
 def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
@@ -129,7 +129,7 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             await standby.start()
             stream = asyncio.create_task(router.text(S))
             await until(lambda: killed)
-            live = active._live[S]
+            live = active.live(S)
             committed_at_a = len(PROMPT) + live.session.committed
             # A's last publish (of round 3's prefix) completes; the partition does not stop it.
             if mode == "unpublished":
@@ -143,9 +143,9 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             tokens, _ = await asyncio.wait_for(stream, 15.0)
             # B published its own epoch's pages on the way, and deleted them once the session ended.
             ended = object_uri(SCOPE, S, "target_kv", 2)
-            await until(lambda: not standby._live[S].kv_busy and not mlc.contains(ended))
+            await until(lambda: not standby.live(S).kv_busy and not mlc.mlc.contains(ended))
             ref = object_uri(SCOPE, S, "target_kv", 1)
-            published = 0 if mode == "unpublished" else len(decode(mlc.get(ref), Layout.of(runner_a.cache, TARGET)))
+            published = 0 if mode == "unpublished" else len(decode(mlc.mlc.get(ref), Layout.of(runner_a.cache, TARGET)))
             return dict(routed=routed, tokens=tokens, committed_at_a=committed_at_a, published=published,
                         b=[c for c in runner_b.computed if c[0] == S], active=active, standby=standby)
         finally:

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import WORDS
 from sdcp_fast.protocol import (
@@ -31,6 +30,7 @@ from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE
 from sdcp_fast.roles.objects import pack_tokens, unpack_tokens
+from sdcp_fast.store.logs import ThreadedLog
 
 from .rolekit import (
     DRAFTER,
@@ -88,6 +88,31 @@ def test_every_verifier_resource_answers_its_message(tmp_path):
             assert Output.decode(raw.body).tokens == verdict.emitted[1:]
 
     run(scenario())
+
+
+def test_a_finished_session_refuses_a_new_drafter_and_a_policy(tmp_path):
+    """A session that reached max_new is closed like a failed one: PUT .../drafter and POST
+    .../policy answer 410 sdcp-session-closed with the final session-state, and change
+    neither who may propose nor the output."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            opened, state = await rig.open(S, contract(max_new=3), m_init=2)
+            verdict = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 2)))
+            assert verdict.committed == 3
+            reassigned = await _problem(rig.router.put_drafter(
+                VERIFIER, assignment(opened, state, drafter=OTHER, m_init=1)))
+            policy = await _problem(rig.router.policy(
+                VERIFIER, Policy(session=S, from_round=5, sampling=Sampling(top_k=1))))
+            out = await rig.router.output(VERIFIER, S, 0)
+            return reassigned, policy, out, verdict, rig.verifier.sessions.get(S)
+
+    reassigned, policy, out, verdict, core = run(scenario())
+    for suffix, status, extra in (reassigned, policy):
+        assert (suffix, status) == ("sdcp-session-closed", 410)
+        assert extra["session_state"]["committed"] == 3
+    assert core.drafter == DRAFTER and core.sampling_for(5) == core.contract.sampling
+    assert out.final and out.tokens == verdict.emitted
 
 
 # -- Table 2 ----------------------------------------------------------------------------------
@@ -291,7 +316,7 @@ def test_concurrent_identical_proposals_share_one_verdict_and_one_scoring(tmp_pa
             p = proposal(state, [4, 5, 6], q_rows=rig.uniform_q(S, 1, 3))
             a, b = await asyncio.gather(rig.drafter.propose(VERIFIER, p), rig.drafter.propose(VERIFIER, p))
             replayed = await rig.drafter.propose(VERIFIER, replace(p, status=replace(p.status, load=50)))
-            log = open_commit_log(object_uri(SCOPE, S, "commit_log"), mlc=rig.mlc).read().records
+            log = rig.store.logs.log(object_uri(SCOPE, S, "commit_log")).read().records
             return a, b, replayed, rig.scorer.scored, log
 
     a, b, replayed, scored, log = run(scenario())
@@ -437,13 +462,13 @@ def test_commit_record_precedes_the_verdict_and_committed_tokens_follow_output(t
     async def scenario():
         async with Rig(str(tmp_path)) as rig:
             logs = []
-            real = rig.mlc.commit_log
+            real = rig.store.logs.log
 
-            def commit_log(name):
+            async def commit_log(name):
                 logs.append(FlakyLog(real(name), released=lambda: rig.output_of(S)))
-                return logs[-1]
+                return ThreadedLog(logs[-1])
 
-            rig.mlc.commit_log = commit_log
+            rig.store.commit_log = commit_log
             _, state = await rig.open(S, contract(max_new=16), m_init=3)
             tokens_ref = object_uri(SCOPE, S, "committed_tokens", 1)
             checks = []
@@ -495,7 +520,7 @@ def test_a_fenced_log_stops_the_session_and_fails_the_waiting_proposal(tmp_path)
         async with Rig(str(tmp_path)) as rig:
             _, state = await rig.open(S)
             verdict = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 2)))
-            log = open_commit_log(object_uri(SCOPE, S, "commit_log"), mlc=rig.mlc)
+            log = rig.store.logs.log(object_uri(SCOPE, S, "commit_log"))
             # A fail-over elsewhere fences the log while round 2 is being scored.
             rig.scorer.on_score = lambda batch: log.append(FenceRecord(epoch=2), None)
             waiting = await _problem(rig.drafter.propose(VERIFIER, proposal(verdict, rig.greedy_after(verdict, 2))))
@@ -538,10 +563,10 @@ def test_a_failure_below_the_handler_answers_500_without_a_traceback(tmp_path):
 
     async def scenario():
         async with Rig(str(tmp_path)) as rig:
-            def broken(uri):
+            async def broken(uri):
                 raise RuntimeError("secret internal state")
 
-            rig.mlc.get = broken
+            rig.store.get = broken
             opened = session_open(S, contract(), prompt=object_uri(SCOPE, S, "prompt"))
             return await rig.network.transport(ROUTER_PEER).request(
                 VERIFIER, "POST", "sessions", body=opened.encode(), headers={"content-type": MEDIA_TYPE})

@@ -1,0 +1,190 @@
+"""The verifier's continuous batching (§6.3 Scoring): rounds wait in one queue, each pass
+scores a batch of them through the target and the kernels, and the committer commits them
+in batch order.
+
+A batch opens with the first waiting round and closes when every session that owes a
+proposal has sent it, or ``batch_wait`` seconds later, whichever is first
+(docs/interpretations.md, "Verifier batching"); sessions that are self-decoding join every
+batch. Rule 2's q rows are fetched and checked before a round joins the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from sdcp_fast.cache import ObjectUnavailable
+from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
+from sdcp_fast.protocol import Proposal, QUnavailable, SdcpProblem, Verdict
+from sdcp_fast.protocol.problems import InternalError
+from sdcp_fast.protocol.registry import SessionRegistry
+from sdcp_fast.protocol.session import State
+from sdcp_fast.roles.load import VerifierLoad
+from sdcp_fast.roles.metrics import VerifierMetrics
+from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.scoring import verify_batch
+from sdcp_fast.roles.verifier_commit import Committer
+from sdcp_fast.roles.verifier_state import LiveSession, Round
+
+log = logging.getLogger("sdcp_fast.verifier")
+
+
+class Batcher:
+    def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], *, objects: Objects,
+                 committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
+                 clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
+                 self_decode_idle: float | None) -> None:
+        self.scorer = scorer
+        self.sessions = sessions
+        self.objects = objects
+        self.committer = committer
+        self.load = load
+        self.metrics = metrics
+        self.clock = clock
+        self.backend = backend
+        self.max_batch = max_batch
+        self.batch_wait = batch_wait
+        # Local policy (docs/interpretations.md): a session no drafter was assigned to for
+        # this many seconds is decoded by the target itself, where its contract permits it.
+        self.self_decode_idle = self_decode_idle
+        self.target_passes = 0
+        self.progress = clock()  # when a scoring pass last started or a round was committed
+        self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
+        self._queue: list[Round] = []
+        self._fetching = 0
+
+    @property
+    def queued(self) -> int:
+        """Rounds waiting for a pass, or for their q rows."""
+        return len(self._queue) + self._fetching
+
+    async def submit(self, item: Round, proposal: Proposal) -> Verdict:
+        """Queue a drafter's round (after its q rows, under rule 2) and wait for its verdict."""
+        live, future, round_ = item.live, item.future, item.work.round
+        assert future is not None
+        live.waiting[round_] = future  # before the rows are fetched: retries wait on it
+        if item.work.needs_q:
+            try:
+                await self._fetch_q(item, proposal)
+            except BaseException:
+                live.waiting.pop(round_, None)
+                raise
+        self._queue.append(item)
+        self.wake.set()
+        try:
+            return await asyncio.shield(future)
+        finally:
+            if live.waiting.get(round_) is future and future.done():
+                del live.waiting[round_]
+
+    async def _fetch_q(self, item: Round, proposal: Proposal) -> None:
+        """Rule 2's precondition: the rows of every position, checked, before any random value."""
+        session, vocab = item.live.session, self.scorer.vocab_size
+        self._fetching += 1
+        try:
+            raw = await self.objects.get(proposal.q_rows) if proposal.q_rows else None
+        except (ObjectUnavailable, OSError, ValueError, SdcpProblem):
+            raw = None  # the core answers sdcp-q-unavailable and commits nothing (§6.3)
+        finally:
+            self._fetching -= 1
+        self.metrics.q_read(raw is not None)
+        if raw is not None and len(raw) != 4 * vocab * len(proposal.tokens):
+            session.provide_q(q_rows=None, vocab=vocab)  # raises QUnavailable, round dropped
+            raise QUnavailable("draft rows object has the wrong size")  # pragma: no cover
+        uniforms = session.provide_q(q_rows=raw, vocab=vocab)
+        assert raw is not None
+        item.q = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
+        item.work = replace(item.work, uniforms=uniforms)
+
+    def _owed(self) -> int:
+        """Sessions whose drafter may send a proposal now, plus rounds fetching their rows."""
+        owed = self._fetching
+        for live in self.sessions.records():
+            s = live.session
+            if s.state is State.READY and s.drafter is not None and not s.revoked:
+                owed += 1
+        return owed
+
+    def _self_decoding(self) -> list[LiveSession]:
+        lives = self.sessions.records()
+        if self.self_decode_idle is not None:
+            now = self.clock()
+            for live in lives:
+                s = live.session
+                if s.state is State.READY and s.drafter is None and now - live.opened >= self.self_decode_idle:
+                    s.begin_self_decoding(load=self.load.percent())
+        return [live for live in lives if live.session.state is State.SELF_DECODING]
+
+    async def run(self) -> None:
+        """Form and score batches until cancelled."""
+        while True:
+            if not self._queue and not self._self_decoding():
+                self.wake.clear()
+                # Unassigned sessions are looked at again while self-decoding them is enabled.
+                idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), idle)
+            if self._queue:
+                await self._gather()
+            batch = self._queue[: self.max_batch]
+            del self._queue[: len(batch)]
+            for live in self._self_decoding():
+                if len(batch) >= self.max_batch:
+                    break
+                batch.append(Round(live.session.self_decode(), live=live))
+            if batch:
+                try:
+                    await self._pass(batch)
+                except Exception:  # a scorer or kernel failure: drop the rounds, keep serving
+                    log.exception("scoring pass failed")
+                    for item in batch:
+                        _drop(item)
+                # Let readers and drafters run between passes, also while sessions self-decode: an
+                # output read takes a few loop steps (a long-poll wake-up), so a few yields.
+                for _ in range(4):
+                    await asyncio.sleep(0)
+
+    async def _gather(self) -> None:
+        """Wait until no session owes a proposal, the batch is full, or ``batch_wait`` passed."""
+        deadline = self.clock() + self.batch_wait
+        while self._owed() and len(self._queue) < self.max_batch:
+            remaining = deadline - self.clock()
+            if remaining <= 0:
+                return
+            self.wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), remaining)
+
+    async def _pass(self, batch: list[Round]) -> None:
+        """One scoring pass over ``batch``, then its commits in batch order."""
+        requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
+        self.progress = self.clock()
+        self.load.batch(len(batch))
+        self.metrics.batch(len(batch))
+        logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
+        self.target_passes += 1
+        results = verify_batch(batch, logits, backend=self.backend)
+        for item, (accepted, token) in zip(batch, results, strict=True):
+            try:
+                if await self.committer.commit(item, accepted, token, len(batch)):
+                    self.progress = self.clock()
+            except Exception as exc:  # one session's trouble (e.g. re-opened meanwhile) is not the batch's
+                log.warning("session %s: round not committed: %s", item.work.session.hex()[:8], exc)
+                if item.live.session.state is State.COMMITTING:  # never left half-done
+                    item.live.session.append_done(ok=False)
+                item.settle(InternalError("the round could not be committed"))
+        if self._self_decoding():
+            self.wake.set()
+
+
+def _drop(item: Round) -> None:
+    """A round the pass could not score: nothing committed; the drafter sends it again."""
+    if item.live.session.state is State.SCORING:
+        item.live.session.abandon()
+    if item.future is not None and not item.future.done():
+        item.future.set_exception(InternalError("the round could not be scored"))  # a 5xx (§6.9)

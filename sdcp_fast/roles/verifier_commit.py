@@ -1,0 +1,160 @@
+"""The verifier's commits (§6.3 Commit, §6.8): a scored round's output object, its record
+appended to the session's commit log, then the verdict, the released tokens and the events.
+
+Nothing is released before the append: a failed append leaves the round to the drafter's
+retry, and a fenced one ends this verifier's service of the session.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.commitlog import Fenced, PreconditionFailed
+from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch
+from sdcp_fast.protocol.commitlog import CommitRecord, classify_failed_append
+from sdcp_fast.protocol.problems import InternalError
+from sdcp_fast.protocol.session import RoundDone, VerifierSession
+from sdcp_fast.roles.load import VerifierLoad
+from sdcp_fast.roles.metrics import VerifierMetrics
+from sdcp_fast.roles.objects import Objects, pack_tokens
+from sdcp_fast.roles.retry import retrying
+from sdcp_fast.roles.verifier_kv import KvPublisher, kv_object
+from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
+from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store.interface import Store
+
+log = logging.getLogger("sdcp_fast.verifier")
+
+EVENT_ATTEMPTS = 5
+
+
+def tokens_object(session: VerifierSession) -> str | None:
+    """Where this verifier writes the session's committed output: one object per epoch, so a
+    fenced verifier's late write never touches its successor's (docs/interpretations.md)."""
+    if session.contract.scope is None:
+        return None
+    return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch)
+
+
+class Committer:
+    def __init__(self, *, objects: Objects, store: Store, load: VerifierLoad, metrics: VerifierMetrics,
+                 kv: KvPublisher, background: Background, client: SdcpClient, router: str | None,
+                 clock: Callable[[], float], on_round: Callable[[RoundInfo], None] | None) -> None:
+        self.objects = objects
+        self.store = store
+        self.load = load
+        self.metrics = metrics
+        self.kv = kv
+        self.background = background
+        self.client = client
+        self.router = router
+        self.clock = clock
+        self.on_round = on_round
+
+    async def open(self, session: VerifierSession, commit_log: str) -> LiveSession:
+        """The record of a session opened at this epoch, with its log read (ValueError: no
+        backend serves ``commit_log``)."""
+        log_ = await self.store.commit_log(commit_log)
+        view = await log_.read()
+        return LiveSession(session, log_, view.etag, tokens_object(session), self.clock(), kv_ref=kv_object(session))
+
+    async def write_output(self, live: LiveSession, tokens: Sequence[int]) -> None:
+        """The session's committed output, in this epoch's object."""
+        assert live.tokens_ref is not None
+        await self.objects.put(live.tokens_ref, pack_tokens(tokens))
+
+    async def commit(self, item: Round, accepted: int, token: int, batch: int) -> bool:
+        """Commit the scored ``item``; whether its record was appended."""
+        live, session = item.live, item.live.session
+        append = session.complete_scoring(accepted, token, load=self.load.percent())
+        if live.tokens_ref is not None:
+            # Before the record: the object never lags the log, so a fail-over can resume from
+            # it (§6.9) and a drafter learn from it; readers take the prefix they were told.
+            try:
+                await self.write_output(live, (*session.output(0).tokens, *append.record.emitted))
+            except Exception as exc:
+                log.warning("session %s: could not write %s: %s", session.session.hex()[:8], live.tokens_ref, exc)
+        try:
+            etag = await self._append(live, append.record)
+        except Exception:
+            # Nothing is known to be appended: release nothing (§6.3), and leave the round so
+            # that the drafter's retry (a 5xx) scores it again; if the record did land, that
+            # retry's append gets a 412 and the log read then says "committed". (A 412 whose
+            # read failed too, the MLC restarting, once left the round half-done: every retry
+            # was "pending" and no append was tried again.)
+            session.append_done(ok=False)
+            item.settle(InternalError("the commit log could not be appended"))
+            return False
+        if etag is None:  # a newer epoch owns the log: discard, stop serving (§6.3, §6.8)
+            session.append_done(ok=False, fenced=True)
+            live.fail_waiting(StaleEpoch("the commit log was fenced by a newer epoch"))
+            item.settle(StaleEpoch("the commit log was fenced by a newer epoch"))
+            return False
+        live.etag = etag
+        done = session.append_done(ok=True)
+        assert isinstance(done, RoundDone)
+        self._release(item, done, batch)
+        return True
+
+    async def _append(self, live: LiveSession, record: CommitRecord) -> str | None:
+        """The log's new etag; None if a fence or another writer owns the log now; raises if
+        nothing is known to be appended."""
+        try:
+            return await live.log.append(record, live.etag)
+        except Fenced:
+            return None
+        except PreconditionFailed:
+            pass
+        except Exception as exc:  # no answer: the log read again says what happened (§6.8)
+            log.warning("session %s: commit-log append failed: %s", live.session.session.hex()[:8], exc)
+            if str((await live.log.read()).etag) == str(live.etag):
+                raise ConnectionError("the log is as we left it: nothing was appended") from exc
+        # A 412 (§6.8): our record already there means only the answer was lost; a fence or
+        # another writer means the session is no longer ours.
+        view = await live.log.read()
+        if classify_failed_append(view.records, record) == "committed":
+            return str(view.etag)
+        return None
+
+    def _release(self, item: Round, done: RoundDone, batch: int) -> None:
+        """After the append: the verdict, the output readers, the router, the observers."""
+        live, verdict = item.live, done.verdict
+        item.settle(verdict)
+        live.notify()
+        for event in done.events:
+            self.background.spawn(self.send_event(event))
+        self.kv.after_commit(live)
+        self.metrics.round(verdict, len(item.work.proposed), item.started if item.future else None)
+        if self.on_round is not None:
+            self.on_round(RoundInfo(
+                session=verdict.session, round=verdict.round, drafter=item.drafter if item.future else None,
+                proposed=len(item.work.proposed), accepted=verdict.accepted, emitted=verdict.emitted,
+                action=verdict.action, m_cap=verdict.m_cap, digest=verdict.digest, batch=batch))
+
+    async def send_event(self, event: Event) -> None:
+        """Tell the router (§6.5); no answer or a 5xx is tried again, a 4xx is final."""
+        router = self.router
+        if router is None:
+            return
+        sid = event.session.hex()[:8]
+
+        def failed(_attempt: int, exc: BaseException) -> None:
+            log.warning("session %s: event to %s failed: %s", sid, router, exc)
+
+        try:
+            await retrying(lambda _: self.client.event(router, event), attempts=EVENT_ATTEMPTS,
+                           transient=_not_refused, on_retry=failed)
+        except SdcpProblem as problem:
+            if problem.status < 500:
+                log.warning("session %s: router refused event: %s", sid, problem.detail)
+            else:
+                failed(EVENT_ATTEMPTS - 1, problem)
+        except Exception as exc:
+            failed(EVENT_ATTEMPTS - 1, exc)
+
+
+def _not_refused(exc: BaseException) -> bool:
+    """Any failure but the router's 4xx may pass (it restarts, or is not reachable yet)."""
+    return not (isinstance(exc, SdcpProblem) and exc.status < 500)

@@ -1,0 +1,110 @@
+"""What the verifier role keeps beside the core's sessions: per session (its commit log, its
+output readers and waiting drafters, its published KV pages), per round in a batch, and the
+background tasks of its parts.
+
+A :class:`LiveSession` is attached to its core session in the
+:class:`~sdcp_fast.protocol.registry.SessionRegistry`: that one table says which sessions
+the verifier serves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from sdcp_fast.protocol import Action, SdcpProblem, Verdict
+from sdcp_fast.protocol.session import VerifierSession
+from sdcp_fast.roles.scoring import Scored
+from sdcp_fast.store.interface import Log
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    """One committed round, for observers (the demo's per-round lines, the bench)."""
+
+    session: bytes
+    round: int
+    drafter: str | None  # None for a self-decoded round
+    proposed: int
+    accepted: int
+    emitted: tuple[int, ...]
+    action: Action
+    m_cap: int
+    digest: bytes
+    batch: int  # sessions in the scoring pass
+
+
+@dataclass
+class LiveSession:
+    """The role's record of one served session."""
+
+    session: VerifierSession
+    log: Log
+    etag: str  # of the log as this verifier last appended to or read it
+    tokens_ref: str | None  # where its committed output is written (None: nowhere)
+    opened: float = 0.0
+    kv_ref: str | None = None  # where its target KV pages are published (None: nowhere)
+    # Committed length (prompt + output) when the last published pages were taken: they hold
+    # all of it the cache had (not the last token, which no pass has fed to the model yet).
+    kv_published: int = 0
+    kv_busy: bool = False  # a publish is in flight (never two at once per session)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
+
+    def notify(self) -> None:
+        """Wake the output readers: tokens were released, or the session ended."""
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+    def fail_waiting(self, problem: SdcpProblem) -> None:
+        """Answer every drafter waiting for a verdict with ``problem``; wake the readers."""
+        self.changed.set()
+        for future in self.waiting.values():
+            if not future.done():
+                future.set_exception(problem)
+
+
+@dataclass(kw_only=True)
+class Round(Scored):
+    """A round in the batcher's queue or pass: its work, its session and who waits for it."""
+
+    live: LiveSession
+    future: asyncio.Future[Verdict] | None = None  # None for a self-decoded round
+    drafter: str | None = None
+    started: float = field(default_factory=time.perf_counter)  # for the verdict latency
+
+    def settle(self, outcome: Verdict | SdcpProblem) -> None:
+        """Answer the drafter (once); a recorded verdict answers any later retry instead."""
+        future = self.future
+        if future is not None and self.live.waiting.get(self.work.round) is future:
+            del self.live.waiting[self.work.round]
+        if future is None or future.done():
+            return
+        if isinstance(outcome, Verdict):
+            future.set_result(outcome)
+        else:
+            future.set_exception(outcome)
+
+
+class Background:
+    """Tasks nobody awaits (events to the router, KV publishes), cancelled on close."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def cancel(self) -> None:
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
