@@ -32,6 +32,7 @@ from sdcp_fast.protocol.problems import Forbidden, SdcpProblem
 from sdcp_fast.transport import http_transport
 from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.loop import LoopThread
 from sdcp_fast.transport.problem import problem_body
 from sdcp_fast.transport.problem import problem_of as _problem_of
 
@@ -227,33 +228,6 @@ def _copy_into(uri: str, data: memoryview, out: Any) -> int:
         raise errors.BadRange(f"{uri} has {data.nbytes} bytes; the buffer holds {view.nbytes}")
     view[: data.nbytes] = data
     return data.nbytes
-
-
-class LoopThread:
-    """An event loop in a daemon thread, for blocking callers of coroutine APIs."""
-
-    def __init__(self, name: str) -> None:
-        try:
-            import uvloop
-
-            self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        except ImportError:
-            self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
-        self._thread.start()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return self.submit(coro).result()
-
-    def stop(self) -> None:
-        if self.loop.is_closed():
-            return
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-        self.loop.close()
 
 
 class RemoteMLC:

@@ -106,25 +106,18 @@ async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: 
 
 
 def _run_http1(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> int:
-    import asyncio
-
     from aiohttp import web
 
     from sdcp_fast.store.server_http1 import init_app
+    from sdcp_fast.transport.loop import new_loop
     from sdcp_fast.transport.tls import server_context
 
-    try:
-        import uvloop
-
-        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
-    except ImportError:
-        pass  # the default loop serves the same API, a little slower
     if security.insecure:
         from sdcp_fast.transport.binding import check_insecure
 
         check_insecure(args.host, "MLC HTTP/1.1 server binding")  # warns loudly
     ctx = None if security.insecure else server_context(
         security.cert, security.key, security.ca, alpn=("http/1.1",))
-    web.run_app(init_app(store.mlc, store.logs, on_close=store.close),
-                host=args.host, port=args.port, ssl_context=ctx, print=lambda _: ready(args.port))
+    web.run_app(init_app(store.mlc, store.logs, on_close=store.close), host=args.host, port=args.port,
+                ssl_context=ctx, print=lambda _: ready(args.port), loop=new_loop())
     return 0

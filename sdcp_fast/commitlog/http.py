@@ -13,9 +13,7 @@ all is a ConnectionError.
 
 from __future__ import annotations
 
-import asyncio
 import ssl
-import threading
 from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote, urlsplit
@@ -34,6 +32,7 @@ from sdcp_fast.protocol.problems import SdcpProblem, StaleEpoch
 from sdcp_fast.transport import http_transport
 from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.loop import LoopThread
 from sdcp_fast.transport.problem import problem_of
 
 T = TypeVar("T")
@@ -121,9 +120,7 @@ class HttpCommitLog:
                  http1: bool = False) -> None:
         _split(ref)
         self.ref = ref
-        self._loop = _new_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="commit-log-client", daemon=True)
-        self._thread.start()
+        self._runner = LoopThread("commit-log-client")
 
         async def make() -> AsyncHttpCommitLog:
             return AsyncHttpCommitLog(ref, http_transport(ssl, http1=http1, timeout=timeout))
@@ -137,7 +134,7 @@ class HttpCommitLog:
         return cls(_ref(base_url, name), ssl=ssl, http1=http1)
 
     def _run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+        return self._runner.run(coro)
 
     def read(self, start: int = 0) -> LogView:
         return self._run(self.aio.read(start))
@@ -146,20 +143,9 @@ class HttpCommitLog:
         return self._run(self.aio.append(record, if_match))
 
     def close(self) -> None:
-        if self._loop.is_closed():
+        if self._runner.loop.is_closed():
             return
         try:
             self._run(self.aio.transport.close())
         finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._loop.close()
-
-
-def _new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.new_event_loop()
-    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-    return loop
+            self._runner.stop()

@@ -1,30 +1,66 @@
 """The event loop the network transport runs on: uvloop when installed, else asyncio's.
 
 uvloop's TLS transport does the same work with less Python per read and write; the
-adapters run unchanged on either (tests run on whichever this picks)."""
+adapters run unchanged on either (tests run on whichever this picks). Every loop of the
+project comes from :func:`new_loop`: :func:`run` for a service or a command,
+:class:`LoopThread` for blocking callers of coroutine APIs (the MLC and commit-log clients),
+and the MLC's HTTP/1.1 server.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Coroutine
+from concurrent.futures import Future
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on a new uvloop loop when uvloop is installed."""
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's when uvloop is installed."""
     try:
         import uvloop
     except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
+        return asyncio.new_event_loop()
+    loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    return loop
+
+
+def run(main: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(main)`` on a :func:`new_loop`."""
+    with asyncio.Runner(loop_factory=new_loop) as runner:
+        return runner.run(main)
 
 
 def loop_name() -> str:
-    """Which loop :func:`run` uses, for logs and benchmark headers."""
+    """Which loop :func:`new_loop` makes, for logs and benchmark headers."""
     try:
         import uvloop  # noqa: F401
     except ImportError:
         return "asyncio"
     return "uvloop"
+
+
+class LoopThread:
+    """A :func:`new_loop` running in a daemon thread, for blocking callers of coroutine APIs."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = new_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the thread's loop and wait for its result."""
+        return self.submit(coro).result()
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(10)
+        self.loop.close()

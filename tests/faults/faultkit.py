@@ -15,7 +15,6 @@ import json
 import os
 import random
 import signal
-import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.roles.router import serving_spec
 from sdcp_fast.roles.sse import DONE, messages
+from sdcp_fast.transport.loop import LoopThread
 
 SCOPE = bytes.fromhex("5dc9fa017e57000000000000000000aa")  # fixed, so the test can name each commit log
 TEMPERATURE = 0.8  # rule 2's requests
@@ -47,27 +47,18 @@ class FaultProxy:
         self.cut = 0.0
         self.delay = 0.0
         self.cuts = self.delays = self.connections = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"fault-proxy-{port}", daemon=True)
+        self._runner: LoopThread | None = None
+        self._server: asyncio.Server | None = None
 
     def start(self) -> None:
-        self._thread.start()
-        self._ready.wait(10)
-
-    def _run(self) -> None:
-        loop = self._loop = asyncio.new_event_loop()
-        server = loop.run_until_complete(asyncio.start_server(self._connection, "127.0.0.1", self.port))
-        self._ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            server.close()
+        self._runner = LoopThread(f"fault-proxy-{self.port}")
+        self._server = self._runner.run(asyncio.start_server(self._connection, "127.0.0.1", self.port))
 
     def stop(self) -> None:
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(5)
+        if self._runner is not None:
+            if self._server is not None:
+                self._runner.loop.call_soon_threadsafe(self._server.close)
+            self._runner.stop()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1

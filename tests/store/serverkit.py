@@ -10,11 +10,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sdcp_fast.cache.client import LoopThread, RemoteMLC, mlc_transport
+from sdcp_fast.cache.client import RemoteMLC, mlc_transport
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.transport.base import Response
+from sdcp_fast.transport.loop import LoopThread
 
 WIRES = ("h2", "http1")
 

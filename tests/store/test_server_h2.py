@@ -17,8 +17,9 @@ import h2.events
 import pytest
 
 from sdcp_fast.cache import MLC, object_uri
-from sdcp_fast.cache.client import AsyncMLC, LoopThread, mlc_transport
+from sdcp_fast.cache.client import AsyncMLC, mlc_transport
 from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.transport.loop import LoopThread
 
 from .serverkit import serving
 
