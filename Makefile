@@ -27,7 +27,7 @@ check: lint typecheck
 lint: $(STAMP)
 	$(BIN)/ruff check sdcp_fast tests bench triton_kernels
 
-# The packages held to mypy --strict (the verifier's modules join when they pass).
+# The packages held to mypy --strict.
 STRICT := sdcp_fast/protocol sdcp_fast/transport sdcp_fast/cache sdcp_fast/commitlog sdcp_fast/store sdcp_fast/roles
 
 typecheck: $(STAMP)
