@@ -21,7 +21,7 @@ import torch
 from sdcp_fast.kernels import gather_paged_kv, write_paged_kv
 
 
-class CacheFull(RuntimeError):
+class KVBlocksExhausted(RuntimeError):
     """No free block is left and the pool may not grow."""
 
 
@@ -56,7 +56,7 @@ class PagedKVCache:
         if self.max_blocks is not None:
             new = min(new, self.max_blocks)
         if new <= old:
-            raise CacheFull(f"all {old} KV blocks are in use")
+            raise KVBlocksExhausted(f"all {old} KV blocks are in use")
         pad = (new - old, self.block_size, self.n_kv_heads, self.head_dim)
         for layer in range(self.n_layers):
             self.k[layer] = torch.cat([self.k[layer], self.k[layer].new_zeros(pad)])

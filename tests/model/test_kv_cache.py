@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sdcp_fast.model.kv_cache import CacheFull, PagedKVCache
+from sdcp_fast.model.kv_cache import KVBlocksExhausted, PagedKVCache
 
 
 def make(num_blocks: int = 4, max_blocks: int | None = None) -> PagedKVCache:
@@ -45,7 +45,7 @@ def test_pool_grows_by_doubling_and_respects_its_cap() -> None:
     c.append_slots(b"a", list(range(8)))
     c.append_slots(b"b", list(range(8)))
     assert c.num_blocks == 4 and c.used_blocks() == 4
-    with pytest.raises(CacheFull):
+    with pytest.raises(KVBlocksExhausted):
         c.append_slots(b"c", [1])
     c.release(b"a")
     assert c.used_blocks() == 2 and b"a" not in c.seqs
