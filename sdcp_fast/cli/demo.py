@@ -17,7 +17,10 @@ import sys
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sdcp_fast.store.interface import Store
 
 HELP = "run SDCP sessions on the embedded default (sdcp-fast up, or --inprocess) and print text and figures"
 
@@ -101,7 +104,7 @@ def _setup(args: argparse.Namespace, model: str) -> Setup:
     )
 
 
-def _target_only(setup: Setup, specs: list[Any], mlc: Any, backend: str, seed: int) -> tuple[list[list[int]], float]:
+def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed: int) -> tuple[list[list[int]], float]:
     """Target-only decoding of the same sessions through the same roles (the verifier decodes
     each session itself, batched over the sessions): the baseline."""
     from sdcp_fast.deploy.local import Engine
