@@ -42,6 +42,11 @@ class MlcStore:
         self.control = control if control is not None else store
         self.fence_supported = store is not None
 
+    def describe(self) -> str:
+        return ("q rows, committed tokens and fences through sdcp_fast's MLC API (mlc://<scope>/<session>/<kind> "
+                "names, uint32 token objects, its commit-log append), which the draft does not define (§1.4); "
+                "--store names another deployment's")
+
     @staticmethod
     def name(scope: bytes, session: bytes, kind: str, round: int | None = None) -> str:
         from sdcp_fast.cache.uri import object_uri
@@ -80,6 +85,10 @@ class NamesOnly(MlcStore):
 
     def __init__(self) -> None:
         super().__init__(None)
+
+    def describe(self) -> str:
+        return ("no store (--mlc or --store): rule 2, resume and fencing are not reachable; commit logs are "
+                "named mlc://<scope>/<session>/commit_log")
 
     async def put(self, scope: bytes, session: bytes, kind: str, round: int, data: bytes) -> str:
         raise NotImplementedError

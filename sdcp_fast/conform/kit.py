@@ -77,6 +77,11 @@ class Conform:
         self.oracle = oracle  # the target's logits (oracles.py), for rule 2 above temperature 0
         self._ids = session_ids or (lambda: os.urandom(16))
         self.report = Report(target, "verifier")
+        describe = getattr(self.store, "describe", None)
+        self.report.notes.append(describe() if describe is not None else f"store: {type(self.store).__name__}")
+        if oracle is not None:
+            self.report.notes.append(f"target logits from {type(oracle).__name__} (the oracle must serve the "
+                                     "verifier's model)")
         self._greedy: list[int] | None = None
 
     # -- sending ----------------------------------------------------------------------------

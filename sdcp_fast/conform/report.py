@@ -41,6 +41,7 @@ class Report:
     target: str
     role: str
     findings: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # what the run assumed beyond the draft
 
     def add(self, check: str | Check, ok: bool | None | Outcome, detail: str = "") -> bool:
         """Record one exercise of ``check``: True pass, False fail, None not reachable, or an
@@ -75,6 +76,7 @@ class Report:
 
     def text(self, quotes: bool = False) -> str:
         lines = [f"SDCP conformance of the {self.role} at {self.target}"]
+        lines += [f"  note: {n}" for n in self.notes]
         marks = {Outcome.PASS: "pass", Outcome.FAIL: "FAIL", Outcome.UNREACHABLE: "n/r ",
                  Outcome.INTERPRETATION: "int "}
         for f in self.findings:
@@ -89,5 +91,5 @@ class Report:
         return "\n".join(lines)
 
     def json(self) -> str:
-        return json.dumps({"target": self.target, "role": self.role, "counts": self.counts(),
+        return json.dumps({"target": self.target, "role": self.role, "counts": self.counts(), "notes": self.notes,
                            "findings": [{**asdict(f), "outcome": f.outcome.value} for f in self.findings]}, indent=2)
