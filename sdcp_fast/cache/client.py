@@ -54,18 +54,6 @@ class MLCUnreachable(ConnectionError):
     """No answer from the MLC server (connection refused, reset, TLS failure, timeout)."""
 
 
-def client_ssl(ca: str | None = None, cert: str | None = None, key: str | None = None, *,
-               alpn: tuple[str, ...] = ("h2",)) -> ssl.SSLContext:
-    """Client context: TLS 1.3, trust ``ca``, present ``cert``/``key`` (mTLS), offer ``alpn``
-    (``("http/1.1",)`` for a ``--http1`` server)."""
-    ctx = ssl.create_default_context(cafile=ca)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    if cert:
-        ctx.load_cert_chain(cert, key)
-    ctx.set_alpn_protocols(list(alpn))
-    return ctx
-
-
 def mlc_transport(ssl: ssl.SSLContext | None = None, *, http1: bool = False,
                   timeout: float | None = 30.0) -> Transport:
     """A transport for the MLC (:func:`~sdcp_fast.transport.http_transport`): responses up to
@@ -232,7 +220,8 @@ def _copy_into(uri: str, data: memoryview, out: Any) -> int:
 
 class RemoteMLC:
     """The MLC API of :class:`sdcp_fast.cache.MLC`, blocking, served by a remote ``sdcp-fast
-    mlc``: HTTP/2 by default (``ssl``: a :func:`client_ssl` context; none: h2c on loopback),
+    mlc``: HTTP/2 by default (``ssl``: a :func:`~sdcp_fast.transport.tls.client_context`; none: h2c
+    on loopback),
     HTTP/1.1 with ``http1`` (a ``--http1`` server)."""
 
     def __init__(self, base_url: str, *, ssl: ssl.SSLContext | None = None, timeout: float = 30.0,

@@ -464,15 +464,3 @@ async def serve(service: MLCService, host: str, port: int, *, ssl: ssl.SSLContex
     from sdcp_fast.transport.h2server import serve as serve_h2
 
     return await serve_h2(service.handler, host, port, ssl=ssl, insecure=insecure, limits=limits())
-
-
-def server_ssl(cert: str, key: str, ca: str | None = None) -> ssl.SSLContext:
-    """TLS 1.3 server context for the HTTP/1.1 server; with ``ca`` a client certificate
-    signed by it is required (mTLS)."""
-    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.minimum_version = ssl.TLSVersion.TLSv1_3
-    ctx.load_cert_chain(cert, key)
-    if ca:
-        ctx.load_verify_locations(ca)
-        ctx.verify_mode = ssl.CERT_REQUIRED
-    return ctx

@@ -18,6 +18,7 @@ from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.loop import LoopThread
 
 WIRES = ("h2", "http1")
+ALPN = {"h2": "h2", "http1": "http/1.1"}  # what a server of each wire offers in its handshake
 
 
 class Served(str):

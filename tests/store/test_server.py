@@ -7,17 +7,16 @@ import ssl
 import pytest
 
 from sdcp_fast.cache import MLC, BadRange, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
-from sdcp_fast.cache.client import client_ssl
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog import Fenced, PreconditionFailed, open_commit_log
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.store.server import server_ssl
+from sdcp_fast.transport.tls import client_context, server_context
 
 from .certkit import make_certs
-from .serverkit import WIRES, serving
+from .serverkit import ALPN, WIRES, serving
 
 SCOPE = bytes(range(16))
 
@@ -163,13 +162,13 @@ def test_commit_log_over_http_with_if_match(served, logs):
 @pytest.mark.parametrize("wire", WIRES)
 def test_mutual_tls(mlc, tmp_path, wire):
     certs = make_certs(tmp_path)
-    ctx = server_ssl(certs["server_cert"], certs["server_key"], certs["ca"])
+    ctx = server_context(certs["server_cert"], certs["server_key"], certs["ca"], alpn=(ALPN[wire],))
     with serving(mlc, ctx, http2=wire == "h2") as base:
-        good = client_ssl(certs["ca"], certs["client_cert"], certs["client_key"])
+        good = client_context(certs["client_cert"], certs["client_key"], certs["ca"])
         with base.client(ssl=good) as client:
             client.put(uri(1), b"secret")
             assert bytes(client.get(uri(1))) == b"secret"
-        with base.client(ssl=client_ssl(certs["ca"])) as anonymous:
+        with base.client(ssl=ssl.create_default_context(cafile=certs["ca"])) as anonymous:  # no certificate
             with pytest.raises((ssl.SSLError, ConnectionError)):
                 anonymous.get(uri(1))
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 
 from sdcp_fast.cache import MLC, ObjectLeased, UnknownLease, object_uri
-from sdcp_fast.cache.client import RemoteMLC, client_ssl
+from sdcp_fast.cache.client import RemoteMLC
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.problems import Forbidden
-from sdcp_fast.store.server import server_ssl
+from sdcp_fast.transport.tls import client_context, server_context
 
 from .certkit import make_certs
-from .serverkit import WIRES, serving
+from .serverkit import ALPN, WIRES, serving
 
 SCOPE = bytes(range(16))
 Q = object_uri(SCOPE, b"s" * 16, "q_rows", 1)
@@ -31,17 +31,17 @@ def certs(tmp_path_factory):
 @pytest.fixture(params=WIRES)
 def site(request, certs, tmp_path):
     logs = LogDirectory(str(tmp_path / "logs"), sync=False)
-    ctx = server_ssl(certs["server_cert"], certs["server_key"], certs["ca"])
+    ctx = server_context(certs["server_cert"], certs["server_key"], certs["ca"], alpn=(ALPN[request.param],))
     with MLC([HostTier(1 << 20)]) as mlc, serving(mlc, ctx, logs=logs, http2=request.param == "h2") as base:
         clients: dict[str, RemoteMLC] = {}
 
         def as_(who: str) -> RemoteMLC:
             if who not in clients:
-                clients[who] = base.client(ssl=client_ssl(certs["ca"], certs[f"{who}_cert"], certs[f"{who}_key"]))
+                clients[who] = base.client(ssl=client_context(certs[f"{who}_cert"], certs[f"{who}_key"], certs["ca"]))
             return clients[who]
 
         def log_as(who: str) -> HttpCommitLog:
-            return base.log(LOG, ssl=client_ssl(certs["ca"], certs[f"{who}_cert"], certs[f"{who}_key"]))
+            return base.log(LOG, ssl=client_context(certs[f"{who}_cert"], certs[f"{who}_key"], certs["ca"]))
 
         yield as_, log_as, mlc
         for c in clients.values():

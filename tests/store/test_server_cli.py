@@ -12,10 +12,11 @@ import time
 import pytest
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.cache.client import RemoteMLC, client_ssl
+from sdcp_fast.cache.client import RemoteMLC
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.deploy.up import free_port
 from sdcp_fast.protocol.commitlog import FenceRecord
+from sdcp_fast.transport.tls import client_context
 
 from .certkit import make_certs
 
@@ -40,12 +41,12 @@ def test_serves_over_mutual_tls_and_stops_on_sigterm(tmp_path, wire):
                 assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
                 assert time.monotonic() < deadline, "sdcp-fast mlc did not listen"
                 time.sleep(0.1)
-        ctx = client_ssl(certs["ca"], certs["client_cert"], certs["client_key"])
+        ctx = client_context(certs["client_cert"], certs["client_key"], certs["ca"])
         uri = object_uri(bytes(16), b"s" * 16, "q_rows", 1)
         with RemoteMLC(f"https://127.0.0.1:{port}", ssl=ctx, http1=http1) as mlc:
             mlc.put(uri, b"rows", lease_ttl=30)
             assert bytes(mlc.get(uri)) == b"rows"
-        router = client_ssl(certs["ca"], certs["router_cert"], certs["router_key"])
+        router = client_context(certs["router_cert"], certs["router_key"], certs["ca"])
         log = HttpCommitLog.on_server(f"https://127.0.0.1:{port}", object_uri(bytes(16), b"s" * 16, "commit_log"),
                                       ssl=router, http1=http1)
         assert log.append(FenceRecord(1), '"0"') == '"1"'
