@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from sdcp_fast.model.contract_digests import model_digest
+from sdcp_fast.model.contract_digests import model_digest, scorer_digest
 from sdcp_fast.model.interfaces import Drafter, TargetScorer
 from sdcp_fast.protocol import Action, contract_digest, extend_digest, prefix_digest
 from sdcp_fast.protocol.peer import Peer, PeerRole
@@ -252,7 +252,7 @@ def generate(
         if mlc is None:
             own = mlc = embedded(root)
         try:
-            engine = Engine(scorer, drafters, mlc, target_digest=model_digest("target"),
+            engine = Engine(scorer, drafters, mlc, target_digest=scorer_digest(scorer),
                             tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,
                             fixed_m=m, adaptive_m=m is None)
             specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m) for p in prompts]

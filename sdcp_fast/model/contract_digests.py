@@ -1,5 +1,6 @@
 """Model identity for session contracts (§4.1): ``target`` / ``drafters`` and ``tokenizer``
-hash32 values, and the §6.1 check that a contract names the model we serve.
+hash32 values. The target digest is the weights digest below for every family; the §6.1
+check that a contract names the model a verifier serves is ``VerifierSession.open``'s.
 
 Weights digest (canonical byte order, see docs/models.md)::
 
@@ -11,6 +12,7 @@ Weights digest (canonical byte order, see docs/models.md)::
 
 over the tensors *as loaded* (a GGUF's dequantized float32 values, not its quantized
 blocks), so two loaders of one checkpoint agree exactly when they compute the same weights.
+Names are the family's own (Gemma's four norms per layer, Phi-3's fused projections).
 A tied output head is not a tensor of its own; a reduced draft head's token ids
 (``sdcp_fast.head_ids``, I64) are one. Integers are big-endian (network order).
 
@@ -27,8 +29,6 @@ import struct
 import torch
 from tokenizers import Tokenizer
 
-from sdcp_fast.protocol.problems import BadContract
-
 from . import weights
 from .llama import Transformer
 
@@ -37,7 +37,7 @@ _DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", t
 
 def weights_digest(model: Transformer) -> bytes:
     h = hashlib.sha256(b"SDCP-WEIGHTS-1\x00")
-    state = {weights.to_hf_name(k): v for k, v in model.state_dict().items()}
+    state = {weights.to_hf_name(k, model.cfg.family): v for k, v in model.state_dict().items()}
     for name in sorted(state, key=lambda n: n.encode()):
         t = state[name].detach().cpu().contiguous()
         raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""  # native order: little-endian hosts
@@ -52,16 +52,13 @@ def tokenizer_digest(tok: Tokenizer) -> bytes:
     return hashlib.sha256(b"SDCP-TOKENIZER-1\x00" + canon.encode()).digest()
 
 
-def check_target(contract: dict[str, object], target: bytes, tokenizer: bytes | None = None) -> None:
-    """§6.1: refuse a contract whose ``target`` (or ``tokenizer``) digest is not ours."""
-    if contract.get("target") != target:
-        raise BadContract("the contract's target digest does not match this verifier's model",
-                          extra={"expected_target": target.hex()})
-    if tokenizer is not None and contract.get("tokenizer") != tokenizer:
-        raise BadContract("the contract's tokenizer digest does not match this verifier's tokenizer",
-                          extra={"expected_tokenizer": tokenizer.hex()})
-
-
 def model_digest(name: str) -> bytes:
     """A stand-in hash32 for components that have no weights to hash (toys, n-gram)."""
     return hashlib.sha256(f"sdcp-fast:{name}".encode()).digest()
+
+
+def scorer_digest(scorer: object, name: str = "target") -> bytes:
+    """The weights digest of a scorer's model (``scorer.model``, a ``Transformer``), else the
+    stand-in of ``name`` (a toy has no weights)."""
+    model = getattr(scorer, "model", None)
+    return weights_digest(model) if isinstance(model, Transformer) else model_digest(name)

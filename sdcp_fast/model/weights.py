@@ -28,8 +28,9 @@ _HF_LAYER = {
 _HF_GEMMA = {**_HF_LAYER, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
              "post_attn_norm.weight": "post_attention_layernorm.weight",
              "post_ffn_norm.weight": "post_feedforward_layernorm.weight"}
-_HF_PHI3 = {**_HF_LAYER, "attn.wqkv.weight": "self_attn.qkv_proj.weight",
-            "ffn.w_gate_up.weight": "mlp.gate_up_proj.weight"}
+_FUSED = ("attn.wq.", "attn.wk.", "attn.wv.", "ffn.w_gate.", "ffn.w_up.")
+_HF_PHI3 = {**{k: v for k, v in _HF_LAYER.items() if not k.startswith(_FUSED)},
+            "attn.wqkv.weight": "self_attn.qkv_proj.weight", "ffn.w_gate_up.weight": "mlp.gate_up_proj.weight"}
 _HF_FAMILY = {"gemma2": _HF_GEMMA, "gemma3_text": _HF_GEMMA, "phi3": _HF_PHI3}
 _HF_TOP = {"embed.weight": "model.embed_tokens.weight", "norm.weight": "model.norm.weight",
            "lm_head.weight": "lm_head.weight", "head_ids": "sdcp_fast.head_ids"}

@@ -6,8 +6,10 @@ import struct
 import pytest
 import torch
 
-from sdcp_fast.model.contract_digests import check_target, tokenizer_digest, weights_digest
+from sdcp_fast.model.contract_digests import scorer_digest, tokenizer_digest, weights_digest
+from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.protocol.problems import BadContract
+from sdcp_fast.protocol.session import VerifierSession
 
 from .conftest import SMALL, random_model
 
@@ -37,17 +39,26 @@ def test_weights_digest_sees_every_value() -> None:
     assert weights_digest(a) != weights_digest(b)
 
 
-def test_tokenizer_digest_and_contract_check() -> None:
+def test_tokenizer_digest() -> None:
     from tokenizers import Tokenizer, models
 
     t1 = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 2}, merges=[("a", "b")]))
     t2 = Tokenizer(models.BPE(vocab={"a": 0, "b": 1, "ab": 3}, merges=[("a", "b")]))
     assert tokenizer_digest(t1) == tokenizer_digest(Tokenizer.from_str(t1.to_str()))
     assert tokenizer_digest(t1) != tokenizer_digest(t2)
-    ours = b"\x01" * 32
-    check_target({"target": ours}, ours)
+
+
+def test_a_contract_naming_another_model_of_the_same_shape_is_refused() -> None:
+    """§6.1 with two random models of one shape: the verifier's session-open check compares
+    the contract's target with the weights digest of the model it serves."""
+    from tests.roles.rolekit import contract, session_open, sid
+
+    ours, other = ModelRunner(random_model(SMALL, 0)), ModelRunner(random_model(SMALL, 1))
+    assert scorer_digest(ours) == weights_digest(ours.model) != scorer_digest(other)
+    prompt = [1, 2, 3]
+    VerifierSession.open(session_open(sid(1), contract(target=scorer_digest(ours)), prompt=prompt),
+                         target_digest=scorer_digest(ours))
     with pytest.raises(BadContract) as err:
-        check_target({"target": b"\x02" * 32}, ours)
+        VerifierSession.open(session_open(sid(1), contract(target=scorer_digest(other)), prompt=prompt),
+                             target_digest=scorer_digest(ours))
     assert err.value.suffix == "sdcp-bad-contract"
-    with pytest.raises(BadContract):
-        check_target({"target": ours, "tokenizer": b"\x00" * 32}, ours, tokenizer_digest(t1))
