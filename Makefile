@@ -15,7 +15,7 @@ $(STAMP): $(SOURCES) scripts/bootstrap.sh
 demo: $(STAMP)
 	$(BIN)/sdcp-fast demo
 
-# The protocol core must keep >= 95% branch coverage (foundation issue); measured in the same run.
+# The protocol core must keep >= 95% branch coverage; measured in the same run.
 COVERAGE := --cov=sdcp_fast.protocol --cov-branch --cov-fail-under=95 --cov-report=term:skip-covered
 
 test: $(STAMP) check

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check of issue 12, one script, under 8 minutes on a bare H200 whose Python has torch,
+# The GPU check, one script, under 8 minutes on a bare H200 whose Python has torch,
 # triton, transformers, pytest and hypothesis (each step has its own time limit; they sum to 490 s,
 # so a run that needs every one of them in full ends 10 s past 8 minutes):
 #   0. installs what the machine lacks from wheels in .whl/ (no network there), FlashInfer from

@@ -17,7 +17,7 @@ and replaying CUDA graphs, a verify pass of M + 1 rows against a decode step, an
 Face transformers' greedy ``generate`` on the same weights where it is installed, with the
 bound of reading the weights once per step at the copy bandwidth measured in the same run.
 
-    python bench/model.py --synthetic llama-3.2-1b --device cuda     # issue 12's runner goals
+    python bench/model.py --synthetic llama-3.2-1b --device cuda     # the runner's GPU goals
     python bench/model.py --synthetic tiny-target --batches 1,4      # the same on CPU, seconds
 """
 

@@ -13,7 +13,7 @@ bounded) and, at the end, the MLC leases still held once every session ended (le
     .venv/bin/python bench/soak.py --duration 600 --sessions 8           # the long run
     .venv/bin/python bench/soak.py --duration 30 --json soak.json        # a short one
 
-docs/reliability.md has the latest figures. tests/faults/test_soak.py runs a short soak in CI.
+docs/measurements.md has the latest figures. tests/faults/test_soak.py runs a short soak in CI.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ HELP = "measure tokens/s, latency, acceptance and speedup (in process, sdcp-fast
 REAL_DRAFTERS = "ngram,model:smollm2-draft"
 TOY_DRAFTERS = "toy-good,toy-weak"
 # Sized so that the default run (every configuration, sdcp-fast up and the HF peers) ends within
-# 10 minutes on the reference machine (2 shared CPU cores; docs/benchmarks.md has its time), and
+# 10 minutes on the reference machine (2 shared CPU cores; docs/measurements.md has its time), and
 # --quick in about a third of that with the same outputs.
 DEFAULTS = {"sessions": "1,4", "prompts": 4, "max_new": 16, "repeats": 3}
 QUICK = {"sessions": "1,4", "prompts": 4, "max_new": 16, "repeats": 1}

@@ -226,7 +226,7 @@ class RouterRole:
                 state = await self.client.open_session(verifier, open_message(routed))
                 break
             except (ConnectionError, OSError) as exc:
-                # Died since its last status report (found by the soak: a kill just before an
+                # Died since its last status report (a kill just before an
                 # open): its status has not expired yet, but another verifier can take the session.
                 log.warning("session %s: verifier %s unreachable at open: %s", session.hex()[:8], verifier, exc)
                 unreachable.append(verifier)

@@ -1,4 +1,4 @@
-"""The store's own bounds (issue 10, items 4 and 5): index memory, object count, leases."""
+"""The store's own bounds: index memory, object count, leases."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Records the file log could not read back, recovery that never drops acknowledged records,
-and bounded descriptors for many logs (issue 10, items 1 and 6)."""
+and bounded descriptors for many logs."""
 
 from __future__ import annotations
 

@@ -1,1 +1,1 @@
-"""The black-box conformance kit (issue 14, section 3)."""
+"""The black-box conformance kit's own tests."""

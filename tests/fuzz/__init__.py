@@ -1,4 +1,4 @@
-"""Hostile input for every endpoint (issue 14, section 2)."""
+"""Hostile input for every endpoint."""
 
 import sys
 from pathlib import Path

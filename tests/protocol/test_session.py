@@ -494,7 +494,7 @@ def test_assignment_during_commit_survives_undo_and_switch():
                                                client="https://c/", now=0), ScoreNeeded)
 
 
-# -- defects found by an outside probe (issue 9) -------------------------------------------
+# -- defects an outside probe found --------------------------------------------------------
 
 @pytest.mark.parametrize("rule", [1, 2])
 def test_proposed_token_outside_the_vocabulary_is_bad_proposal_before_any_work(rule):

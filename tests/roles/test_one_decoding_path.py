@@ -1,4 +1,4 @@
-"""One decoding path (issue 9): ``generate``, the demo and a direct run of the three roles give
+"""One decoding path: ``generate``, the demo and a direct run of the three roles give
 the same seeded rule-2 text when given the same prompt, contract, session id and M, because
 all three are the roles on the in-process transport and rule 2 draws the verifier's HMAC
 randoms (§6.4) from the contract's seed and the session id."""

@@ -425,7 +425,7 @@ def test_an_assignment_the_drafter_never_got_is_delivered_by_the_sweep(tmp_path)
 
 
 def test_a_verifier_that_died_since_its_last_report_does_not_fail_an_open(tmp_path):
-    """Found by the soak: a verifier killed just before an open still looks live (its status
+    """A verifier killed just before an open still looks live (its status
     has not expired); the open goes to another live verifier, and with none left the client
     gets the documented 503 (sdcp-busy), not a 500."""
     dead = "inproc://verifier-dead/"

@@ -1,4 +1,4 @@
-"""Who may touch what over mTLS (issue 10, item 10; docs/security.md, "MLC"): identities and
+"""Who may touch what over mTLS (docs/security.md, "MLC"): identities and
 roles come from the client certificates' URI SANs."""
 
 from __future__ import annotations

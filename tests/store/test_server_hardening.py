@@ -1,4 +1,4 @@
-"""The MLC server under a hostile client (issue 10): consistent reads, bounded memory and
+"""The MLC server under a hostile client: consistent reads, bounded memory and
 descriptors, problems for bad input, and large bodies kept off the event loop. The ``server``
 tests run against the HTTP/2 server and the HTTP/1.1 one; those that speak raw HTTP/1.1
 on a socket (bodies cut off, abandoned or dawdling) run against the HTTP/1.1 server, whose

@@ -1,4 +1,4 @@
-"""A short hostile run against the server (issue 10, "Done when"): abandoned uploads, lease
+"""A short hostile run against the server: abandoned uploads, lease
 renewals, many log names and many small objects; memory and descriptors stay bounded.
 Sized to finish well under a minute on a shared 2-core CI machine. It speaks raw HTTP/1.1 on
 sockets, so it runs against the HTTP/1.1 server; the HTTP/2 server's abandoned uploads and
