@@ -11,11 +11,7 @@ from contextlib import contextmanager
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+from sdcp_fast.deploy.up import free_port
 
 
 @contextmanager
