@@ -19,8 +19,9 @@ from typing import Any
 
 import torch
 
+from .batch_layout import BatchLayout
 from .kv_cache import PagedKVCache
-from .llama import BatchLayout, Transformer
+from .llama import Transformer
 
 # Batch buckets, as vLLM's capture sizes: 1, 2, 4, 8, then steps of 8 to 32, of 16 to 128,
 # of 32 to 256.

@@ -9,9 +9,10 @@ import torch
 
 from sdcp_fast.model.interfaces import ScoreRequest
 
+from .batch_layout import BatchLayout
 from .cuda_graphs import DEFAULT_BUCKETS, GraphBank
 from .kv_cache import PagedKVCache
-from .llama import BatchLayout, Transformer
+from .llama import Transformer
 
 ATTENTION = ("auto", "sdpa", "triton", "reference")
 

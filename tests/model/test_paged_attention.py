@@ -12,9 +12,9 @@ import copy
 import pytest
 import torch
 
+from sdcp_fast.model.batch_layout import BatchLayout
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.kv_cache import PagedKVCache
-from sdcp_fast.model.llama import BatchLayout
 from sdcp_fast.model.target_scorer import ModelRunner
 
 from .reference import dense_logits
