@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -74,6 +73,8 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
 
 def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
     texts = setup.texts
+    from sdcp_fast.cli.demo import baseline_figures
+    from sdcp_fast.cli.demo import report as demo_report
     from sdcp_fast.deploy.local import generate
     from sdcp_fast.deploy.up import Up
 
@@ -114,8 +115,7 @@ def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
         # The front end streams text without the stop token (it ends the stream): compare likewise.
         same = [setup.decode([x for x in b.tokens[:n] if x not in setup.stop]).split() == t.split()
                 for b, (t, _, _), n in zip(base, report["results"], lengths, strict=True)] if args.rule == 1 else None
-        baseline = {"seconds": round(base_seconds, 3), "tokens_per_s": round(total / max(base_seconds, 1e-9), 1),
-                    "speedup": round(base_seconds / max(seconds, 1e-9), 2), "identical_output": same}
+        baseline = baseline_figures(total, seconds, base_seconds, same)
     out = {
         "mode": "services", "model": model,
         "sessions": [{"prompt": label, "text": t, "finish": f, "tokens": n}
@@ -126,22 +126,8 @@ def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
         "target_passes": int(passes), "tokens_per_pass": round(total / passes, 2) if passes else None,
         "escalations": escalations, "baseline": baseline,
     }
-    ok = baseline is None or baseline["identical_output"] is None or all(baseline["identical_output"])
-    if args.json:
-        print(json.dumps(out))
-        return 0 if ok else 1
-    print()
-    for i, s in enumerate(out["sessions"]):
-        print(f"session {i}: {s['prompt']!r}\n  {s['text'].strip()!r}\n  {s['tokens']} tokens, finish {s['finish']}")
-    print(f"\nspeculative, across processes: {total} tokens in {seconds:.2f}s ({out['tokens_per_s']} tokens/s), "
-          f"{out['rounds']} rounds in {out['target_passes']} target passes ({out['tokens_per_pass']} tokens per pass), "
-          f"acceptance {out['acceptance']}, escalations {escalations or 'none'}")
-    if baseline is not None:
-        print(f"target-only (in process): {total} tokens in {baseline['seconds']:.2f}s "
-              f"({baseline['tokens_per_s']} tokens/s), 1 token per pass")
-        same = baseline["identical_output"]
-        print(f"speedup {baseline['speedup']}x" + ("" if same is None else
-              f"; output identical to target-only greedy decoding: {'yes' if all(same) else 'NO'}"))
-    if not ok:
-        print("sdcp-fast demo: the output differs from target-only greedy decoding", file=sys.stderr)
-    return 0 if ok else 1
+    details = [f"{s['tokens']} tokens, finish {s['finish']}" for s in out["sessions"]]
+    summary = (f"speculative, across processes: {total} tokens in {seconds:.2f}s ({out['tokens_per_s']} tokens/s), "
+               f"{out['rounds']} rounds in {out['target_passes']} target passes ({out['tokens_per_pass']} tokens per "
+               f"pass), acceptance {out['acceptance']}, escalations {escalations or 'none'}")
+    return demo_report(out, args, details, summary, where=" (in process)")

@@ -187,15 +187,9 @@ def run(args: argparse.Namespace) -> int:
         mlc.close()
 
     if baseline is None and not args.no_baseline:
-        baseline = {
-            "seconds": round(base_seconds, 3), "tokens_per_s": round(total / base_seconds, 1),
-            "speedup": round(base_seconds / seconds, 2),
-            "identical_output": [o == r.tokens for o, r in zip(outs, results, strict=True)]
-            if args.rule == 1 else None,
-        }
-    ok = all(r.chain_ok for r in results) and (
-        baseline is None or baseline["identical_output"] is None or all(baseline["identical_output"]))
-    report = {
+        identical = [o == r.tokens for o, r in zip(outs, results, strict=True)] if args.rule == 1 else None
+        baseline = baseline_figures(total, seconds, base_seconds, identical)
+    out = {
         "model": model,
         "sessions": [
             {"prompt": label, "text": setup.decode(r.tokens), "tokens": r.tokens,
@@ -208,22 +202,45 @@ def run(args: argparse.Namespace) -> int:
         "target_passes": passes, "tokens_per_pass": round(total / max(1, passes), 2),
         "baseline": baseline,
     }
+    details = [f"{len(r.tokens)} tokens in {r.rounds} rounds, acceptance {r.acceptance:.0%}, "
+               f"self-decoded {r.self_decoded}, finish {s['finish']}, digest chain "
+               f"{'verified' if r.chain_ok else 'MISMATCH'} (d[n]={r.digest.hex()[:16]}...)"
+               for r, s in zip(results, out["sessions"], strict=True)]
+    summary = (f"speculative: {total} tokens in {seconds:.2f}s ({out['tokens_per_s']} tokens/s), "
+               f"{passes} target passes, {out['tokens_per_pass']} tokens per pass")
+    problem = None if all(r.chain_ok for r in results) else "a session's digest chain does not verify"
+    return report(out, args, details, summary, problem=problem)
+
+
+def baseline_figures(total: int, seconds: float, base_seconds: float,
+                     identical: list[bool] | None) -> dict[str, Any]:
+    """Target-only decoding of the same ``total`` tokens beside the speculative run: its time,
+    rate, the speedup, and (rule 1) whether each session's output is the same."""
+    return {"seconds": round(base_seconds, 3), "tokens_per_s": round(total / max(base_seconds, 1e-9), 1),
+            "speedup": round(base_seconds / max(seconds, 1e-9), 2), "identical_output": identical}
+
+
+def report(out: dict[str, Any], args: argparse.Namespace, details: Sequence[str], summary: str, *,
+           where: str = "", problem: str | None = None) -> int:
+    """Print the demo's result, as one JSON object with ``--json``, else each session's text
+    with its ``details``, the ``summary`` line and the baseline (run ``where``); the exit
+    status is 1 when there is a ``problem`` or rule 1's output differs from the baseline's."""
+    base = out["baseline"]
+    same = None if base is None else base["identical_output"]
+    if problem is None and same is not None and not all(same):
+        problem = "the output differs from target-only greedy decoding"
     if args.json:
-        print(json.dumps(report))
-        return 0 if ok else 1
+        print(json.dumps(out))
+        return 0 if problem is None else 1
     print()
-    for i, (label, r) in enumerate(zip(setup.labels, results, strict=True)):
-        print(f"session {i}: {label!r}")
-        print(f"  {setup.decode(r.tokens).strip()!r}")
-        print(f"  {len(r.tokens)} tokens in {r.rounds} rounds, acceptance {r.acceptance:.0%}, "
-              f"self-decoded {r.self_decoded}, finish {report['sessions'][i]['finish']}, "
-              f"digest chain {'verified' if r.chain_ok else 'MISMATCH'} (d[n]={r.digest.hex()[:16]}...)")
-    print(f"\nspeculative: {total} tokens in {seconds:.2f}s ({report['tokens_per_s']} tokens/s), "
-          f"{passes} target passes, {report['tokens_per_pass']} tokens per pass")
-    if baseline is not None:
-        same = baseline["identical_output"]
-        print(f"target-only: {total} tokens in {baseline['seconds']:.2f}s ({baseline['tokens_per_s']} tokens/s), "
+    for i, (session, detail) in enumerate(zip(out["sessions"], details, strict=True)):
+        print(f"session {i}: {session['prompt']!r}\n  {session['text'].strip()!r}\n  {detail}")
+    print(f"\n{summary}")
+    if base is not None:
+        print(f"target-only{where}: {out['tokens']} tokens in {base['seconds']:.2f}s ({base['tokens_per_s']} tokens/s), "
               f"1 token per pass")
-        print(f"speedup {baseline['speedup']}x" + ("" if same is None else
+        print(f"speedup {base['speedup']}x" + ("" if same is None else
               f"; output identical to target-only greedy decoding: {'yes' if all(same) else 'NO'}"))
-    return 0 if ok else 1
+    if problem is not None:
+        print(f"sdcp-fast demo: {problem}", file=sys.stderr)
+    return 0 if problem is None else 1
