@@ -44,10 +44,12 @@ from .fuzzkit import EXAMPLES, PER_EXAMPLE, check_answer, decoder_problem, mutat
 SETTINGS = settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                     suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
 CLIENT_PEER = Peer("https://client.test/", PeerRole.CLIENT)
-PEERS_NOT = {  # callers a resource must refuse with sdcp-forbidden, before reading the body
+PEERS_NOT = {  # callers a resource must refuse before reading the body
     "router": [DRAFTER_PEER, VERIFIER_PEER, CLIENT_PEER, Peer(None, None)],
     "drafter": [ROUTER_PEER, VERIFIER_PEER, CLIENT_PEER, Peer(None, None)],
 }
+# A proposal from any client but a drafter is §6.3's "403 with problem type sdcp-not-assigned".
+REFUSED_AS = {"router": "sdcp-forbidden", "drafter": "sdcp-not-assigned"}
 COMMON = {"sdcp-bad-request", "sdcp-forbidden", "sdcp-unknown-session", "sdcp-stale-epoch"}
 ANSWERS = {
     "sessions": COMMON | {"sdcp-bad-contract"},
@@ -158,7 +160,7 @@ def _requests(method: str, path: str, bodies: Any, rng: random.Random, role: str
     for i, body in enumerate(bodies):
         if i % 17 == 16:  # a caller whose certificate gives another role: refused before the body is read
             out.append((Request(method, path, body=body, headers=headers, peer=rng.choice(PEERS_NOT[role])),
-                        "sdcp-forbidden"))
+                        REFUSED_AS[role]))
         elif i % 23 == 22:
             out.append((Request(method, path, body=body, headers={"content-type": "application/json"}, peer=peer),
                         "sdcp-bad-request"))
