@@ -73,7 +73,7 @@ def test_verifier_over_http2_and_mtls(tmp_path) -> None:
                     problem = decoder_problem(type(message), body) if response.status >= 400 else None
                     expect = None
                     if transport is as_router and path == "proposals":
-                        expect = "sdcp-forbidden"
+                        expect = "sdcp-not-assigned"  # §6.3: any client but the assigned drafter
                     elif problem is not None:
                         expect = problem.suffix
                     check_answer(response, expect=expect, context=(method, path, body[:200]))
