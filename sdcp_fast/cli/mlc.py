@@ -81,27 +81,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> None:
-    import asyncio
-    import contextlib
-    import signal
-
+    from sdcp_fast.deploy.service import serve_until_signal
     from sdcp_fast.store.server import MLCService, serve
 
     service = MLCService(store.mlc, store.logs)
     server = await serve(service, args.host, args.port, ssl=security.server_context(),
                          insecure=security.insecure)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(sig, stop.set)
-    ready(server.port)
     try:
-        await stop.wait()
+        await serve_until_signal(server, lambda: ready(server.port))
     finally:
-        server.close()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(server.wait_closed(), 5)
         store.close()
 
 

@@ -195,19 +195,28 @@ async def serve_role(role: Any, *, host: str, port: int, security: Security, bas
     server = await serve(handler, host, port, ssl=security.server_context(), insecure=security.insecure,
                          base_path=base_path)
     await role.start()
+    scheme = "http" if security.insecure else "https"
+    try:
+        await serve_until_signal(server, lambda: print(
+            f"{ready or type(role).__name__}: serving {scheme}://{host}:{server.port}{base_path} "
+            f"({'INSECURE: no authentication' if security.insecure else 'HTTP/2, TLS 1.3, client certificates required'})",
+            file=sys.stderr, flush=True))
+    finally:
+        await role.close()
+
+
+async def serve_until_signal(server: Any, ready: Callable[[], None]) -> None:
+    """Once SIGINT and SIGTERM are caught, call ``ready`` (the service announces itself) and
+    wait for one of them; then close ``server``, giving its connections 5 s to finish."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         with contextlib.suppress(NotImplementedError, RuntimeError):
             loop.add_signal_handler(sig, stop.set)
-    scheme = "http" if security.insecure else "https"
-    print(f"{ready or type(role).__name__}: serving {scheme}://{host}:{server.port}{base_path} "
-          f"({'INSECURE: no authentication' if security.insecure else 'HTTP/2, TLS 1.3, client certificates required'})",
-          file=sys.stderr, flush=True)
+    ready()
     try:
         await stop.wait()
     finally:
         server.close()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server.wait_closed(), 5)
-        await role.close()
