@@ -31,11 +31,11 @@ from sdcp_fast.protocol import (
     session_path_id,
 )
 from sdcp_fast.protocol.messages import instance_path_id
-from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, InternalError, problem_from_response
+from sdcp_fast.protocol.problems import InternalError, problem_from_response
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.errors import TransportError
-from sdcp_fast.transport.problem import problem_body
+from sdcp_fast.transport.problem import problem_body, problem_response
 from sdcp_fast.transport.routes import NoRoute, RouteTable
 
 log = logging.getLogger("sdcp_fast.roles")
@@ -54,10 +54,6 @@ class MethodNotAllowed(SdcpProblem):
     suffix = "sdcp-method-not-allowed"
     status = 405
     title = "Method not allowed on this resource"
-
-
-def problem_response(problem: SdcpProblem) -> Response:
-    return Response(problem.status, problem.render(), {"content-type": PROBLEM_MEDIA_TYPE})
 
 
 def message_response(message: Any, status: int = 200) -> Response:

@@ -13,12 +13,13 @@ Commit logs: GET /logs/<name>?from=n (application/cbor-seq of records, ETag of t
   a stale tag, 409 sdcp-stale-epoch when fenced, 413 over the record limit).
 Metrics: GET /stats (JSON), GET /metrics (Prometheus text).
 
-:class:`MLCService` holds the routes; each runs on a :class:`Call` (a request as the routes
-see it) and returns a transport :class:`~sdcp_fast.transport.base.Response`. Two servers
-carry it: :func:`serve` on the project's HTTP/2 + mutual TLS transport (the default,
-``sdcp-fast mlc``), and the aiohttp HTTP/1.1 application of :mod:`.server_http1`
-(``--http1``, for debugging), which streams bodies in against their limit. Errors are RFC 9457 problem
-details, never tracebacks. With client certificates every request is authorized by
+:class:`MLCService` holds the routes; each runs on a :class:`~.server_requests.Call` (a
+request as the routes see it) and returns a transport
+:class:`~sdcp_fast.transport.base.Response`. Two servers carry it: :func:`serve` on the
+project's HTTP/2 + mutual TLS transport (the default, ``sdcp-fast mlc``), and the aiohttp
+HTTP/1.1 application of :mod:`.server_http1` (``--http1``, for debugging), which streams
+bodies in against their limit. Errors are RFC 9457 problem details, never tracebacks
+(:func:`~.server_requests.answer_for`). With client certificates every request is authorized by
 :mod:`sdcp_fast.cache.policy` (docs/security.md), before the store is touched. Large
 bodies are encoded, decoded and copied on worker threads, never on the event loop. CBOR
 bodies are read and written with the project's codec (:mod:`sdcp_fast.protocol.cbor`).
@@ -31,11 +32,8 @@ import json
 import logging
 import re
 import ssl
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
-
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sdcp_fast.cache import policy
 from sdcp_fast.cache.errors import BadRange
@@ -46,9 +44,10 @@ from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record, encode_record
-from sdcp_fast.protocol.peer import Peer
-from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, BadRequest, Busy, InternalError, SdcpProblem
+from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local import INLINE_BYTES, run_on
+from sdcp_fast.store.server_metrics import prometheus_text
+from sdcp_fast.store.server_requests import BodyTooLarge, Call, UploadBudget, answer_for, release_body
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.problem import http_problem
 from sdcp_fast.transport.routes import NoRoute, RouteTable
@@ -64,91 +63,6 @@ MAX_LEASE_MS = int(MAX_LEASE_TTL * 1000)
 MAX_INFLIGHT = 2 << 30
 
 log = logging.getLogger(__name__)
-
-
-class BodyTooLarge(SdcpProblem):
-    suffix = "mlc-too-large"
-    status = 413
-    title = "Request body over the server's limit"
-
-
-class Incomplete(SdcpProblem):
-    suffix = "mlc-incomplete-body"
-    status = 400
-    title = "The request body ended early"
-
-
-class UploadBudget:
-    """Bytes of object bodies held by uploads in flight (the event loop is the only user)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def take(self, n: int) -> None:
-        if self.used + n > self.limit:
-            raise Busy(f"{self.used} of {self.limit} upload bytes are in flight", extra={"limit": self.limit})
-        self.used += n
-
-    def give(self, n: int) -> None:
-        self.used -= n
-
-
-class Call:
-    """One request as the routes see it. ``path`` is relative to the server's root, without
-    a leading slash; ``headers`` have lower-case names. A server whose transport hands over
-    the whole body (HTTP/2) uses this class; one that streams bodies in overrides
-    :meth:`body` to read against the limit as bytes arrive (HTTP/1.1)."""
-
-    def __init__(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str],
-                 peer: Peer | None, body: bytes = b"") -> None:
-        self.method = method
-        self.path = path
-        self.query = query
-        self.headers = headers
-        self.peer = peer
-        self._body = body
-
-    @property
-    def content_type(self) -> str:
-        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
-
-    async def body(self, limit: int, budget: UploadBudget | None = None) -> bytearray | bytes:
-        """The body, at most ``limit`` bytes, taken from ``budget`` (the caller gives
-        ``len(body)`` back when done)."""
-        declared = self.headers.get("content-length")
-        if len(self._body) > limit or (declared is not None and declared.isdigit() and int(declared) > limit):
-            raise BodyTooLarge(f"body over {limit} bytes; this route takes at most {limit}", extra={"limit": limit})
-        if budget is not None:
-            budget.take(len(self._body))
-        return self._body
-
-
-def problem_response(problem: SdcpProblem) -> Response:
-    return Response(problem.status, problem.render(), {"content-type": PROBLEM_MEDIA_TYPE})
-
-
-def answer_for(exc: Exception, method: str, path: str) -> Response:
-    """The problem document a route's exception becomes; unknown failures are logged here."""
-    if isinstance(exc, SdcpProblem):
-        return problem_response(exc)
-    if isinstance(exc, ValueError):
-        return problem_response(BadRequest(str(exc)))
-    if isinstance(exc, ConnectionError):
-        # The client went away mid-request: nobody reads an answer, and it is no server fault.
-        log.debug("MLC client left during %s %s: %s", method, path, exc)
-        return problem_response(Incomplete(str(exc)))
-    log.error("MLC request failed: %s %s", method, path, exc_info=exc)
-    return problem_response(InternalError())
-
-
-def _release(buf: bytearray | bytes) -> None:
-    if not isinstance(buf, bytearray):
-        return  # immutable: freed with the request that holds it
-    try:
-        del buf[:]
-    except BufferError:
-        pass  # still viewed (by a stored object or an exception): its owner frees it
 
 
 async def _offload(size: int, fn: Callable[[], Any]) -> Any:
@@ -281,7 +195,7 @@ class MLCService:
                                                        check=check), len(data))
         finally:
             budget.give(len(body))
-            _release(body)
+            release_body(body)
         out = {"etag": stored.etag, "tier": stored.tier}
         if stored.lease is not None:
             out["lease"] = stored.lease
@@ -408,40 +322,6 @@ class MLCService:
         mlc = self.mlc
         text = prometheus_text(await run_on(mlc, mlc.stats))
         return Response(200, text.encode(), {"content-type": "text/plain; charset=utf-8", "cache-control": "no-store"})
-
-
-class _StatsCollector:
-    """One scrape's accounting as Prometheus families (prometheus-client writes the text)."""
-
-    _FIELDS = {"bytes": "gauge", "objects": "gauge", "hits": "counter", "misses": "counter", "evictions": "counter"}
-
-    def __init__(self, stats: dict[str, Any]) -> None:
-        self.stats = stats
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self.stats
-        for field, kind in self._FIELDS.items():
-            family = (GaugeMetricFamily if kind == "gauge" else CounterMetricFamily)(
-                f"sdcp_mlc_{field}", f"MLC {field} per scope and tier", labels=["scope", "tier"])
-            for scope, tiers in stats["scopes"].items():
-                for tier, counters in tiers.items():
-                    family.add_metric([scope, tier], counters[field])
-            yield family
-        for key in ("used", "capacity"):
-            family = GaugeMetricFamily(f"sdcp_mlc_tier_{key}_bytes", f"bytes {key} per tier", labels=["tier"])
-            for tier in stats["tiers"]:
-                family.add_metric([tier["name"]], tier[key])
-            yield family
-        yield GaugeMetricFamily("sdcp_mlc_leases", "leases held", value=stats["leases"])
-        yield GaugeMetricFamily("sdcp_mlc_index_objects", "objects in the index", value=stats["index"]["objects"])
-        yield GaugeMetricFamily("sdcp_mlc_index_bytes", "bytes in the index", value=stats["index"]["bytes"])
-
-
-def prometheus_text(stats: dict[str, Any]) -> str:
-    """The accounting in Prometheus' text exposition format, written by prometheus-client."""
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_StatsCollector(stats))
-    return generate_latest(registry).decode()
 
 
 # DATA frames the MLC asks its peers for: h2's frame buffer re-copies a frame's bytes on each

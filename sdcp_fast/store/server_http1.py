@@ -17,7 +17,8 @@ from aiohttp import web
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.store import server
-from sdcp_fast.store.server import BodyTooLarge, Call, Incomplete, MLCService, UploadBudget, answer_for
+from sdcp_fast.store.server import MLCService
+from sdcp_fast.store.server_requests import BodyTooLarge, Call, Incomplete, UploadBudget, answer_for
 from sdcp_fast.transport.http1 import to_aiohttp
 from sdcp_fast.transport.tls import peer_of
 

@@ -16,6 +16,11 @@ from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE, SdcpProblem, problem
 from sdcp_fast.transport.base import Response
 
 
+def problem_response(problem: SdcpProblem) -> Response:
+    """``problem`` as its RFC 9457 document with its status."""
+    return Response(problem.status, problem.render(), {"content-type": PROBLEM_MEDIA_TYPE})
+
+
 def http_problem(status: int, detail: str = "") -> Response:
     body = {"type": "about:blank", "title": http.HTTPStatus(status).phrase, "status": status}
     if detail:

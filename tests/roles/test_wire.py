@@ -24,10 +24,11 @@ from sdcp_fast.protocol import (
 )
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_MEDIA_TYPE, UnlistedProblem
-from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, problem_response
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.inprocess import InProcessNetwork
+from sdcp_fast.transport.problem import problem_response
 
 from .rolekit import (
     DRAFTER,

@@ -1,0 +1,101 @@
+"""A request to the MLC server as its routes see it (:class:`Call`), the bounds on what a
+request may hold (one body's limit, the :class:`UploadBudget` of all uploads in flight), and
+the answer a route's failure becomes (:func:`answer_for`: a problem document, never a
+traceback). Both carriers of :mod:`sdcp_fast.store.server` use them: the HTTP/2 transport
+hands over whole bodies, the HTTP/1.1 application streams them in
+(:mod:`sdcp_fast.store.server_http1`)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from sdcp_fast.protocol.peer import Peer
+from sdcp_fast.protocol.problems import BadRequest, Busy, InternalError, SdcpProblem
+from sdcp_fast.transport.base import Response
+from sdcp_fast.transport.problem import problem_response
+
+log = logging.getLogger("sdcp_fast.store.server")
+
+
+class BodyTooLarge(SdcpProblem):
+    suffix = "mlc-too-large"
+    status = 413
+    title = "Request body over the server's limit"
+
+
+class Incomplete(SdcpProblem):
+    suffix = "mlc-incomplete-body"
+    status = 400
+    title = "The request body ended early"
+
+
+class UploadBudget:
+    """Bytes of object bodies held by uploads in flight (the event loop is the only user)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def take(self, n: int) -> None:
+        if self.used + n > self.limit:
+            raise Busy(f"{self.used} of {self.limit} upload bytes are in flight", extra={"limit": self.limit})
+        self.used += n
+
+    def give(self, n: int) -> None:
+        self.used -= n
+
+
+class Call:
+    """One request as the routes see it. ``path`` is relative to the server's root, without
+    a leading slash; ``headers`` have lower-case names. A server whose transport hands over
+    the whole body (HTTP/2) uses this class; one that streams bodies in overrides
+    :meth:`body` to read against the limit as bytes arrive (HTTP/1.1)."""
+
+    def __init__(self, method: str, path: str, query: Mapping[str, str], headers: Mapping[str, str],
+                 peer: Peer | None, body: bytes = b"") -> None:
+        self.method = method
+        self.path = path
+        self.query = query
+        self.headers = headers
+        self.peer = peer
+        self._body = body
+
+    @property
+    def content_type(self) -> str:
+        return self.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+
+    async def body(self, limit: int, budget: UploadBudget | None = None) -> bytearray | bytes:
+        """The body, at most ``limit`` bytes, taken from ``budget`` (the caller gives
+        ``len(body)`` back when done)."""
+        declared = self.headers.get("content-length")
+        if len(self._body) > limit or (declared is not None and declared.isdigit() and int(declared) > limit):
+            raise BodyTooLarge(f"body over {limit} bytes; this route takes at most {limit}", extra={"limit": limit})
+        if budget is not None:
+            budget.take(len(self._body))
+        return self._body
+
+
+def answer_for(exc: Exception, method: str, path: str) -> Response:
+    """The problem document a route's exception becomes; unknown failures are logged here."""
+    if isinstance(exc, SdcpProblem):
+        return problem_response(exc)
+    if isinstance(exc, ValueError):
+        return problem_response(BadRequest(str(exc)))
+    if isinstance(exc, ConnectionError):
+        # The client went away mid-request: nobody reads an answer, and it is no server fault.
+        log.debug("MLC client left during %s %s: %s", method, path, exc)
+        return problem_response(Incomplete(str(exc)))
+    log.error("MLC request failed: %s %s", method, path, exc_info=exc)
+    return problem_response(InternalError())
+
+
+def release_body(buf: bytearray | bytes) -> None:
+    if not isinstance(buf, bytearray):
+        return  # immutable: freed with the request that holds it
+    try:
+        del buf[:]
+    except BufferError:
+        pass  # still viewed (by a stored object or an exception): its owner frees it
+
+
