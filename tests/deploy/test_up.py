@@ -4,6 +4,7 @@ killed with -9 in the middle of a stream (§5.1, §6.7, §6.9)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shutil
@@ -13,6 +14,7 @@ import ssl
 import subprocess
 import threading
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,7 @@ from sdcp_fast.deploy.local import Engine, model_digest
 from sdcp_fast.deploy.up import Up
 from sdcp_fast.model.toy import ToyTarget, encode
 from sdcp_fast.roles.router import SessionSpec
+from sdcp_fast.roles.sse import DONE, messages
 
 pytestmark = pytest.mark.services
 
@@ -132,16 +135,24 @@ def test_kill_9_of_the_active_verifier_mid_stream_leaves_the_text_unchanged(up: 
                 killed.append(name)
                 return
 
-    killer = None
-    for line in proc.stdout:
-        if not line.startswith("data: ") or line.strip() == "data: [DONE]":
-            continue
-        pieces.append(json.loads(line[6:])["choices"][0]["text"])
-        if len(pieces) == 3 and killer is None:
-            killer = threading.Thread(target=kill_active)
-            killer.start()
+    killer = threading.Thread(target=kill_active)
+
+    async def curl_output() -> AsyncIterator[bytes]:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            yield line.encode()
+
+    async def read() -> None:
+        async for message in messages(curl_output()):
+            if message == DONE:
+                continue
+            pieces.append(message["choices"][0]["text"])
+            if len(pieces) == 3:
+                killer.start()
+
+    asyncio.run(read())
     proc.wait(timeout=60)
-    assert killer is not None
+    assert killer.ident is not None, "the stream ended before its third piece"
     killer.join()
     assert killed, "no verifier had committed rounds"
     assert "".join(pieces).split() == expected
