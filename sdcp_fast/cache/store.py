@@ -35,6 +35,8 @@ from sdcp_fast.cache.errors import BadRange, CacheFull, ObjectLeased, ObjectUnav
 from sdcp_fast.cache.stats import Accounting
 from sdcp_fast.cache.tiers.base import Tier
 from sdcp_fast.cache.uri import check_key, scope_of
+from sdcp_fast.protocol.cbor import deterministic_cbor
+from sdcp_fast.protocol.problems import BadRequest
 
 Clock = Callable[[], float]
 MISS = "-"
@@ -100,11 +102,9 @@ def check_ttl(ttl: float) -> float:
 
 def meta_cost(meta: dict[str, Any]) -> int:
     """Bytes the metadata holds, as its CBOR encoding (what the HTTP API sends back)."""
-    import cbor2
-
     try:
-        return len(cbor2.dumps(meta))
-    except (cbor2.CBOREncodeError, TypeError, ValueError):
+        return len(deterministic_cbor(meta))
+    except BadRequest:  # not encodable (a float, say): charged by its repr
         return len(repr(meta))
 
 
