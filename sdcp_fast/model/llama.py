@@ -50,10 +50,12 @@ def rope_inv_freq(cfg: ModelConfig, local: bool = False) -> torch.Tensor:
     inv = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))  # [D/2]
     sc = {} if local else cfg.rope_scaling or {}
     kind = sc.get("rope_type", sc.get("type"))
-    if kind not in ROPE_TYPES:
+    if kind not in (*ROPE_TYPES, "freq_factors"):
         raise ValueError(f"rope type {kind!r} is not implemented")
     if kind == "linear":
         inv = inv / sc["factor"]
+    if kind == "freq_factors":  # a GGUF's rope_freqs tensor (llama.cpp divides each frequency by it)
+        inv = inv / torch.tensor(sc["factors"], dtype=torch.float64)
     if kind == "llama3":
         factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
         old = sc["original_max_position_embeddings"]

@@ -171,7 +171,7 @@ def _field_value(f: Any) -> Any:
 # Part of every cache key: bump it whenever load_gguf would produce something else from the
 # same file (names, q/k unpermuting, config fields, the tokenizer's build), so that old
 # entries are never read again.
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _WEIGHTS, _INFO = "weights.pt", "model.json"
 _said_uncached = False
 
@@ -279,6 +279,10 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, cache: bool = True
     return LoadedModel(_build(cfg, state, dtype), tok, str(path), meta)
 
 
+# llama.cpp architectures read (Mistral's GGUFs are "llama"); others are refused.
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+
+
 def _convert_gguf(path: Path) -> _Converted:
     import gguf
     import numpy as np
@@ -288,32 +292,64 @@ def _convert_gguf(path: Path) -> _Converted:
     reader = gguf.GGUFReader(str(path))
     fields = {k: _field_value(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")}
     arch = fields["general.architecture"]
-    if arch not in ("llama", "qwen2"):
-        raise ValueError(f"GGUF architecture {arch!r} is not supported (llama, qwen2)")
+    if arch not in GGUF_ARCHS:
+        raise UnsupportedModel(f"GGUF architecture {arch!r} is not supported ({', '.join(GGUF_ARCHS)})")
     p = f"{arch}."
     names = {t.name for t in reader.tensors}
+    unknown = sorted(n for n in names if weights.from_gguf_name(n, arch) is None and n != "rope_freqs.weight")
+    if unknown:
+        raise UnsupportedModel(f"{path}: tensors a {arch} model does not have: {unknown[:5]}")
     n_heads = int(fields[p + "attention.head_count"])
     n_kv = int(fields.get(p + "attention.head_count_kv", n_heads))
+    dim = int(fields[p + "embedding_length"])
+    head_dim = int(fields.get(p + "attention.key_length", dim // n_heads))
+    if int(fields.get(p + "attention.value_length", head_dim)) != head_dim:
+        raise UnsupportedModel(f"{path}: value heads wider or narrower than key heads are not implemented")
+    if int(fields.get(p + "rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModel(f"{path}: partial rotary embeddings are not implemented")
+    scaling: dict[str, Any] | None = None
+    kind = fields.get(p + "rope.scaling.type", "none")
+    if kind == "linear":
+        scaling = {"rope_type": "linear", "factor": float(fields[p + "rope.scaling.factor"])}
+    elif kind != "none":
+        raise UnsupportedModel(f"{path}: rope scaling {kind!r} is not implemented (none, linear)")
+    if "rope_freqs.weight" in names:
+        if scaling is not None:
+            raise UnsupportedModel(f"{path}: rope frequency factors and rope scaling together are not implemented")
+        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        factors = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
+        scaling = {"rope_type": "freq_factors", "factors": factors.tolist()}
+    window = fields.get(p + "attention.sliding_window")
+    if window and arch != "phi3":  # llama.cpp windows Phi-3's layers only, of these
+        raise UnsupportedModel(f"{path}: a sliding window on a {arch} GGUF is not implemented")
+    n_layers = int(fields[p + "block_count"])
     tokens = fields["tokenizer.ggml.tokens"]
     eos = fields.get("tokenizer.ggml.eos_token_id")
     cfg = ModelConfig(
         vocab_size=int(fields.get(p + "vocab_size", len(tokens))),
-        dim=int(fields[p + "embedding_length"]),
-        n_layers=int(fields[p + "block_count"]),
+        dim=dim,
+        n_layers=n_layers,
         n_heads=n_heads,
         n_kv_heads=n_kv,
         ffn_dim=int(fields[p + "feed_forward_length"]),
         norm_eps=float(fields.get(p + "attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(fields.get(p + "rope.freq_base", 10000.0)),
+        rope_scaling=scaling,
         tie_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
         max_seq_len=int(fields.get(p + "context_length", 8192)),
         bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
+        family=arch,
+        explicit_head_dim=None if head_dim == dim // n_heads else head_dim,
+        qk_norm=arch == "qwen3",
+        sliding_window=int(window) if window else None,
+        sliding_layers=tuple(range(n_layers)) if window else (),
+        fused_proj=arch == "phi3",
     )
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
-        ours = weights.from_gguf_name(t.name)
+        ours = weights.from_gguf_name(t.name, arch)
         if ours is None:
             continue
         arr = gguf.quants.dequantize(t.data, t.tensor_type)  # [out, in] (GGUF shape reversed)

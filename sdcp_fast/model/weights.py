@@ -51,6 +51,9 @@ _GGUF_LAYER = {
     "attn.q_norm.weight": "attn_q_norm.weight",
     "attn.k_norm.weight": "attn_k_norm.weight",
 }
+# llama.cpp's Phi-3: one attn_qkv, and ffn_up holds the gate rows, then the up rows.
+_GGUF_PHI3 = {**{k: v for k, v in _GGUF_LAYER.items() if not k.startswith(_FUSED)},
+              "attn.wqkv.weight": "attn_qkv.weight", "ffn.w_gate_up.weight": "ffn_up.weight"}
 _GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
@@ -74,10 +77,10 @@ def from_hf_name(name: str, family: str = "llama") -> str | None:
     return inv.get(name)
 
 
-def from_gguf_name(name: str) -> str | None:
+def from_gguf_name(name: str, arch: str = "llama") -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
     if m:
-        inv = {v: k for k, v in _GGUF_LAYER.items()}
+        inv = {v: k for k, v in (_GGUF_PHI3 if arch == "phi3" else _GGUF_LAYER).items()}
         return f"layers.{m[1]}.{inv[m[2]]}" if m[2] in inv else None
     inv = {v: k for k, v in _GGUF_TOP.items()}
     return inv.get(name)

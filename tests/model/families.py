@@ -38,6 +38,10 @@ def hf_config(family: str):  # -> transformers.PretrainedConfig
 
     if family == "llama":
         return tf.LlamaConfig(num_hidden_layers=2, rope_theta=500.0, **COMMON)
+    if family == "llama3":  # Llama 3.x RoPE scaling, short enough to matter within the prompt
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 16, "rope_theta": 500.0}
+        return tf.LlamaConfig(num_hidden_layers=2, rope_parameters=rope, **COMMON)
     if family == "qwen3":  # head_dim 32 != 64 / 4, q/k norms
         return tf.Qwen3Config(num_hidden_layers=2, head_dim=32, rope_theta=1000.0, tie_word_embeddings=True, **COMMON)
     if family == "mistral":
@@ -103,3 +107,68 @@ def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
         out = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
                              max_new_tokens=max_new, do_sample=False, eos_token_id=EOS, pad_token_id=EOS)
     return out[0, len(prompt):].tolist()
+
+
+GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3"}
+
+
+def write_gguf(model, family: str, path: Path) -> Path:
+    """``model`` (transformers) as a float32 GGUF the way llama.cpp's converter lays it out:
+    tensor names from the ``gguf`` package's own map, q/k rows permuted for ``llama``."""
+    import gguf
+    import numpy as np
+
+    cfg = model.config
+    arch = GGUF_ARCH[family]
+    heads, kv = cfg.num_attention_heads, cfg.num_key_value_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(heads)
+    w.add_head_count_kv(kv)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
+    rope = cfg.rope_parameters
+    if rope.get("rope_type") == "llama3":  # llama.cpp stores the scaling as per-frequency factors
+        factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+        old = rope["original_max_position_embeddings"]
+        factors = []
+        for freq in 1.0 / rope["rope_theta"] ** (np.arange(0, head_dim, 2) / head_dim):
+            wavelen = 2 * np.pi / freq
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1.0 if wavelen < old / high else factor if wavelen > old / low
+                           else 1 / ((1 - smooth) / factor + smooth))
+        w.add_tensor("rope_freqs.weight", np.array(factors, dtype=np.float32))
+    tok = make_tokenizer()
+    vocab = sorted(tok.get_vocab().items(), key=lambda kv_: kv_[1])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list([t for t, _ in vocab])
+    w.add_token_types([3 if i >= 256 else 1 for _, i in vocab])
+    w.add_eos_token_id(EOS)
+
+    def permute(x: np.ndarray, n: int) -> np.ndarray:  # llama.cpp's convert script, for llama
+        return x.reshape(n, 2, x.shape[0] // n // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape)
+
+    for name, t in model.state_dict().items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        x = t.detach().float().numpy()
+        if arch == "llama" and name.endswith("q_proj.weight"):
+            x = permute(x, heads)
+        elif arch == "llama" and name.endswith("k_proj.weight"):
+            x = permute(x, kv)
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(x))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
