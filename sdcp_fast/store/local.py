@@ -54,12 +54,9 @@ class LocalStore:
         self.mlc = mlc
         self.logs = logs
 
-    async def run(self, fn: Callable[[], T], size: int = 0) -> T:
-        return await run_on(self.mlc, fn, size)
-
     async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
         mlc = self.mlc
-        return (await self.run(lambda: mlc.put(uri, data, lease_ttl), _size(data))).lease
+        return (await run_on(mlc, lambda: mlc.put(uri, data, lease_ttl), _size(data))).lease
 
     async def get(self, uri: str) -> memoryview:
         mlc = self.mlc
@@ -76,15 +73,15 @@ class LocalStore:
 
     async def head(self, uri: str) -> Head:
         mlc = self.mlc
-        return await self.run(lambda: mlc.head(uri))
+        return await run_on(mlc, lambda: mlc.head(uri))
 
     async def delete(self, uri: str) -> None:
         mlc = self.mlc
-        await self.run(lambda: mlc.delete(uri))
+        await run_on(mlc, lambda: mlc.delete(uri))
 
     async def release(self, lease: str) -> None:
         mlc = self.mlc
-        await self.run(lambda: mlc.release(lease))
+        await run_on(mlc, lambda: mlc.release(lease))
 
     async def commit_log(self, ref: str) -> Log:
         if ref.startswith("mlc://"):
