@@ -73,8 +73,8 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
 
 def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
     texts = setup.texts
-    from sdcp_fast.cli.demo import baseline_figures
-    from sdcp_fast.cli.demo import report as demo_report
+    from sdcp_fast.cli._demo_report import baseline_figures
+    from sdcp_fast.cli._demo_report import report as demo_report
     from sdcp_fast.deploy.local import generate
     from sdcp_fast.deploy.up import Up
 
