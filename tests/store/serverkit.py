@@ -1,12 +1,16 @@
 """Run an MLC server on loopback in a background thread (tests and the bench): the HTTP/2
-server (``http2=True``, what ``sdcp-fast mlc`` serves) or the aiohttp HTTP/1.1 one."""
+server (``http2=True``, what ``sdcp-fast mlc`` serves) or the aiohttp HTTP/1.1 one; and the
+memory those servers hold, measured from the test's side."""
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import os
 import ssl
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -124,3 +128,28 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def rss() -> int:
+    """This process's resident memory in bytes (the servers under test run in it)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def rss_growth_over_abandoned_uploads(abandon: Callable[[int, int], None], *, collect_cycles: bool = True) -> int:
+    """Bytes the process grew by over four uploads ``abandon(declared, sent)`` left half-sent
+    (after one warm-up: allocator arenas, connection objects); with ``collect_cycles`` off,
+    nothing a reference cycle holds is freed meanwhile."""
+    gc.collect()
+    if not collect_cycles:
+        gc.disable()
+    try:
+        abandon(64 << 20, 32 << 20)
+        time.sleep(0.3)
+        before = rss()
+        for _ in range(4):
+            abandon(96 << 20, 48 << 20)
+        time.sleep(0.5)
+        return rss() - before
+    finally:
+        gc.enable()

@@ -171,35 +171,3 @@ def test_mutual_tls(mlc, tmp_path, wire):
         with base.client(ssl=ssl.create_default_context(cafile=certs["ca"])) as anonymous:  # no certificate
             with pytest.raises((ssl.SSLError, ConnectionError)):
                 anonymous.get(uri(1))
-
-
-def test_concurrent_http_writers_exactly_one_wins_each_slot(served):
-    import threading
-
-    log_uri = object_uri(SCOPE, b"c" * 16, "commit_log")
-    writers = [served.log(log_uri) for _ in range(4)]
-    wins: list[tuple[int, int]] = []
-    lock = threading.Lock()
-
-    def run(w: int) -> None:
-        log = writers[w]
-        while True:
-            view = log.read()
-            if view.length >= 8:
-                return
-            try:
-                log.append(CommitRecord(1, w, (view.length,), view.length, bytes(32)), view.etag)
-            except PreconditionFailed:
-                continue
-            with lock:
-                wins.append((view.length, w))
-
-    threads = [threading.Thread(target=run, args=(w,)) for w in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    records = writers[0].read().records
-    assert [slot for slot, _ in sorted(wins)] == list(range(len(records)))
-    assert [r.emitted[0] for r in records] == list(range(len(records)))
-    assert all(records[slot].round == w for slot, w in wins)

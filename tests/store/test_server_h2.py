@@ -5,7 +5,6 @@ the ``h2`` library over a plain socket to the h2c (insecure, loopback) server.""
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 import os
 import socket
@@ -21,7 +20,7 @@ from sdcp_fast.cache.client import AsyncMLC, mlc_transport
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.transport.loop import LoopThread
 
-from .serverkit import serving
+from .serverkit import rss_growth_over_abandoned_uploads, serving
 
 SCOPE = bytes(range(16))
 
@@ -107,11 +106,6 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(server):
     assert not mlc.contains("mlc://" + name(1))
 
 
-def _rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
 def _abandon(base: str, declared: int, sent: int) -> None:
     raw = RawH2(base)
     stream = raw.put_headers(f"/objects/{name(2)}", declared)
@@ -123,14 +117,7 @@ def _abandon(base: str, declared: int, sent: int) -> None:
 @pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS from /proc/self/statm")
 def test_abandoned_uploads_free_their_buffers(server):
     base, mlc = server
-    gc.collect()
-    _abandon(base, 64 << 20, 32 << 20)  # warm-up: allocator arenas, connection objects
-    time.sleep(0.3)
-    before = _rss()
-    for _ in range(4):
-        _abandon(base, 96 << 20, 48 << 20)
-    time.sleep(0.5)
-    grown = _rss() - before
+    grown = rss_growth_over_abandoned_uploads(lambda declared, sent: _abandon(base, declared, sent))
     assert grown < 48 << 20, f"RSS grew {grown >> 20} MiB over four abandoned 48 MiB uploads"
     assert mlc.stats()["index"]["objects"] == 0
 

@@ -20,15 +20,10 @@ from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.protocol.commitlog import FenceRecord, encode_record
 
-from .serverkit import serving
+from .serverkit import rss, serving
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/statm"), reason="reads RSS and fds from /proc")
 SCOPE = bytes(range(16))
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def fds() -> int:
