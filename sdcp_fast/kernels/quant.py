@@ -11,6 +11,8 @@ what a one-position pass gives it (bit for bit within one backend and instructio
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from sdcp_fast import native
@@ -18,8 +20,8 @@ from sdcp_fast import native
 from . import quant_reference as ref
 from .quant_reference import BLOCK, BLOCK_BYTES, QUANT_KINDS, QuantWeight, dequantize, quantize
 
-__all__ = ["BLOCK", "BLOCK_BYTES", "QUANT_KINDS", "QuantWeight", "dequantize", "isa", "isas", "quant_matmul",
-           "quantize", "use_isa"]
+__all__ = ["BLOCK", "BLOCK_BYTES", "QUANT_KINDS", "QuantWeight", "dequantize", "isa", "isas", "launcher",
+           "quant_matmul", "quantize", "use_isa"]
 
 QUANT_BACKENDS = ("auto", "reference", "cpu")
 
@@ -68,3 +70,25 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, *, backend: str = "auto",
     native.module().quant_matmul(QUANT_KINDS[w.kind], blocks.data_ptr(), w.n, w.k, flat.data_ptr(), flat.shape[0],
                                  out.data_ptr(), threads or torch.get_num_threads())
     return out.reshape(*lead, w.n)
+
+
+def launcher(w: QuantWeight, *, backend: str = "auto") -> Callable[[torch.Tensor], torch.Tensor]:
+    """``f(x)`` = ``quant_matmul(x, w)`` for float32 host ``x`` ``[T, K]``, with the checks on
+    ``w`` done once here: a model calls it once per layer per pass, where the per-call cost
+    of :func:`quant_matmul`'s checks is a visible share of a one-token pass."""
+    if _backend(backend) == "reference":
+        return lambda x: ref.quant_matmul(x, w)
+    if w.blocks.device.type != "cpu" or not w.blocks.is_contiguous():
+        raise ValueError("the cpu backend needs contiguous host blocks")
+    run, kind, n, k, blocks = native.module().quant_matmul, QUANT_KINDS[w.kind], w.n, w.k, w.blocks
+    empty, threads = torch.empty, torch.get_num_threads
+
+    def call(x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 or x.device.type != "cpu" or x.dim() != 2 or x.shape[1] != k:
+            raise ValueError(f"expected float32 host activations [T, {k}], got {x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        out = empty(x.shape[0], n)
+        run(kind, blocks.data_ptr(), n, k, x.data_ptr(), x.shape[0], out.data_ptr(), threads())
+        return out
+
+    return call

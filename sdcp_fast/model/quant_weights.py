@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from sdcp_fast import native
-from sdcp_fast.kernels.quant import QuantWeight, dequantize, quant_matmul, quantize
+from sdcp_fast.kernels.quant import QuantWeight, dequantize, launcher, quantize
 
 from . import loader, weights
 from .llama import Transformer
@@ -37,10 +37,15 @@ _GGUF_KINDS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 class QuantLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` in quantized blocks; float32 out (cast to ``x``'s dtype)."""
 
-    def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None, *, in_state: bool = True) -> None:
+    def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None, *, in_state: bool = True,
+                 parts: list[tuple[str, int]] | None = None) -> None:
         super().__init__()
         self.qweight = w
         self.in_state = in_state  # False: a copy of another tensor (a tied head), left out of state_dict
+        # Rows of several layers fused into one product (q|k|v, gate|up): their names and row
+        # counts, so that state_dict still holds each layer's own tensors.
+        self.parts = parts
+        self._run = launcher(w)
         self.in_features, self.out_features = w.k, w.n
         self.register_buffer("blocks", w.blocks, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
@@ -52,9 +57,10 @@ class QuantLinear(nn.Module):
         return dequantize(self.qweight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = quant_matmul(x if x.dtype == torch.float32 else x.float(), self.qweight)
+        y = self._run(x.reshape(-1, self.in_features).float())
         if self.bias is not None:
             y = y + self.bias
+        y = y.view(*x.shape[:-1], self.out_features)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def extra_repr(self) -> str:
@@ -62,11 +68,20 @@ class QuantLinear(nn.Module):
 
 
 def _dequantized_state(module: QuantLinear, state: dict[str, Any], prefix: str, _meta: Any) -> None:
-    if module.in_state:
-        state[prefix + "weight"] = dequantize(module.qweight)
-    else:
+    if not module.in_state:
         for key in [k for k in state if k.startswith(prefix)]:
             del state[key]
+    elif module.parts is None:
+        state[prefix + "weight"] = dequantize(module.qweight)
+    else:
+        parent = prefix[: prefix[:-1].rfind(".") + 1]  # "layers.0.attn.wqkv." -> "layers.0.attn."
+        weight, bias = dequantize(module.qweight), state.pop(prefix + "bias", None)
+        start = 0
+        for name, rows in module.parts:
+            state[f"{parent}{name}.weight"] = weight[start:start + rows]
+            if bias is not None:
+                state[f"{parent}{name}.bias"] = bias[start:start + rows]
+            start += rows
 
 
 def resolve(choice: str, path: Path | None, device: str = "cpu") -> str:
@@ -127,7 +142,8 @@ def _quant_of(name: str, w: torch.Tensor, form: str, blocks: dict[str, QuantWeig
     return quantize(w, "q8_0" if form == "q8_0" else "q4_1")
 
 
-def quantize_model(model: Transformer, form: str, blocks: dict[str, QuantWeight] | None = None) -> Transformer:
+def quantize_model(model: Transformer, form: str, blocks: dict[str, QuantWeight] | None = None, *,
+                   fuse: bool = True) -> Transformer:
     """Replace every linear layer of ``model``'s blocks (and its output head) by a
     :class:`QuantLinear` of ``form`` (``q8_0`` or ``q4``), in place. ``blocks``: a GGUF's
     own blocks by our tensor name (:func:`gguf_blocks`), used where ``form`` keeps them.
@@ -140,7 +156,30 @@ def quantize_model(model: Transformer, form: str, blocks: dict[str, QuantWeight]
             if isinstance(lin, nn.Linear) and lin.in_features % 32 == 0:
                 name = f"{prefix}.{child}.weight"
                 setattr(mod, child, QuantLinear(_quant_of(name, lin.weight, form, blocks), lin.bias))
+    for block in model.layers if fuse else []:
+        # One product for q|k|v and one for gate|up where the model has the fused layout
+        # (each output row is computed alone, so fusing changes no value, only the call count).
+        if getattr(block.attn, "fused", True) is False:
+            _fuse(block.attn, ("wq", "wk", "wv"), "wqkv")
+        if getattr(block.ffn, "fused", True) is False:
+            _fuse(block.ffn, ("w_gate", "w_up"), "w_gate_up")
     if model.head_ids is None and model.cfg.dim % 32 == 0:
         head = "embed.weight" if model.lm_head is None else "lm_head.weight"
         model.quant_head = QuantLinear(_quant_of(head, model.head_weight(), form, blocks), in_state=False)
     return model
+
+
+def _fuse(mod: nn.Module, names: tuple[str, ...], fused: str) -> None:
+    parts = [getattr(mod, n, None) for n in names]
+    if not all(isinstance(p, QuantLinear) and p.parts is None for p in parts):
+        return
+    lin = [p for p in parts if isinstance(p, QuantLinear)]
+    if len({(p.qweight.kind, p.in_features, p.bias is None) for p in lin}) != 1:
+        return
+    w = QuantWeight(lin[0].qweight.kind, torch.cat([p.qweight.blocks for p in lin]),
+                    sum(p.out_features for p in lin), lin[0].in_features)
+    bias = None if lin[0].bias is None else torch.cat([p.bias for p in lin if p.bias is not None])
+    for n in names:
+        delattr(mod, n)
+    setattr(mod, fused, QuantLinear(w, bias, parts=[(n, p.out_features) for n, p in zip(names, lin, strict=True)]))
+    mod.fused = True

@@ -62,8 +62,7 @@ def test_quantized_model_tracks_its_dequantized_twin(form: str, tied: bool) -> N
     model = _model(form, tied)
     twin = random_model(replace(Q32, tie_embeddings=tied))
     twin.load_state_dict(model.state_dict())  # the dequantized weights
-    n_linear = sum(isinstance(m, quant_weights.QuantLinear) for m in model.modules())
-    assert n_linear == 7 * Q32.n_layers + 1 and model.quant_head is not None
+    assert not any(isinstance(m, torch.nn.Linear) for m in model.layers.modules()) and model.quant_head is not None
     a, b = ModelRunner(model), ModelRunner(twin)
     la = a.prefill(b"s", PROMPTS[2])
     lb = b.prefill(b"s", PROMPTS[2])
@@ -75,8 +74,10 @@ def test_state_dict_holds_the_dequantized_weights_and_no_tied_head() -> None:
     f32, q = _model("f32", tied=True), _model("q4", tied=True)
     state = q.state_dict()
     assert set(state) == set(f32.state_dict())
-    w = q.layers[0].attn.wq
-    assert torch.equal(state["layers.0.attn.wq.weight"], dequantize(w.qweight))
+    assert torch.equal(state["layers.0.attn.wo.weight"], dequantize(q.layers[0].attn.wo.qweight))
+    attn = q.layers[0].attn
+    wq = attn.wqkv.qweight if hasattr(attn, "wqkv") else attn.wq.qweight  # fused: q's rows come first
+    assert torch.equal(state["layers.0.attn.wq.weight"], dequantize(wq)[: Q32.n_heads * Q32.head_dim])
     assert weights_digest(q) != weights_digest(f32)  # re-rounded to Q4_1: other values, another digest
     assert weights_digest(q) == weights_digest(q)
 
@@ -115,4 +116,18 @@ def test_smollm2_keeps_the_files_blocks() -> None:
         assert torch.equal(dequantize(blocks[name]), f32.model.state_dict()[name]), name
     lm = quant_weights.load("smollm2", "auto")
     assert lm.meta["weights"] == "q4"
-    assert lm.model.layers[0].ffn.w_up.qweight is not None
+    ffn = lm.model.layers[0].ffn
+    up = ffn.w_gate_up.qweight if hasattr(ffn, "w_gate_up") else ffn.w_up.qweight
+    assert up.kind == "q4_1" and lm.model.quant_head.qweight.kind == "q8_0"
+    assert torch.equal(lm.model.state_dict()["layers.0.ffn.w_up.weight"], f32.model.state_dict()["layers.0.ffn.w_up.weight"])
+
+
+@pytest.mark.parametrize("form", ["q8_0", "q4"])
+def test_fused_products_change_no_value(form: str) -> None:
+    fused = _model(form)
+    apart = quant_weights.quantize_model(random_model(Q32), form, fuse=False)
+    assert hasattr(fused.layers[0].attn, "wqkv") != hasattr(apart.layers[0].attn, "wqkv") or not hasattr(
+        fused.layers[0].attn, "wqkv")  # fused where the model has the fused layout
+    assert {k: v.shape for k, v in fused.state_dict().items()} == {k: v.shape for k, v in apart.state_dict().items()}
+    a, b = ModelRunner(fused), ModelRunner(apart)
+    assert torch.equal(a.prefill(b"s", PROMPTS[2]), b.prefill(b"s", PROMPTS[2]))

@@ -1,0 +1,313 @@
+"""The embedded default's target on the CPU, side by side with llama.cpp and Hugging Face
+transformers on the same GGUF, at 1 and 2 threads (docs/kernels.md, docs/measurements.md).
+
+Everything is measured in one run, interleaved (each repeat runs every contender once, in turn),
+and reported as the range over repeats, since a shared machine's speed moves from one minute to
+the next:
+
+- decode: greedy tokens/s of ``--tokens`` new tokens after ``--prompt`` (raw, no chat template):
+  ours through the engine's decoding loop (target-only, the verifier self-decodes), for each
+  ``--weights`` form; llama.cpp (llama-cpp-python, optional) on the same file; transformers
+  (optional) on the dequantized float weights.
+- pass cost: a verification pass over M + 1 = 5 positions against a one-token pass (ours).
+- prefill: ``--prefill`` prompt tokens in one pass (ours, llama.cpp).
+- agreement: ours and llama.cpp's greedy tokens on ``--agree-prompts`` built-in prompts x
+  ``--agree-tokens`` tokens, counted up to each prompt's first difference.
+- speculation: each of ``--drafters`` against target-only decoding on the demo's prompts (tokens/s
+  ratio, same weights, same loop).
+
+    python bench/cpu.py                         # everything (minutes)
+    python bench/cpu.py --quick                 # fewer repeats and prompts
+    python bench/cpu.py --skip-hf --skip-spec   # decode, pass cost, prefill, agreement only
+
+llama-cpp-python and transformers are optional peers: when one is missing, the table says why it
+was skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+PROMPT = "The history of the Roman Empire"
+
+
+def _range(xs: list[float]) -> str:
+    if not xs:
+        return "-"
+    lo, hi, med = min(xs), max(xs), statistics.median(xs)
+    return f"{med:.1f} ({lo:.1f}-{hi:.1f})"
+
+
+class Ours:
+    """Our target in one ``--weights`` form, decoding through the engine's one loop."""
+
+    def __init__(self, model: str, form: str) -> None:
+        from sdcp_fast.model import quant_weights
+        from sdcp_fast.model.target_scorer import ModelRunner
+
+        self.lm = quant_weights.load(model, form)
+        self.form = self.lm.meta["weights"]
+        self.runner = ModelRunner(self.lm.model, num_blocks=1024)
+
+    def encode(self, text: str) -> list[int]:
+        from sdcp_fast.model.tokenizer import encode
+
+        assert self.lm.tokenizer is not None
+        return encode(self.lm.tokenizer, text)
+
+    def greedy(self, prompt: list[int], n: int, drafter: Any = None) -> tuple[list[int], float]:
+        from sdcp_fast.deploy.local import generate
+
+        res = generate(self.runner, drafter, [prompt], n)[0]
+        return list(res.tokens), len(res.tokens) / max(res.seconds, 1e-9)
+
+    def pass_ratio(self, prompt: list[int], m: int = 4, reps: int = 8) -> float:
+        """Median time of a pass over m + 1 new positions / of a one-position pass."""
+        from sdcp_fast.model.interfaces import ScoreRequest
+
+        r = self.runner
+        r.release(b"p")
+        r.prefill(b"p", prompt)
+        one, many = [], []
+        for _ in range(reps):
+            t = time.perf_counter()
+            r.decode_one([(b"p", prompt)])
+            one.append(time.perf_counter() - t)
+            t = time.perf_counter()
+            r.score([ScoreRequest(b"p", prompt, [11] * m)])
+            many.append(time.perf_counter() - t)
+        r.release(b"p")
+        return statistics.median(many) / statistics.median(one)
+
+    def prefill_s(self, tokens: list[int]) -> float:
+        self.runner.release(b"f")
+        t = time.perf_counter()
+        self.runner.prefill(b"f", tokens)
+        dt = time.perf_counter() - t
+        self.runner.release(b"f")
+        return dt
+
+
+class LlamaCpp:
+    def __init__(self, path: Path, threads: int) -> None:
+        from llama_cpp import Llama
+
+        self.llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
+                         n_batch=512, verbose=False, logits_all=False)
+
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        llm = self.llm
+        llm.reset()
+        llm.eval(prompt)
+        out: list[int] = []
+        t = time.perf_counter()
+        for _ in range(n):
+            tok = int(llm.sample(top_k=1, temp=0.0))
+            out.append(tok)
+            llm.eval([tok])
+        return out, n / (time.perf_counter() - t)
+
+    def prefill_s(self, tokens: list[int]) -> float:
+        self.llm.reset()
+        t = time.perf_counter()
+        self.llm.eval(tokens)
+        return time.perf_counter() - t
+
+
+def _llama_unavailable(path: Path) -> str | None:
+    if importlib.util.find_spec("llama_cpp") is None:
+        return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+    if path.suffix != ".gguf":
+        return f"{path} is not a GGUF file"
+    return None
+
+
+def _hf_unavailable() -> str | None:
+    if importlib.util.find_spec("transformers") is None:
+        return "transformers is not installed (pip install 'sdcp-fast[compare]')"
+    return None
+
+
+class HF:
+    """transformers' greedy generate on our dequantized float32 weights."""
+
+    def __init__(self, ours: Ours, tmp: Path) -> None:
+        import transformers
+
+        from sdcp_fast.model import quant_weights
+        from sdcp_fast.model.loader import save_hf_dir
+
+        f32 = ours if ours.form == "f32" else None
+        lm = f32.lm if f32 is not None else quant_weights.load(ours.lm.source, "f32")
+        save_hf_dir(lm.model, tmp, lm.tokenizer, dtype=torch.float32)
+        self.model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp)).eval()
+
+    @torch.inference_mode()
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        ids = torch.tensor([prompt])
+        t = time.perf_counter()
+        out = self.model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        dt = time.perf_counter() - t
+        return out[0, len(prompt):].tolist(), n / dt
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
+    """Tokens up to each pair's first difference, summed; and the total compared."""
+    same = total = 0
+    for x, y in zip(a, b, strict=True):
+        n = min(len(x), len(y))
+        total += n
+        k = 0
+        while k < n and x[k] == y[k]:
+            k += 1
+        same += k
+    return same, total
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--weights", default="q4,q8_0,f32", help="our forms, comma-separated")
+    p.add_argument("--threads", default="1,2")
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--prompt", default=PROMPT)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prefill", type=int, default=512)
+    p.add_argument("--agree-prompts", type=int, default=20)
+    p.add_argument("--agree-tokens", type=int, default=32)
+    p.add_argument("--drafters", default="ngram,layerskip:8,model:smollm2-draft")
+    p.add_argument("--spec-prompts", type=int, default=6)
+    p.add_argument("--skip-hf", action="store_true")
+    p.add_argument("--skip-spec", action="store_true")
+    p.add_argument("--quick", action="store_true", help="2 repeats, 6 agreement prompts, 3 speculation prompts")
+    p.add_argument("--out", default=None, help="write the figures as JSON here too")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.repeats, args.agree_prompts, args.spec_prompts = 2, 6, 3
+
+    from sdcp_fast.data import prompts as builtin
+    from sdcp_fast.model import loader
+    from sdcp_fast.model.build import chat_template, make_drafter
+
+    path = loader.resolve(args.model)
+    forms = [f.strip() for f in args.weights.split(",") if f.strip()]
+    threads = [int(t) for t in args.threads.split(",")]
+    ours = {f: Ours(args.model, f) for f in forms}
+    first = next(iter(ours.values()))
+    prompt = first.encode(args.prompt)
+    notes: list[str] = []
+    why_llama = _llama_unavailable(path)
+    why_hf = "--skip-hf" if args.skip_hf else _hf_unavailable()
+    if why_llama:
+        notes.append(f"llama.cpp skipped: {why_llama}")
+    if why_hf:
+        notes.append(f"HF transformers skipped: {why_hf}")
+    hf = None
+    if why_hf is None:
+        import tempfile
+
+        hf = HF(ours.get("f32", first), Path(tempfile.mkdtemp(prefix="sdcp-bench-hf-")))
+
+    results: dict[str, Any] = {"command": " ".join(["python bench/cpu.py", *(argv or sys.argv[1:])]),
+                               "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                               "load_average": os.getloadavg(), "notes": notes, "decode": {}, "pass_ratio": {},
+                               "prefill_s": {}, "agreement": {}, "speculation": {}}
+    evals, train = builtin("eval"), builtin("train")
+    long_prompt = first.encode(" ".join(p["text"] for p in evals + train))
+    long_prompt = (long_prompt * (args.prefill // max(len(long_prompt), 1) + 1))[: args.prefill]
+    # Agreement: raw text, the eval prompts then distillation seeds; speculation: the demo's mix
+    # (a copy prompt first, then the chat ones, in the chat template).
+    agree_texts = [p["text"] for p in evals + train][: args.agree_prompts]
+    chat = chat_template(first.lm)
+    demo_texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals
+                                                                          if p["kind"] == "chat"]
+    spec_texts = [t if chat is None else chat(t) for t in demo_texts][: args.spec_prompts]
+    for th in threads:
+        torch.set_num_threads(th)
+        llama = None if why_llama else LlamaCpp(path, th)
+        dec: dict[str, list[float]] = {}
+        pre: dict[str, list[float]] = {}
+        ratio: dict[str, list[float]] = {}
+        for _ in range(args.repeats):
+            for form, o in ours.items():
+                dec.setdefault(f"ours {form}", []).append(o.greedy(prompt, args.tokens)[1])
+                ratio.setdefault(f"ours {form}", []).append(o.pass_ratio(prompt))
+                pre.setdefault(f"ours {form}", []).append(o.prefill_s(long_prompt))
+            if llama is not None:
+                dec.setdefault("llama.cpp", []).append(llama.greedy(prompt, args.tokens)[1])
+                pre.setdefault("llama.cpp", []).append(llama.prefill_s(long_prompt))
+            if hf is not None:
+                dec.setdefault("HF transformers (f32)", []).append(hf.greedy(prompt, args.tokens)[1])
+        results["decode"][th] = dec
+        results["pass_ratio"][th] = ratio
+        results["prefill_s"][th] = pre
+        if llama is not None and th == threads[0]:
+            for form, o in ours.items():
+                a = [o.greedy(o.encode(t), args.agree_tokens)[0] for t in agree_texts]
+                b = [llama.greedy(o.encode(t), args.agree_tokens)[0] for t in agree_texts]
+                same, total = agreement(a, b)
+                results["agreement"][form] = {"same": same, "total": total, "prompts": len(agree_texts)}
+        del llama
+    if not args.skip_spec:
+        torch.set_num_threads(threads[0])
+        texts = spec_texts
+        for form, o in ours.items():
+            spec: dict[str, list[float]] = {}
+            drafters = {d: make_drafter(d, o.lm) for d in args.drafters.split(",") if d}
+            for _ in range(max(1, args.repeats - 1)):
+                base = [o.greedy(o.encode(t), args.tokens)[1] for t in texts]
+                for name, d in drafters.items():
+                    got = [o.greedy(o.encode(t), args.tokens, d)[1] for t in texts]
+                    spec.setdefault(name, []).append(statistics.mean(got) / statistics.mean(base))
+            results["speculation"][form] = spec
+    print(report(results, threads))
+    if args.out:
+        Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
+    return 0
+
+
+def report(r: dict[str, Any], threads: list[int]) -> str:
+    lines = [f"# {r['command']}  ({r['date']}, load average {r['load_average'][0]:.1f})", ""]
+    lines.append("decode tokens/s, median (range over repeats):")
+    names = sorted({n for th in threads for n in r["decode"][th]})
+    lines.append(f"  {'':<24}" + "".join(f"{f'{th} thread' + ('s' if th > 1 else ''):>22}" for th in threads))
+    for n in names:
+        lines.append(f"  {n:<24}" + "".join(f"{_range(r['decode'][th].get(n, [])):>22}" for th in threads))
+    for th in threads:
+        dec = r["decode"][th]
+        if "llama.cpp" in dec:
+            lc = statistics.median(dec["llama.cpp"])
+            ratios = ", ".join(f"{n} {statistics.median(v) / lc:.2f}x" for n, v in dec.items() if n.startswith("ours"))
+            lines.append(f"  vs llama.cpp at {th} thread(s): {ratios}")
+    lines.append("")
+    lines.append("pass over 5 positions / 1-position pass (ours):")
+    for th in threads:
+        lines.append(f"  {th} thread(s): " + ", ".join(f"{n} {_range(v)}" for n, v in r["pass_ratio"][th].items()))
+    lines.append("prefill seconds:")
+    for th in threads:
+        lines.append(f"  {th} thread(s): " + ", ".join(f"{n} {min(v):.3f}" for n, v in r["prefill_s"][th].items()))
+    if r["agreement"]:
+        lines.append("greedy agreement with llama.cpp (tokens up to the first difference):")
+        for form, a in r["agreement"].items():
+            lines.append(f"  {form}: {a['same']}/{a['total']} = {a['same'] / max(a['total'], 1):.1%} "
+                         f"over {a['prompts']} prompts")
+    if r["speculation"]:
+        lines.append("speculation speedup (tokens/s vs target-only, same weights):")
+        for form, s in r["speculation"].items():
+            lines.append(f"  {form}: " + ", ".join(f"{d} {_range(v)}" for d, v in s.items()))
+    lines.extend(f"note: {n}" for n in r["notes"])
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
