@@ -79,7 +79,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.harness import report as reports
+    from sdcp_fast.harness import bench_report as reports
 
     if args.compare:
         try:

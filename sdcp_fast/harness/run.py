@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdcp_fast.harness import report as reports
+from sdcp_fast.harness import bench_report as reports
 from sdcp_fast.harness.drive_network import Remote
 from sdcp_fast.harness.figures import add_speedups, summarize
 from sdcp_fast.harness.samples import Config, RunSample

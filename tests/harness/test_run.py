@@ -115,7 +115,7 @@ def test_report_states_warmup_noise_and_why_the_hf_peer_was_skipped(report_dir: 
 
 
 def test_peers_table_says_what_it_could_not_measure(report_dir: Path) -> None:
-    from sdcp_fast.harness.report import peers_table
+    from sdcp_fast.harness.bench_report import peers_table
 
     table = peers_table(json.loads((report_dir / "report.json").read_text()))
     rows = [ln.split()[0] for ln in table.splitlines()[2:]]
