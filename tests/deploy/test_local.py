@@ -1,5 +1,5 @@
-"""The in-process engine: the three roles on the in-process transport drive sessions through the
-core, the MLC, the commit log and the kernels."""
+"""The in-process deployment (``deploy.local``): the three roles on the in-process transport drive
+sessions through the core, the store and the kernels."""
 
 from __future__ import annotations
 

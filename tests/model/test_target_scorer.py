@@ -1,4 +1,4 @@
-"""The paged, batched runner against the dense reference forward."""
+"""The target scorer (paged, batched passes) against the dense reference forward."""
 
 from __future__ import annotations
 
