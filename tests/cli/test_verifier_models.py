@@ -35,7 +35,7 @@ from tests.roles.rolekit import (
 PROMPT = list(range(40, 52))
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "mistral", "gemma2", "gemma3", "phi3"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"])
 def test_verifier_serves_each_family_and_refuses_another_models_contract(family, tmp_path) -> None:
     families.require_transformers()
     path, twin = tmp_path / family, tmp_path / "twin"

@@ -42,6 +42,9 @@ def hf_config(family: str):  # -> transformers.PretrainedConfig
         rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 16, "rope_theta": 500.0}
         return tf.LlamaConfig(num_hidden_layers=2, rope_parameters=rope, **COMMON)
+    if family == "qwen2":  # q/k/v biases; the second layer windowed
+        return tf.Qwen2Config(num_hidden_layers=2, rope_theta=1000.0, use_sliding_window=True, sliding_window=WINDOW,
+                              max_window_layers=1, **COMMON)
     if family == "qwen3":  # head_dim 32 != 64 / 4, q/k norms
         return tf.Qwen3Config(num_hidden_layers=2, head_dim=32, rope_theta=1000.0, tie_word_embeddings=True, **COMMON)
     if family == "mistral":

@@ -15,7 +15,7 @@ from sdcp_fast.model.target_scorer import ModelRunner
 
 from .families import EOS, WINDOW, hf_greedy, hf_logits, make_checkpoint, require_transformers
 
-FAMILIES = ["llama", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
 TOL = dict(atol=1e-4, rtol=1e-4)  # float32 on both sides
 PROMPT = torch.randint(0, 256, (44,), generator=torch.Generator().manual_seed(7)).tolist()
 
@@ -69,7 +69,7 @@ def test_every_feature_is_exercised(pair, reference) -> None:
     model = pair[1].model
     cfg = model.cfg
     layers = [b.attn for b in model.layers if b.attn.window is not None]
-    if cfg.family in ("mistral", "gemma2", "gemma3", "phi3"):
+    if cfg.family in ("qwen2", "mistral", "gemma2", "gemma3", "phi3"):
         assert layers and cfg.sliding_window is not None
     if cfg.family == "gemma2":
         assert cfg.attn_softcap and cfg.logit_softcap
