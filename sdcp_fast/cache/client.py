@@ -2,11 +2,12 @@
 
 :class:`AsyncMLC` sends each call on a :class:`~sdcp_fast.transport.base.Transport`: by
 default HTTP/2 with mutual TLS (one connection, a stream per call, shared with whatever
-else uses the same transport), or HTTP/1.1 for a ``--http1`` server. The roles await it on
-their own event loop. :class:`RemoteMLC` is the same client for synchronous callers (the
-bench, the conformance kit, tests): it runs an :class:`AsyncMLC` on an event loop of its
-own in a background thread, so any number of threads share its one connection. The
-server's commit logs are reached with :mod:`sdcp_fast.commitlog.http`.
+else uses the same transport), or HTTP/1.1 for a ``--http1`` server; the roles reach it
+through :class:`sdcp_fast.store.RemoteStore`, which adds the server's commit logs
+(:mod:`sdcp_fast.commitlog.http`) on the same transport. :class:`RemoteMLC` is the same
+client for synchronous callers (the MLC bench, tests): it runs an :class:`AsyncMLC` on an
+event loop of its own in a background thread, so any number of threads share its one
+connection.
 
 Failures keep the store's contract: a problem the server answers is raised as the cache
 error of its type (:mod:`sdcp_fast.cache.errors`) or the generic problem of its status; no
