@@ -19,6 +19,7 @@ the next:
     python bench/cpu.py                         # everything (minutes)
     python bench/cpu.py --quick                 # fewer repeats and prompts
     python bench/cpu.py --skip-hf --skip-spec   # decode, pass cost, prefill, agreement only
+    python bench/cpu.py --kernels               # one product per kernel: ours vs torch f32 and int8
 
 llama-cpp-python and transformers are optional peers: when one is missing, the table says why it
 was skipped.
@@ -33,6 +34,7 @@ import os
 import statistics
 import sys
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +176,46 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
     return same, total
 
 
+def kernel_table(threads: int = 1) -> str:
+    """Microseconds per product (thread CPU time, median of 5 x 200 calls; 5 x 10 for the head)
+    at SmolLM2-135M's shapes: torch f32, torch's dynamic int8 linear on each quantized engine,
+    and ours on each block format."""
+    from sdcp_fast.kernels import quant
+
+    torch.set_num_threads(threads)
+
+    def tm(f: Any, n: int) -> float:
+        f()
+        got = []
+        for _ in range(5):
+            c = time.thread_time()
+            for _ in range(n):
+                f()
+            got.append((time.thread_time() - c) / n * 1e6)
+        return statistics.median(got)
+
+    engines = [e for e in ("fbgemm", "onednn") if e in torch.backends.quantized.supported_engines]
+    head = ["shape (N x K), rows", "f32", *(f"torch int8 {e}" for e in engines), "ours q8_0", "ours q4_1",
+            "ours q4_0"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for n_out, k in ((1536, 576), (576, 1536), (49152, 576)):
+        w = torch.randn(n_out, k)
+        reps = 200 if n_out < 10000 else 10
+        for rows in (1, 5):
+            x = torch.randn(rows, k)
+            cells = [tm(partial(torch.nn.functional.linear, x, w), reps)]
+            for e in engines:
+                torch.backends.quantized.engine = e
+                lin = torch.ao.nn.quantized.dynamic.Linear(k, n_out, dtype=torch.qint8)
+                lin.set_weight_bias(torch.quantize_per_tensor(w, float(w.abs().max()) / 127, 0, torch.qint8), None)
+                cells.append(tm(partial(lin, x), reps))
+            for kind in ("q8_0", "q4_1", "q4_0"):
+                f = quant.launcher(quant.quantize(w, kind))
+                cells.append(tm(partial(f, x), reps))
+            lines.append(f"| {n_out} x {k}, {rows} | " + " | ".join(f"{c:.0f}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="smollm2")
@@ -191,7 +233,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--skip-spec", action="store_true")
     p.add_argument("--quick", action="store_true", help="2 repeats, 6 agreement prompts, 3 speculation prompts")
     p.add_argument("--out", default=None, help="write the figures as JSON here too")
+    p.add_argument("--kernels", action="store_true", help="only the per-product table (1 thread)")
     args = p.parse_args(argv)
+    if args.kernels:
+        print(kernel_table())
+        return 0
     if args.quick:
         args.repeats, args.agree_prompts, args.spec_prompts = 2, 6, 3
 
