@@ -279,8 +279,15 @@ def load_gguf(path: Path, dtype: torch.dtype = torch.float32, cache: bool = True
     return LoadedModel(_build(cfg, state, dtype), tok, str(path), meta)
 
 
+def _positive(v: Any) -> float | None:
+    return float(v) if v else None
+
+
 # llama.cpp architectures read (Mistral's GGUFs are "llama"); others are refused.
-GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3")
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "phi3", "gemma2", "gemma3")
+# llama.cpp's Gemma: layer il windowed unless il % pattern == pattern - 1; the attention
+# scale is 1 / sqrt(head_dim), except for the 27B models (told by their depth): 1 / sqrt(dim / heads).
+_GEMMA_PATTERN, _GEMMA_27B_LAYERS = {"gemma2": 2, "gemma3": 6}, {"gemma2": 46, "gemma3": 62}
 
 
 def _convert_gguf(path: Path) -> _Converted:
@@ -320,9 +327,17 @@ def _convert_gguf(path: Path) -> _Converted:
         factors = np.asarray(gguf.quants.dequantize(t.data, t.tensor_type), dtype=np.float64).reshape(-1)
         scaling = {"rope_type": "freq_factors", "factors": factors.tolist()}
     window = fields.get(p + "attention.sliding_window")
-    if window and arch != "phi3":  # llama.cpp windows Phi-3's layers only, of these
+    gemma = arch in _GEMMA_PATTERN
+    if window and arch != "phi3" and not gemma:  # llama.cpp windows only these, of what we read
         raise UnsupportedModel(f"{path}: a sliding window on a {arch} GGUF is not implemented")
     n_layers = int(fields[p + "block_count"])
+    sliding: tuple[int, ...] = tuple(range(n_layers)) if window else ()
+    if window and gemma:
+        pattern = fields.get(p + "attention.sliding_window_pattern", _GEMMA_PATTERN[arch])
+        if isinstance(pattern, list):
+            sliding = tuple(i for i, swa in enumerate(pattern) if swa)
+        else:
+            sliding = tuple(i for i in range(n_layers) if i % int(pattern) < int(pattern) - 1)
     tokens = fields["tokenizer.ggml.tokens"]
     eos = fields.get("tokenizer.ggml.eos_token_id")
     cfg = ModelConfig(
@@ -340,12 +355,21 @@ def _convert_gguf(path: Path) -> _Converted:
         max_seq_len=int(fields.get(p + "context_length", 8192)),
         bos_token_id=fields.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=() if eos is None else (int(eos),),
-        family=arch,
+        family="gemma3_text" if arch == "gemma3" else arch,  # the Hugging Face family of its tensors
         explicit_head_dim=None if head_dim == dim // n_heads else head_dim,
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         sliding_window=int(window) if window else None,
-        sliding_layers=tuple(range(n_layers)) if window else (),
+        sliding_layers=sliding,
         fused_proj=arch == "phi3",
+        rope_local_theta=float(fields.get(p + "rope.freq_base_swa", 10000.0)) if arch == "gemma3" else None,
+        norm_unit_offset=gemma,
+        post_norms=gemma,
+        scale_embeddings=gemma,
+        activation="gelu_tanh" if gemma else "silu",
+        query_pre_attn_scalar=(None if not gemma else float(dim // n_heads)
+                               if n_layers == _GEMMA_27B_LAYERS[arch] else float(head_dim)),
+        attn_softcap=_positive(fields.get(p + "attn_logit_softcapping")) if gemma else None,
+        logit_softcap=_positive(fields.get(p + "final_logit_softcapping")) if gemma else None,
     )
     state: dict[str, torch.Tensor] = {}
     for t in reader.tensors:
@@ -359,6 +383,8 @@ def _convert_gguf(path: Path) -> _Converted:
             w = weights.unpermute_rope(w, n_heads)
         elif arch == "llama" and ours.endswith(("attn.wk.weight", "attn.wk.bias")):
             w = weights.unpermute_rope(w, n_kv)
+        elif gemma and ours.endswith("norm.weight"):  # llama.cpp stores Gemma's (1 + w): undone
+            w = w - 1.0
         state[ours] = w
     meta = {"format": "gguf", "name": fields.get("general.name"), "file_type": fields.get("general.file_type"),
             "quantization": sorted({t.tensor_type.name for t in reader.tensors})}

@@ -54,6 +54,9 @@ _GGUF_LAYER = {
 # llama.cpp's Phi-3: one attn_qkv, and ffn_up holds the gate rows, then the up rows.
 _GGUF_PHI3 = {**{k: v for k, v in _GGUF_LAYER.items() if not k.startswith(_FUSED)},
               "attn.wqkv.weight": "attn_qkv.weight", "ffn.w_gate_up.weight": "ffn_up.weight"}
+_GGUF_GEMMA = {**_GGUF_LAYER, "post_attn_norm.weight": "post_attention_norm.weight",
+               "post_ffn_norm.weight": "post_ffw_norm.weight"}
+_GGUF_FAMILY = {"phi3": _GGUF_PHI3, "gemma2": _GGUF_GEMMA, "gemma3": _GGUF_GEMMA}
 _GGUF_TOP = {"embed.weight": "token_embd.weight", "norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
 
@@ -80,7 +83,7 @@ def from_hf_name(name: str, family: str = "llama") -> str | None:
 def from_gguf_name(name: str, arch: str = "llama") -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
     if m:
-        inv = {v: k for k, v in (_GGUF_PHI3 if arch == "phi3" else _GGUF_LAYER).items()}
+        inv = {v: k for k, v in _GGUF_FAMILY.get(arch, _GGUF_LAYER).items()}
         return f"layers.{m[1]}.{inv[m[2]]}" if m[2] in inv else None
     inv = {v: k for k, v in _GGUF_TOP.items()}
     return inv.get(name)

@@ -77,11 +77,13 @@ def make_tokenizer():  # -> tokenizers.Tokenizer
     return tok
 
 
-def make_checkpoint(family: str, path: Path, seed: int = 0):
+def make_checkpoint(family: str, path: Path, seed: int = 0, **overrides):
     """A random ``family`` model (transformers), saved to ``path`` in float32; returns it."""
     import transformers as tf
 
     cfg = hf_config(family)
+    for k, v in overrides.items():
+        setattr(cfg, k, v)
     torch.manual_seed(seed)
     cls = tf.Gemma3ForCausalLM if family == "gemma3" else tf.AutoModelForCausalLM
     model = cls.from_config(cfg, dtype=torch.float32) if cls is tf.AutoModelForCausalLM else cls(cfg)
@@ -112,7 +114,8 @@ def hf_greedy(model, prompt: list[int], max_new: int) -> list[int]:
     return out[0, len(prompt):].tolist()
 
 
-GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3"}
+GGUF_ARCH = {"llama": "llama", "llama3": "llama", "qwen3": "qwen3", "phi3": "phi3", "gemma2": "gemma2",
+             "gemma3": "gemma3"}
 
 
 def write_gguf(model, family: str, path: Path) -> Path:
@@ -137,10 +140,22 @@ def write_gguf(model, family: str, path: Path) -> Path:
     w.add_value_length(head_dim)
     w.add_rope_dimension_count(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters
+    if "full_attention" in rope:  # Gemma 3: the sliding layers' base, the global layers' scaling
+        w.add_rope_freq_base_swa(float(rope["sliding_attention"]["rope_theta"]))
+        rope = rope["full_attention"]
+        if rope.get("rope_type") == "linear":
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     if getattr(cfg, "sliding_window", None):
         w.add_sliding_window(cfg.sliding_window)
-    rope = cfg.rope_parameters
+    if family.startswith("gemma"):
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+        if cfg.attn_logit_softcapping:
+            w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        if cfg.final_logit_softcapping:
+            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
     if rope.get("rope_type") == "llama3":  # llama.cpp stores the scaling as per-frequency factors
         factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
         old = rope["original_max_position_embeddings"]
@@ -169,6 +184,8 @@ def write_gguf(model, family: str, path: Path) -> Path:
             x = permute(x, heads)
         elif arch == "llama" and name.endswith("k_proj.weight"):
             x = permute(x, kv)
+        elif family.startswith("gemma") and name.endswith("norm.weight"):  # llama.cpp stores (1 + w)
+            x = x + 1
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), np.ascontiguousarray(x))
     w.write_header_to_file()
     w.write_kv_data_to_file()
