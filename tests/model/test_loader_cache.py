@@ -18,6 +18,7 @@ from tokenizers import pre_tokenizers
 from sdcp_fast.model import loader
 from sdcp_fast.model.config import ModelConfig
 from sdcp_fast.model.contract_digests import tokenizer_digest
+from sdcp_fast.model.gguf_file import convert_gguf
 from sdcp_fast.model.tokenizer import encode
 
 # Shapes only (vocabulary: see N_TOKENS); Q8_0 blocks are 32 wide, so every row length is a multiple of 32.
@@ -218,7 +219,7 @@ def test_concurrent_first_loads_both_succeed(cache, tiny_gguf) -> None:
 def test_a_racing_store_keeps_the_first_entry(cache, tiny_gguf) -> None:
     """Two processes converting at once: the second rename fails and its copy is dropped."""
     entry, source = loader._cache_entry(tiny_gguf)
-    converted = loader._convert_gguf(tiny_gguf)
+    converted = convert_gguf(tiny_gguf)
     loader._store(entry, source, converted)
     first = (entry / "weights.pt").stat().st_ino
     loader._store(entry, source, converted)
