@@ -229,10 +229,11 @@ def bench_http(sizes: list[int], budget: float) -> None:
 
     from aiohttp import web
 
-    from sdcp_fast.cache.client import AsyncMLC, LoopThread, RemoteMLC, mlc_transport
+    from sdcp_fast.cache.http_client import AsyncMLC, RemoteMLC, mlc_transport
     from sdcp_fast.store.server import MLCService, serve
     from sdcp_fast.store.server_http1 import init_app
     from sdcp_fast.transport.base import Request, Response
+    from sdcp_fast.transport.loop import LoopThread
 
     held: dict[str, bytes] = {}
 

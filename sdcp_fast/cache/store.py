@@ -31,9 +31,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from sdcp_fast.cache.errors import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease
+from sdcp_fast.cache.failures import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease
 from sdcp_fast.cache.stats import Accounting
-from sdcp_fast.cache.tiers.base import Tier
+from sdcp_fast.cache.tiers.tier import Tier
 from sdcp_fast.cache.uri import check_key, scope_of
 from sdcp_fast.protocol.cbor import deterministic_cbor
 from sdcp_fast.protocol.problems import BadRequest

@@ -4,7 +4,7 @@
 file log an MLC keeps under its root, :mod:`sdcp_fast.commitlog.directory`), ``etcd://host:port/prefix``
 (multi-machine), and ``http(s)://host:port/logs/<mlc-uri-without-scheme>`` (an
 ``sdcp-fast mlc`` server). What a failed append means is the same for all of them
-(:mod:`sdcp_fast.commitlog.base`). This package knows nothing of the cache.
+(:mod:`sdcp_fast.commitlog.backend`). This package knows nothing of the cache.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from sdcp_fast.commitlog.base import (
+from sdcp_fast.commitlog.backend import (
     CommitLog,
     Fenced,
     LogCorrupt,

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import ClassVar
 
-from sdcp_fast.commitlog.base import LogView, PreconditionFailed, UnknownLog, etag_of, length_of
+from sdcp_fast.commitlog.backend import LogView, PreconditionFailed, UnknownLog, etag_of, length_of
 from sdcp_fast.commitlog.file import FileCommitLog, frame, log_path
 from sdcp_fast.protocol.commitlog import LogRecord
 

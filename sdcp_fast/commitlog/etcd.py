@@ -21,7 +21,7 @@ import threading
 from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
-from sdcp_fast.commitlog.base import (
+from sdcp_fast.commitlog.backend import (
     LogView,
     PreconditionFailed,
     RecordTooLarge,

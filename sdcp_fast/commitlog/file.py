@@ -22,7 +22,7 @@ import threading
 import zlib
 from typing import ClassVar
 
-from sdcp_fast.commitlog.base import (
+from sdcp_fast.commitlog.backend import (
     LogCorrupt,
     LogView,
     PreconditionFailed,

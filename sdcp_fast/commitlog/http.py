@@ -5,7 +5,7 @@ with ``If-Match``, over the project's transport (HTTP/2 with mutual TLS by defau
 (the roles share one with their MLC client); :class:`HttpCommitLog` is the same log for
 blocking callers, run on an event loop of its own in a background thread.
 
-The server's answers map to the backend contract of :mod:`sdcp_fast.commitlog.base`: 412 is
+The server's answers map to the backend contract of :mod:`sdcp_fast.commitlog.backend`: 412 is
 ``PreconditionFailed``, 409 ``sdcp-stale-epoch`` is ``Fenced``, 413 ``RecordTooLarge``; a log
 nobody appended to yet (404 ``mlc-unknown-log``) reads as empty with tag ``"0"``. No answer at
 all is a ConnectionError.
@@ -18,7 +18,7 @@ from collections.abc import Coroutine
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
-from sdcp_fast.commitlog.base import (
+from sdcp_fast.commitlog.backend import (
     Fenced,
     LogCorrupt,
     LogView,

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.store.remote import RemoteStore
+from sdcp_fast.store.remote_store import RemoteStore
 from sdcp_fast.transport.base import Handler, Request, Response, Transport
 
 log = logging.getLogger("sdcp_fast.deploy")

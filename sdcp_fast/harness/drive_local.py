@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from sdcp_fast.cache.store import Head
-from sdcp_fast.commitlog.base import LogView
+from sdcp_fast.commitlog.backend import LogView
 from sdcp_fast.harness.samples import Config, RoundSample, RunSample, SessionSample
 from sdcp_fast.harness.workload import Workload
 from sdcp_fast.protocol.commitlog import LogRecord

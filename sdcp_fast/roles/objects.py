@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
-from sdcp_fast.cache.errors import ObjectUnavailable
+from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.protocol import BadRequest
 from sdcp_fast.store.interface import Store
 

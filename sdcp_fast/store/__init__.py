@@ -9,8 +9,8 @@ of an ``sdcp-fast mlc`` server. This package is the one place that composes the 
 from typing import TYPE_CHECKING
 
 from sdcp_fast.store.interface import Log, Store
-from sdcp_fast.store.local import LocalStore, embedded
-from sdcp_fast.store.remote import RemoteStore
+from sdcp_fast.store.local_store import LocalStore, embedded
+from sdcp_fast.store.remote_store import RemoteStore
 
 __all__ = ["LocalStore", "Log", "RemoteStore", "Store", "embedded"]
 

@@ -1,15 +1,15 @@
 """What the roles need of the store (draft §1.4, §6.2, §6.8): objects, their leases, and
 commit logs, as one typed asynchronous interface.
 
-Two implementations satisfy it: :class:`~sdcp_fast.store.local.LocalStore` (the cache and
-the file commit logs in this process) and :class:`~sdcp_fast.store.remote.RemoteStore` (an
+Two implementations satisfy it: :class:`~sdcp_fast.store.local_store.LocalStore` (the cache and
+the file commit logs in this process) and :class:`~sdcp_fast.store.remote_store.RemoteStore` (an
 ``sdcp-fast mlc`` server over the project's transport). A role is typed against
 :class:`Store` and never learns which one it was given.
 
 Failures keep the cache's and the commit log's contracts: a missing object is
-:class:`~sdcp_fast.cache.errors.ObjectUnavailable`, a stale append
-:class:`~sdcp_fast.commitlog.base.PreconditionFailed`, a fenced one
-:class:`~sdcp_fast.commitlog.base.Fenced`; no answer from a remote store is a
+:class:`~sdcp_fast.cache.failures.ObjectUnavailable`, a stale append
+:class:`~sdcp_fast.commitlog.backend.PreconditionFailed`, a fenced one
+:class:`~sdcp_fast.commitlog.backend.Fenced`; no answer from a remote store is a
 ConnectionError.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from sdcp_fast.cache.store import Head
-from sdcp_fast.commitlog.base import LogView
+from sdcp_fast.commitlog.backend import LogView
 from sdcp_fast.protocol.commitlog import LogRecord
 
 

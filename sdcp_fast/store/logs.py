@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 
 from sdcp_fast.commitlog import CommitLog, append_checked, open_commit_log
-from sdcp_fast.commitlog.base import LogView
+from sdcp_fast.commitlog.backend import LogView
 from sdcp_fast.protocol.commitlog import LogRecord
 
 
 class ThreadedLog:
-    """A :class:`~sdcp_fast.commitlog.base.CommitLog` whose calls run on worker threads;
+    """A :class:`~sdcp_fast.commitlog.backend.CommitLog` whose calls run on worker threads;
     appends are checked (§6.8's read-after-append where the backend does not fence)."""
 
     def __init__(self, log: CommitLog) -> None:

@@ -36,16 +36,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sdcp_fast.cache import policy
-from sdcp_fast.cache.errors import BadRange
+from sdcp_fast.cache.failures import BadRange
 from sdcp_fast.cache.store import MAX_LEASE_TTL, MLC
 from sdcp_fast.cache.uri import SCHEME, ObjectName, served_name
-from sdcp_fast.commitlog.base import RecordTooLarge, UnknownLog
+from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record, encode_record
 from sdcp_fast.protocol.problems import BadRequest
-from sdcp_fast.store.local import INLINE_BYTES, run_on
+from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.store.server_metrics import prometheus_text
 from sdcp_fast.store.server_requests import BodyTooLarge, Call, UploadBudget, answer_for, release_body
 from sdcp_fast.transport.base import Request, Response

@@ -1,5 +1,5 @@
 """The cache and the commit log do not import each other; only the store (``sdcp_fast.store``)
-composes them (tests/store/test_local.py: the embedded default)."""
+composes them (tests/store/test_local_store.py: the embedded default)."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def _imports(package: str) -> set[str]:
 def test_cache_and_commitlog_do_not_import_each_other():
     assert not {m for m in _imports("cache") if m.startswith("sdcp_fast.commitlog")}
     assert not {m for m in _imports("commitlog") if m.startswith("sdcp_fast.cache")}
-    code = ("import sys, sdcp_fast.cache, sdcp_fast.cache.client, sdcp_fast.cache.policy; "
+    code = ("import sys, sdcp_fast.cache, sdcp_fast.cache.http_client, sdcp_fast.cache.policy; "
             "assert not [m for m in sys.modules if m.startswith('sdcp_fast.commitlog')]; "
             "import sdcp_fast.commitlog.http, sdcp_fast.commitlog.directory, sdcp_fast.commitlog.etcd")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -25,7 +25,7 @@ from typing import Any
 
 import cbor2
 
-from sdcp_fast.cache import errors as mlc_errors
+from sdcp_fast.cache import failures as mlc_errors
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.problems import BY_SUFFIX, PROBLEM_MEDIA_TYPE, SdcpProblem, type_suffix
 from sdcp_fast.roles.wire import InternalError, MethodNotAllowed, NotFound

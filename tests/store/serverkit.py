@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from sdcp_fast.cache.client import RemoteMLC, mlc_transport
+from sdcp_fast.cache.http_client import RemoteMLC, mlc_transport
 from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog

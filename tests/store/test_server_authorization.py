@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sdcp_fast.cache import MLC, ObjectLeased, UnknownLease, object_uri
-from sdcp_fast.cache.client import RemoteMLC
+from sdcp_fast.cache.http_client import RemoteMLC
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog

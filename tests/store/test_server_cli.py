@@ -12,7 +12,7 @@ import time
 import pytest
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.cache.client import RemoteMLC
+from sdcp_fast.cache.http_client import RemoteMLC
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.deploy.up import free_port
 from sdcp_fast.protocol.commitlog import FenceRecord

@@ -16,7 +16,7 @@ import h2.events
 import pytest
 
 from sdcp_fast.cache import MLC, object_uri
-from sdcp_fast.cache.client import AsyncMLC, mlc_transport
+from sdcp_fast.cache.http_client import AsyncMLC, mlc_transport
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.transport.loop import LoopThread
 
@@ -148,7 +148,7 @@ def test_the_async_client_runs_many_calls_at_once_on_one_connection(server):
 def test_the_async_client_encodes_large_tensors_off_its_loop(server, monkeypatch):
     import torch
 
-    import sdcp_fast.cache.client as client_module
+    import sdcp_fast.cache.http_client as client_module
     import sdcp_fast.store.server as server_module
 
     on_loop: list[bool] = []

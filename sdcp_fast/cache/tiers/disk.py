@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from typing import Any
 
-from sdcp_fast.cache.tiers.base import as_bytes_view
+from sdcp_fast.cache.tiers.tier import as_bytes_view
 
 _EMPTY = memoryview(b"")
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)

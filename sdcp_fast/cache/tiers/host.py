@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from sdcp_fast import native
-from sdcp_fast.cache.tiers.base import as_bytes_view
+from sdcp_fast.cache.tiers.tier import as_bytes_view
 
 # Below this, page-locking buys little (a copy of a few pages is staged by the driver anyway)
 # and costs a mapping each; at 64 KiB a full 1 GiB tier holds at most 16,384 mappings.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdcp_fast.cache.tiers.base import as_bytes_view
+from sdcp_fast.cache.tiers.tier import as_bytes_view
 
 
 class RedisTier:

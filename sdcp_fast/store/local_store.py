@@ -16,9 +16,9 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from sdcp_fast.cache import MiB
-from sdcp_fast.cache.errors import ObjectUnavailable
+from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.cache.store import MLC, Clock, Head
-from sdcp_fast.cache.tiers.base import Tier
+from sdcp_fast.cache.tiers.tier import Tier
 from sdcp_fast.commitlog.directory import MAX_OPEN, LogDirectory
 from sdcp_fast.store.interface import Log
 from sdcp_fast.store.logs import ThreadedLog, open_backend

@@ -1,5 +1,5 @@
 """The store of an ``sdcp-fast mlc`` server, reached over the project's transport: objects
-and leases with :class:`~sdcp_fast.cache.client.AsyncMLC`, the server's commit logs with
+and leases with :class:`~sdcp_fast.cache.http_client.AsyncMLC`, the server's commit logs with
 :class:`~sdcp_fast.commitlog.http.AsyncHttpCommitLog`, both on one transport (HTTP/2 with
 this service's client certificate: one connection, a stream per call, no thread)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 import ssl
 from typing import Any
 
-from sdcp_fast.cache.client import AsyncMLC, mlc_transport
+from sdcp_fast.cache.http_client import AsyncMLC, mlc_transport
 from sdcp_fast.cache.store import Head
 from sdcp_fast.commitlog.http import AsyncHttpCommitLog
 from sdcp_fast.store.interface import Log
@@ -18,7 +18,7 @@ from sdcp_fast.transport.base import Transport
 
 class RemoteStore:
     """:class:`~sdcp_fast.store.interface.Store` served at ``base_url`` through ``transport``
-    (by default :func:`~sdcp_fast.cache.client.mlc_transport` with the client context
+    (by default :func:`~sdcp_fast.cache.http_client.mlc_transport` with the client context
     ``ssl``; without one, h2c on loopback)."""
 
     def __init__(self, base_url: str, transport: Transport | None = None, *,

@@ -10,7 +10,7 @@ event loop of its own in a background thread, so any number of threads share its
 connection.
 
 Failures keep the store's contract: a problem the server answers is raised as the cache
-error of its type (:mod:`sdcp_fast.cache.errors`) or the generic problem of its status; no
+error of its type (:mod:`sdcp_fast.cache.failures`) or the generic problem of its status; no
 answer at all (refused, reset, timed out) is a :class:`MLCUnreachable`, a ConnectionError.
 """
 
@@ -25,7 +25,7 @@ from concurrent.futures import Future
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from sdcp_fast.cache import errors
+from sdcp_fast.cache import failures
 from sdcp_fast.cache.store import Head, Stored
 from sdcp_fast.cache.uri import SCHEME, check_key
 from sdcp_fast.protocol.cbor import decode, deterministic_cbor
@@ -40,11 +40,11 @@ from sdcp_fast.transport.problem import problem_of as _problem_of
 T = TypeVar("T")
 
 _OURS: dict[str, type[SdcpProblem]] = {
-    cls.suffix: cls for cls in (errors.ObjectUnavailable, errors.ObjectLeased, errors.UnknownLease,
-                                errors.CacheFull, errors.BadRange)
+    cls.suffix: cls for cls in (failures.ObjectUnavailable, failures.ObjectLeased, failures.UnknownLease,
+                                failures.CacheFull, failures.BadRange)
 }
 
-_BODILESS: dict[int, type[SdcpProblem]] = {404: errors.ObjectUnavailable, 403: Forbidden}
+_BODILESS: dict[int, type[SdcpProblem]] = {404: failures.ObjectUnavailable, 403: Forbidden}
 MAX_OBJECT = 1 << 30  # the server's limit on an object; a response up to it is accepted
 INLINE_BYTES = 256 << 10  # larger bodies are encoded and decoded off the event loop
 # 256 KiB DATA frames, as the MLC server asks (store/server.py MAX_FRAME says why).
@@ -110,7 +110,7 @@ class AsyncMLC:
 
     async def put(self, uri: str, data: Any, lease_ttl: float | None = None, *,
                   meta: dict[str, Any] | None = None) -> Stored:
-        from sdcp_fast.cache.tiers.base import as_bytes_view
+        from sdcp_fast.cache.tiers.tier import as_bytes_view
 
         view = as_bytes_view(data)
         if hasattr(data, "untyped_storage"):
@@ -156,7 +156,7 @@ class AsyncMLC:
     async def get_range(self, uri: str, start: int, stop: int | None = None) -> memoryview:
         if stop is not None and stop <= start:
             if stop < start:
-                raise errors.BadRange(f"[{start}, {stop}) is not a range")
+                raise failures.BadRange(f"[{start}, {stop}) is not a range")
             return memoryview(b"")
         spec = f"bytes={start}-" + ("" if stop is None else str(stop - 1))
         return memoryview((await self._call("GET", _path("objects/", uri), headers={"range": spec})).body)
@@ -169,7 +169,7 @@ class AsyncMLC:
     async def contains(self, uri: str) -> bool:
         try:
             await self.head(uri)
-        except errors.ObjectUnavailable:
+        except failures.ObjectUnavailable:
             return False
         return True
 
@@ -214,7 +214,7 @@ def _tensor(uri: str, doc: dict[str, Any], device: str | None) -> Any:
 def _copy_into(uri: str, data: memoryview, out: Any) -> int:
     view = memoryview(out).cast("B")
     if data.nbytes > view.nbytes:
-        raise errors.BadRange(f"{uri} has {data.nbytes} bytes; the buffer holds {view.nbytes}")
+        raise failures.BadRange(f"{uri} has {data.nbytes} bytes; the buffer holds {view.nbytes}")
     view[: data.nbytes] = data
     return data.nbytes
 
@@ -291,7 +291,7 @@ class RemoteMLC:
         async def one(uri: str) -> bool:
             try:
                 data = await self.aio.get(uri)
-            except errors.ObjectUnavailable:
+            except failures.ObjectUnavailable:
                 return False
             with self._lock:
                 self._prefetched[uri] = bytes(data)

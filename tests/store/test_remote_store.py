@@ -1,4 +1,4 @@
-"""The store of an ``sdcp-fast mlc`` server (sdcp_fast/store/remote.py): its commit logs are
+"""The store of an ``sdcp-fast mlc`` server (sdcp_fast/store/remote_store.py): its commit logs are
 the server's, and no answer at all is a ConnectionError (the roles retry it)."""
 
 from __future__ import annotations

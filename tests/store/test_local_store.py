@@ -1,4 +1,4 @@
-"""The store in this process (sdcp_fast/store/local.py): the embedded default is the cache
+"""The store in this process (sdcp_fast/store/local_store.py): the embedded default is the cache
 plus the commit logs under its root, and its calls keep the event loop free."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.protocol.commitlog import FenceRecord
 from sdcp_fast.store import embedded
-from sdcp_fast.store.local import INLINE_BYTES
+from sdcp_fast.store.local_store import INLINE_BYTES
 
 SCOPE, S = bytes(16), bytes(16)
 LOG = object_uri(SCOPE, S, "commit_log")
