@@ -1,30 +1,45 @@
-"""The verifier role over HTTP/2 + mutual TLS with a trivial scorer, next to a bare echo
-server on the same transport, measured in the same run; and the core's CPU cost per round.
+"""The control plane on the deployment's real path, with the model taken out: rounds per
+second, verdict latency, CPU per round in each process, and HTTP exchanges and bytes per
+round, next to a bare echo on the same transport measured in the same run.
 
-What is measured: a child process serves a :class:`~sdcp_fast.roles.verifier.VerifierRole`
-whose scorer returns constant logits (V = 32, so scoring costs next to nothing) and whose
-commit log is in memory (the file log's fsync would measure the disk); this process opens
-one session per worker as the router, then each worker proposes rounds of M = 4 tokens as
-the assigned drafter, each as soon as the last verdict came back. Reported: rounds/s, p50
-and p99 verdict latency, the verifier's CPU microseconds per round, and the same for the echo
-server of ``bench/transport.py`` at the same concurrency (goal: >= 80% of the echo's rate).
-Then the core alone (``VerifierSession``: receive, complete, append_done) in a loop (goal:
-< 50 us per round).
+What runs: an ``sdcp-fast mlc`` process (its file commit logs on disk), one verifier process
+and ``--drafters`` drafter processes, each the real role (:class:`VerifierRole`,
+:class:`DrafterRole`) served over HTTP/2 + mutual TLS and reaching the MLC over it too. The
+scorer returns fixed logits and the drafter proposes M = 4 zeros (with q rows of V = 32,000
+under rule 2), so the model costs nothing and what is left is the round itself. This process
+is the router: it opens the sessions, assigns them over the drafter processes (each drafter
+talks to the verifier over its own connection), and long-polls each session's output; a
+finished session is replaced by a new one, so ``concurrency`` sessions are always running.
+The drafters choose M as the verdicts' ``m_cap`` allows.
 
-    python bench/protocol.py                 # ~30 s: concurrency 1, 16, 64
-    python bench/protocol.py --seconds 5 --concurrency 8 --json out.json
+Per level and rule: completed rounds/s, p50/p99 verdict latency as the drafters see it
+(proposal sent to verdict received), CPU microseconds per round of each process (``/proc``
+utime + stime over the window), then the echo server of ``bench/transport.py`` at the same
+concurrency (goal: the verifier's rounds/s >= 0.8 of the echo's requests/s at 64). Then,
+with one session, the HTTP exchanges and body bytes per round by kind (every client's
+requests, counted where they are sent), in a window of rounds at 10 and at ``--long``
+committed tokens: what a round costs the wire, and whether that grows with the session.
+Last, the core alone (``VerifierSession``: receive, complete, append_done).
+
+    python bench/protocol.py                           # ~1 min: concurrency 1 16 64 256, rules 1 and 2
+    python bench/protocol.py --seconds 2 --concurrency 1 4 --long 200 --json out.json   # the CI smoke run
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from transport import echo_server, make_certs, measure  # noqa: E402
 
 from sdcp_fast.cache import object_uri  # noqa: E402
-from sdcp_fast.commitlog.base import LogView, PreconditionFailed, etag_of, fence_error, length_of  # noqa: E402
+from sdcp_fast.model.interfaces import Draft  # noqa: E402
 from sdcp_fast.protocol import (  # noqa: E402
     Assignment,
     Contract,
@@ -44,227 +59,418 @@ from sdcp_fast.protocol import (  # noqa: E402
     Status,
     VerifierSession,
 )
-from sdcp_fast.protocol.commitlog import LogRecord, fence_epoch  # noqa: E402
 from sdcp_fast.protocol.peer import PeerRole  # noqa: E402
+from sdcp_fast.protocol.routing import new_session_id  # noqa: E402
 from sdcp_fast.roles.wire import SdcpClient  # noqa: E402
-from sdcp_fast.store import LocalStore, Log, embedded  # noqa: E402
-from sdcp_fast.transport.base import Request, Response  # noqa: E402
+from sdcp_fast.transport.base import Request, Response, Transport  # noqa: E402
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates  # noqa: E402
 from sdcp_fast.transport.h2client import H2Transport  # noqa: E402
 from sdcp_fast.transport.loop import run  # noqa: E402
 from sdcp_fast.transport.tls import client_context, server_context  # noqa: E402
 
-VOCAB, M = 32, 4
+VOCAB, M = 32_000, 4
 TARGET = bytes(range(32))
-VERIFIER, DRAFTER, ROUTER = "https://127.0.0.1:8501/", "https://127.0.0.1:8511/", "https://127.0.0.1:8500/"
+SCOPE = bytes(16)
+SESSION_TOKENS = 256  # a session's output in the throughput runs; a new session replaces it
+LOGITS = torch.zeros(VOCAB)
+LOGITS[0] = 20.0  # token 0 is the argmax, and nearly all of the distribution under rule 2
+Q_ROWS = torch.softmax(LOGITS, dim=-1).expand(8, VOCAB).contiguous()
 
 
 class ConstantScorer:
-    """Logits that make token 0 the argmax everywhere: every proposal of zeros is accepted."""
+    """Fixed logits: every proposal of zeros is accepted (rule 1 always, rule 2 nearly)."""
 
     vocab_size = VOCAB
 
     def score(self, batch: Any) -> list[torch.Tensor]:
-        row = torch.zeros(VOCAB)
-        row[0] = 1.0
-        return [row.expand(len(r.proposal) + 1, VOCAB) for r in batch]
+        return [LOGITS.expand(len(r.proposal) + 1, VOCAB) for r in batch]
 
     def release(self, session: bytes) -> None:
         return None
 
 
-class MemoryLog:
-    """A commit log in memory with the file log's semantics (fenced, tags = record counts)."""
+class ZeroDrafter:
+    """A draft that costs nothing: M zeros, and under rule 2 the rows the scorer's logits give."""
 
-    def __init__(self, ref: str) -> None:
-        self.ref = ref
-        self.records: list[LogRecord] = []
+    name = "zero"
 
-    async def read(self, start: int = 0) -> LogView:
-        return LogView(self.records[start:], start, etag_of(len(self.records)))
+    def propose(self, session: bytes, committed: Any, m: int, *, rule: int, **_: Any) -> Draft:
+        return Draft([0] * m, Q_ROWS[:m] if rule == 2 else None)
 
-    async def append(self, record: LogRecord, if_match: str | None) -> str:
-        fence = fence_epoch(self.records)
-        if record.epoch < fence:
-            raise fence_error(fence, record)
-        if if_match is not None and length_of(if_match) != len(self.records):
-            raise PreconditionFailed("log changed")
-        self.records.append(record)
-        return etag_of(len(self.records))
+    def release(self, session: bytes) -> None:
+        return None
 
 
-class MemoryStore(LocalStore):
-    """The embedded store with its commit logs in memory."""
-
-    def __init__(self) -> None:
-        store = embedded()
-        super().__init__(store.mlc, store.logs)
-        self.memory_logs: dict[str, MemoryLog] = {}
-
-    async def commit_log(self, ref: str) -> Log:
-        return self.memory_logs.setdefault(ref, MemoryLog(ref))
+def exchange_kind(method: str, path: str) -> str:
+    """A request's kind: the method and the resource (the object kind for the MLC's names)."""
+    for kind in ("q_rows", "committed_tokens", "commit_log", "target_kv", "prompt", "leases"):
+        if kind in path:
+            return f"{method} {kind}"
+    parts = path.strip("/").split("/")
+    return f"{method} {parts[-1] if parts[0] == 'sessions' else parts[0]}"
 
 
-SESSION_TOKENS = 256  # each session ends after this many tokens and the worker opens another
+class Counted:
+    """A client transport that counts what it sends, by kind: exchanges, body bytes out and in;
+    and the time each proposal took (the drafter's verdict latency)."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+        self.latencies: list[float] = []
+
+    async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
+                      query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
+                      timeout: float | None = None) -> Response:
+        t0 = time.perf_counter()
+        response = await self.inner.request(base_uri, method, path, body=body, query=query, headers=headers,
+                                            timeout=timeout)
+        kind = exchange_kind(method, path)
+        c = self.counts[kind]
+        c[0] += 1
+        c[1] += len(body)
+        c[2] += len(response.body)
+        if kind == "POST proposals":
+            self.latencies.append(time.perf_counter() - t0)
+        return response
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+    def snapshot(self, drain: bool) -> dict[str, Any]:
+        out = {"counts": {k: list(v) for k, v in self.counts.items()}, "latencies": list(self.latencies)}
+        if drain:
+            self.latencies.clear()
+        return out
 
 
-def contract() -> Contract:
-    return Contract(target=TARGET, tokenizer=bytes(32), rule=1, m_max=8, max_new=SESSION_TOKENS, stop=(),
-                    low_rounds=2, fallback=(1, 5), scope=bytes(16))
+def _client(certs: Path, name: str) -> H2Transport:
+    return H2Transport(client_context(str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem")))
 
 
-async def _serve(certs: Path) -> None:
-    from sdcp_fast.protocol.peer import Peer
-    from sdcp_fast.roles.verifier import VerifierRole
+async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_batch: int, batch_wait: float,
+                 threads: int) -> None:
+    from sdcp_fast.store import RemoteStore
     from sdcp_fast.transport.h2server import serve
-    from sdcp_fast.transport.inprocess import InProcessNetwork
 
-    role = VerifierRole(ConstantScorer(), uri=VERIFIER, mlc=MemoryStore(),
-                        transport=InProcessNetwork().transport(Peer(VERIFIER, PeerRole.VERIFIER)),
-                        target_digest=TARGET, backend="reference", batch_wait=0.0)
+    torch.set_num_threads(threads)  # as the services' --threads
+    uri = f"https://127.0.0.1:{port}/"
+    counted = Counted(_client(certs, name))
+    store = RemoteStore(mlc, transport=counted)
+    role: Any
+    if kind == "verifier":
+        from sdcp_fast.roles.verifier import VerifierRole
 
-    async def cpu(request: Request) -> Response:
-        return Response(200, repr(time.process_time()).encode())
+        role = VerifierRole(ConstantScorer(), uri=uri, mlc=store, transport=counted, target_digest=TARGET,
+                            backend="reference", max_batch=max_batch, batch_wait=batch_wait, offload=True,
+                            target_kv=None)
+    else:
+        from sdcp_fast.roles.drafter import DrafterRole
 
-    role.routes.add("GET", "cpu", cpu)
-    ctx = server_context(str(certs / "verifier.pem"), str(certs / "verifier.key"), str(certs / "ca.pem"))
-    server = await serve(role.handler, "127.0.0.1", 0, ssl=ctx)
+        role = DrafterRole(ZeroDrafter(), uri=uri, mlc=store, transport=counted, fixed_m=M, offload=True)
+
+    async def stats(request: Request) -> Response:
+        return Response(200, json.dumps(counted.snapshot(drain=request.method == "POST")).encode())
+
+    role.routes.add("GET", "bench", stats)
+    role.routes.add("POST", "bench", stats)
+    ctx = server_context(str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem"))
+    server = await serve(role.handler, "127.0.0.1", port, ssl=ctx)
     await role.start()
-    print(f"PORT {server.port}", flush=True)
-    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+    print("READY", flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
     server.close()
     await role.close()
 
 
-def _transport(certs: Path, name: str) -> H2Transport:
-    return H2Transport(client_context(str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem")))
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
-async def _rounds(port: int, certs: Path, concurrency: int, seconds: float) -> dict[str, float]:
-    base = f"https://127.0.0.1:{port}/"
-    router, drafter = SdcpClient(_transport(certs, "router")), SdcpClient(_transport(certs, "drafter"))
-    status = Status(instance=DRAFTER, role=1, load=0, queue=0, ttl_ms=10_000)
-    c = contract()
+def cpu_seconds(pid: int) -> float:
+    """A process's user + system CPU seconds (Linux ``/proc``)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    async def new_session() -> Any:
-        sid = torch.randint(0, 256, (16,), dtype=torch.uint8).numpy().tobytes()
-        open_ = SessionOpen(session=sid, epoch=1, contract=c, prompt=(1, 2, 3),
-                            commit_log=object_uri(bytes(16), sid, "commit_log"))
-        state = await router.open_session(base, open_)
-        return await router.put_drafter(base, Assignment(
-            session=sid, epoch=1, contract=c, verifier=base, drafter=DRAFTER, prompt=(1, 2, 3), round=0,
-            committed=0, digest=state.digest, m_init=M))
 
-    async def worker(until: float, latencies: list[float] | None) -> None:
-        state = await new_session()
-        round_, committed, digest = state.round, state.committed, state.digest
-        while (now := time.perf_counter()) < until:
-            m = min(M, SESSION_TOKENS - committed - 1)
-            if m < 1:  # sessions are as long as real ones: a fresh one when this one is done
-                state = await new_session()
-                round_, committed, digest = state.round, state.committed, state.digest
-                continue
-            verdict = await drafter.propose(base, Proposal(
-                session=state.session, epoch=1, round=round_ + 1, drafter=DRAFTER, base=committed,
-                base_digest=digest, tokens=(0,) * m, status=status))
-            round_, committed, digest = verdict.round, verdict.committed, verdict.digest
-            if latencies is not None:
-                latencies.append(time.perf_counter() - now)
+class Deployment:
+    """The MLC, the verifier and the drafters, each its own process, under one dev CA."""
 
-    cpu_client = drafter.transport
-    warm = time.perf_counter() + min(1.0, seconds / 3)
-    await asyncio.gather(*(worker(warm, None) for _ in range(concurrency)))
-    latencies: list[float] = []
-    cpu0 = float((await cpu_client.request(base, "GET", "cpu")).body)
-    t0 = time.perf_counter()
-    await asyncio.gather(*(worker(t0 + seconds, latencies) for _ in range(concurrency)))
-    elapsed = time.perf_counter() - t0
-    cpu = float((await cpu_client.request(base, "GET", "cpu")).body) - cpu0
-    await router.transport.close()
-    await cpu_client.close()
+    def __init__(self, directory: Path, drafters: int, max_batch: int, batch_wait: float, threads: int) -> None:
+        self.directory = directory
+        self.certs = directory / "certs"
+        ports = [free_port() for _ in range(2 + drafters)]
+        self.mlc = f"https://127.0.0.1:{ports[0]}"
+        self.verifier = f"https://127.0.0.1:{ports[1]}/"
+        self.drafters = [f"https://127.0.0.1:{p}/" for p in ports[2:]]
+        write_certificates(self.certs, [
+            InstanceSpec("mlc", PeerRole.MLC, self.mlc + "/"), InstanceSpec("verifier", PeerRole.VERIFIER, self.verifier),
+            InstanceSpec("router", PeerRole.ROUTER, "https://127.0.0.1:1/"),
+            *(InstanceSpec(f"drafter-{i}", PeerRole.DRAFTER, uri) for i, uri in enumerate(self.drafters))])
+        make_certs(self.certs)  # server/client for the echo baseline
+        self.processes: dict[str, subprocess.Popen[str]] = {}
+        self.processes["mlc"] = subprocess.Popen(
+            [sys.executable, "-m", "sdcp_fast", "mlc", "--port", str(ports[0]), "--root", str(directory / "mlc"),
+             "--certs", str(self.certs), "--name", "mlc", "--max-open-logs", "2048"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True)
+        _wait_port(ports[0])
+        names = [("verifier", "verifier", ports[1])] + [("drafter", f"drafter-{i}", p) for i, p in enumerate(ports[2:])]
+        for kind, name, port in names:
+            child = subprocess.Popen(
+                [sys.executable, __file__, "--serve", kind, name, str(port), "--certs", str(self.certs),
+                 "--mlc", self.mlc, "--max-batch", str(max_batch), "--batch-wait-ms", str(batch_wait * 1e3),
+                 "--threads", str(threads)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            self.processes[name] = child
+            assert child.stdout is not None
+            if child.stdout.readline().strip() != "READY":
+                raise RuntimeError(f"{name} did not start")
+
+    def cpu(self) -> dict[str, float]:
+        out = {name: cpu_seconds(p.pid) for name, p in self.processes.items()}
+        out["router"] = time.process_time()
+        return out
+
+    def close(self) -> None:
+        for name, p in self.processes.items():
+            if name == "mlc":
+                p.terminate()
+            elif p.stdin is not None:
+                p.stdin.close()
+        for p in self.processes.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _wait_port(port: int, timeout: float = 60.0) -> None:
+    until = time.monotonic() + timeout
+    while time.monotonic() < until:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.05)
+    raise RuntimeError(f"nothing listens on port {port}")
+
+
+def contract(rule: int, max_new: int) -> Contract:
+    return Contract(target=TARGET, tokenizer=bytes(32), rule=rule, m_max=8, max_new=max_new, stop=(),
+                    low_rounds=2, fallback=(1, 5), scope=SCOPE)
+
+
+class Router:
+    """This process as the router: sessions opened, assigned and followed to their end."""
+
+    def __init__(self, deployment: Deployment) -> None:
+        self.d = deployment
+        self.counted = Counted(_client(deployment.certs, "router"))
+        self.client = SdcpClient(self.counted)
+        self.stats = SdcpClient(_client(deployment.certs, "router"))  # the children's counters, not counted
+        self.sessions = 0
+
+    async def session(self, rule: int, max_new: int, on_output: Any = None) -> None:
+        """One session from open to its last token (``on_output(committed)`` after each read)."""
+        sid = new_session_id(os.urandom(16))
+        drafter = self.d.drafters[self.sessions % len(self.d.drafters)]
+        self.sessions += 1
+        c, v = contract(rule, max_new), self.d.verifier
+        state = await self.client.open_session(v, SessionOpen(
+            session=sid, epoch=1, contract=c, prompt=(1, 2, 3), commit_log=object_uri(SCOPE, sid, "commit_log")))
+        assignment = Assignment(session=sid, epoch=1, contract=c, verifier=v, drafter=drafter, prompt=(1, 2, 3),
+                                round=0, committed=0, digest=state.digest, m_init=M,
+                                committed_tokens=object_uri(SCOPE, sid, "committed_tokens", 1))
+        await self.client.put_drafter(v, assignment)
+        await self.client.assign(drafter, assignment)
+        start = 0
+        while True:
+            out = await self.client.output(v, sid, start, timeout=30.0)
+            start = out.from_ + len(out.tokens)
+            if on_output is not None:
+                await on_output(start)
+            if out.final:
+                return
+
+    async def counters(self, drain: bool) -> dict[str, dict[str, Any]]:
+        method = "POST" if drain else "GET"
+        out = {"router": self.counted.snapshot(drain)}
+        for name, base in [("verifier", self.d.verifier)] + [(f"drafter-{i}", u) for i, u in enumerate(self.d.drafters)]:
+            out[name] = json.loads(bytes((await self.stats.transport.request(base, method, "bench")).body))
+        return out
+
+    async def close(self) -> None:
+        await self.counted.close()
+        await self.stats.transport.close()
+
+
+async def throughput(router: Router, rule: int, concurrency: int, seconds: float) -> dict[str, Any]:
+    """``concurrency`` sessions at all times for a warm-up, then ``seconds`` measured."""
+    stop = time.perf_counter() + seconds + min(1.0, seconds / 3)
+
+    async def keep_one() -> None:
+        while time.perf_counter() < stop:
+            await router.session(rule, SESSION_TOKENS)
+
+    tasks = [asyncio.create_task(keep_one()) for _ in range(concurrency)]
+    await asyncio.sleep(min(1.0, seconds / 3))
+    await router.counters(drain=True)
+    cpu0, t0 = router.d.cpu(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    snap, cpu1, elapsed = await router.counters(drain=True), router.d.cpu(), time.perf_counter() - t0
+    await asyncio.gather(*tasks)
+    latencies = [x for name, s in snap.items() if name.startswith("drafter") for x in s["latencies"]]
     n = len(latencies)
-    cuts = statistics.quantiles(latencies, n=100) if n >= 2 else latencies * 99
-    return {"concurrency": concurrency, "rounds": n, "rps": n / elapsed, "p50_ms": cuts[49] * 1e3,
-            "p99_ms": cuts[98] * 1e3, "server_us_per_req": cpu / n * 1e6}
+    cuts = statistics.quantiles(latencies, n=100) if n >= 2 else (latencies or [0.0]) * 99
+    cpu = {name: (cpu1[name] - cpu0[name]) / max(n, 1) * 1e6 for name in cpu0}
+    cpu["drafters"] = sum(v for k, v in cpu.items() if k.startswith("drafter-"))
+    return {"rule": rule, "concurrency": concurrency, "rounds": n, "rps": n / elapsed, "p50_ms": cuts[49] * 1e3,
+            "p99_ms": cuts[98] * 1e3, "cpu_us_per_round": {k: v for k, v in cpu.items() if not k.startswith("drafter-")}}
+
+
+def _totals(snap: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for s in snap.values():
+        for kind, (n, sent, received) in s["counts"].items():
+            t = out[kind]
+            t[0] += n
+            t[1] += sent
+            t[2] += received
+    return out
+
+
+async def per_round(router: Router, rule: int, committed: int, window: int = 100) -> dict[str, Any]:
+    """Exchanges and bytes per round while one session's output grows from ``committed`` to
+    ``committed + window`` tokens (taken where the router's long poll sees it pass)."""
+    marks: list[dict[str, list[int]]] = []
+
+    async def on_output(length: int) -> None:
+        if (not marks and length >= committed) or (len(marks) == 1 and length >= committed + window):
+            marks.append(_totals(await router.counters(drain=False)))
+
+    await router.session(rule, committed + window + 4 * M, on_output)
+    before, after = marks
+    rounds = after["POST proposals"][0] - before["POST proposals"][0]
+    kinds = {k: [(after[k][i] - before.get(k, [0, 0, 0])[i]) / rounds for i in range(3)] for k in after
+             if after[k][0] != before.get(k, [0, 0, 0])[0]}
+    return {"rule": rule, "committed": committed, "rounds": rounds, "kinds": kinds,
+            "exchanges": sum(v[0] for v in kinds.values()), "bytes_sent": sum(v[1] for v in kinds.values()),
+            "bytes_received": sum(v[2] for v in kinds.values()),
+            "bytes_written_committed_tokens": kinds.get("PUT committed_tokens", [0, 0, 0])[1]}
 
 
 def core_cost(rounds: int = 20000) -> float:
     """Microseconds of the sans-I/O core per round: receive, complete, append_done (rule 1),
     over sessions of ``SESSION_TOKENS`` tokens (a new one opened when one is done)."""
-    c = contract()
-    status = Status(instance=DRAFTER, role=1, load=0, queue=0, ttl_ms=10_000)
-    log = object_uri(bytes(16), b"s" * 16, "commit_log")
+    c = contract(1, SESSION_TOKENS)
+    status = Status(instance="https://127.0.0.1:2/", role=1, load=0, queue=0, ttl_ms=10_000)
+    log = object_uri(SCOPE, b"s" * 16, "commit_log")
+    drafter, verifier = "https://127.0.0.1:2/", "https://127.0.0.1:3/"
     elapsed, session = 0.0, None
     for _ in range(rounds):
         if session is None or session.committed + M + 1 > SESSION_TOKENS:
             session, state = VerifierSession.open(
                 SessionOpen(session=b"s" * 16, epoch=1, contract=c, prompt=(1, 2, 3), commit_log=log),
                 target_digest=TARGET, vocab=VOCAB)
-            session.assign(Assignment(session=b"s" * 16, epoch=1, contract=c, verifier=VERIFIER, drafter=DRAFTER,
+            session.assign(Assignment(session=b"s" * 16, epoch=1, contract=c, verifier=verifier, drafter=drafter,
                                       prompt=(1, 2, 3), round=0, committed=0, digest=state.digest, m_init=M))
-        proposal = Proposal(session=b"s" * 16, epoch=1, round=session.round + 1, drafter=DRAFTER,
+        proposal = Proposal(session=b"s" * 16, epoch=1, round=session.round + 1, drafter=drafter,
                             base=session.committed, base_digest=session.digest, tokens=(0,) * M, status=status)
         t0 = time.thread_time()  # CPU time: what the core costs, whatever else the machine runs
-        session.receive_proposal(proposal, client=DRAFTER, now=0.0)
+        session.receive_proposal(proposal, client=drafter, now=0.0)
         session.complete_scoring(M, 0, load=0)
         session.append_done(ok=True)
         elapsed += time.thread_time() - t0
     return elapsed / rounds * 1e6
 
 
-def main() -> int:
+async def echo(certs: Path, port: int, concurrency: int, seconds: float) -> dict[str, float]:
+    from transport import _client as echo_client
+
+    client = echo_client("h2", certs, concurrency)
+    try:
+        return await measure(client, f"https://127.0.0.1:{port}/", concurrency, seconds, b"x" * 200)
+    finally:
+        await client.close()
+
+
+@contextlib.contextmanager
+def deployment(args: argparse.Namespace) -> Iterator[Deployment]:
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Deployment(Path(tmp), args.drafters, args.max_batch, args.batch_wait_ms / 1e3, args.threads)
+        try:
+            yield d
+        finally:
+            d.close()
+
+
+def _cpu_text(cpu: Mapping[str, float]) -> str:
+    return ", ".join(f"{k} {v:.0f}" for k, v in cpu.items())
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
+    parser.add_argument("--rules", type=int, nargs="+", default=[1, 2], choices=(1, 2))
+    parser.add_argument("--drafters", type=int, default=4, help="drafter processes the sessions are spread over")
+    parser.add_argument("--long", type=int, default=4000, help="committed tokens of the second per-round window")
+    parser.add_argument("--max-batch", type=int, default=256)
+    parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="as the verifier service's default")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the verifier and drafters")
+    parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
+    parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
-    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--serve", nargs=3, metavar=("KIND", "NAME", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--certs", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--mlc", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
     if args.serve:
-        run(_serve(Path(args.certs)))
+        kind, name, port = args.serve
+        run(_serve(kind, name, int(port), Path(args.certs), args.mlc, args.max_batch, args.batch_wait_ms / 1e3,
+                   args.threads))
         return 0
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        certs = Path(tmp)
-        make_certs(certs)  # server/client for the echo baseline
-        write_certificates(certs, [InstanceSpec("verifier", PeerRole.VERIFIER, VERIFIER),
-                                   InstanceSpec("drafter", PeerRole.DRAFTER, DRAFTER),
-                                   InstanceSpec("router", PeerRole.ROUTER, ROUTER)])
-        child = subprocess.Popen([sys.executable, __file__, "--serve", "--certs", str(certs)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-        try:
-            assert child.stdout is not None
-            port = int(child.stdout.readline().split()[1])
-            with echo_server("h2", certs) as echo_port:
-                for concurrency in args.concurrency:
-                    verifier = run(_rounds(port, certs, concurrency, args.seconds))
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes",
+          flush=True)
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "levels": [], "per_round": []}
+    with deployment(args) as d:
+        router = Router(d)
 
-                    async def echo_run(c: int = concurrency) -> dict[str, float]:
-                        from transport import _client
+        async def levels() -> None:
+            for concurrency in args.concurrency:
+                for rule in args.rules:
+                    row = await throughput(router, rule, concurrency, args.seconds)
+                    result["levels"].append(row)
+                    print(f"rule {rule} concurrency {concurrency:3d}: {row['rps']:7.0f} rounds/s  p50 "
+                          f"{row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  CPU us/round: "
+                          f"{_cpu_text(row['cpu_us_per_round'])}", flush=True)
+            for rule in args.rules:
+                for committed in (10, args.long):
+                    row = await per_round(router, rule, committed, args.window)
+                    result["per_round"].append(row)
+                    print(f"rule {rule} at {committed:5d} committed tokens: {row['exchanges']:.2f} exchanges/round, "
+                          f"{row['bytes_sent']:.0f} B sent, {row['bytes_received']:.0f} B received per round ("
+                          + "; ".join(f"{k} {v[0]:.2f}x {v[1]:.0f}/{v[2]:.0f} B" for k, v in sorted(row["kinds"].items()))
+                          + ")", flush=True)
+            await router.close()
 
-                        client = _client("h2", certs, c)
-                        try:
-                            return await measure(client, f"https://127.0.0.1:{echo_port}/", c, args.seconds,
-                                                 b"x" * 200)
-                        finally:
-                            await client.close()
-
-                    echo = run(echo_run())
-                    rows.append({"concurrency": concurrency, "verifier": verifier, "echo": echo,
-                                 "ratio": verifier["rps"] / echo["rps"]})
-                    print(f"concurrency {concurrency:3d}: verifier {verifier['rps']:7.0f} rounds/s "
-                          f"(p50 {verifier['p50_ms']:.2f} ms, p99 {verifier['p99_ms']:.2f} ms, "
-                          f"{verifier['server_us_per_req']:.0f} us CPU/round)  echo {echo['rps']:7.0f} req/s "
-                          f"({echo['server_us_per_req']:.0f} us CPU/req)  ratio {rows[-1]['ratio']:.2f} "
-                          f"(goal >= 0.80)", flush=True)
-        finally:
-            assert child.stdin is not None
-            child.stdin.close()
-            child.wait(timeout=30)
-    core = core_cost()
-    print(f"core: {core:.1f} us per round (receive + complete + append_done, rule 1, M={M}; goal < 50)")
+        run(levels())
+        with echo_server("h2", d.certs) as port:
+            for concurrency in args.concurrency:
+                e = run(echo(d.certs, port, concurrency, args.seconds))
+                e["concurrency"] = concurrency
+                result.setdefault("echo", []).append(e)
+                best = max((r["rps"] for r in result["levels"] if r["concurrency"] == concurrency and r["rule"] == 1),
+                           default=0.0)
+                print(f"echo concurrency {concurrency:3d}: {e['rps']:7.0f} req/s ({e['server_us_per_req']:.0f} us "
+                      f"CPU/req at the server); rule-1 rounds/s over echo req/s {best / e['rps']:.2f} (goal >= 0.80 at 64)",
+                      flush=True)
+    result["core_us_per_round"] = core = core_cost(args.core_rounds)
+    result["load_after"] = os.getloadavg()
+    print(f"core: {core:.1f} us per round (receive + complete + append_done, rule 1, M={M}; goal < 50); "
+          f"load average {os.getloadavg()[0]:.2f}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "core_us_per_round": core}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0
 
 
