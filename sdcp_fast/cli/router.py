@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 from functools import partial
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from sdcp_fast.protocol.peer import PeerRole
 
 if TYPE_CHECKING:
     from sdcp_fast.deploy.catalog import Target
+    from sdcp_fast.roles.frontend_server import FrontendServer
     from sdcp_fast.roles.router import RouterRole
     from sdcp_fast.store.interface import Store
     from sdcp_fast.transport.base import Transport
@@ -27,6 +28,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or a 64-hex-digit digest; repeat per drafter")
     p.add_argument("--scope", help="the KVSP scope of this router's sessions, 32 hex digits (default random)")
     add_service_arguments(p, name="router", port=8500, router=False)
+    api = p.add_argument_group("front end", "the OpenAI-compatible API for clients (docs/frontend.md)")
+    api.add_argument("--api-listen", metavar="HOST:PORT", default="127.0.0.1:8000",
+                     help="where the front end listens (default 127.0.0.1:8000; port 0: any free one)")
+    api.add_argument("--api-key", action="append", default=[], metavar="KEY",
+                     help="a key clients send as 'Authorization: Bearer KEY' (repeatable; also $SDCP_FAST_API_KEY "
+                          "and --api-key-file); none: no key is asked")
+    api.add_argument("--api-key-file", metavar="FILE", help="keys, one a line")
+    api.add_argument("--api-cert", metavar="PEM", help="serve the front end over TLS with this server certificate")
+    api.add_argument("--api-cert-key", metavar="PEM", help="the private key of --api-cert")
+    api.add_argument("--api-per-key", type=int, default=16, metavar="N",
+                     help="requests in flight per key at most; one more is 429 (default 16)")
     from sdcp_fast.deploy.catalog import add_weights_argument
 
     add_weights_argument(p)  # the target digest in contracts follows the form of the weights
@@ -66,13 +78,42 @@ class _Loaded(NamedTuple):
     scope: bytes | None
 
 
-def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Transport) -> RouterRole:
+def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Transport) -> _WithApi:
     from sdcp_fast.roles.frontend import HFTokenizer, ToyWords, mount_frontend
+    from sdcp_fast.roles.frontend_server import FrontendServer, api_keys
     from sdcp_fast.roles.router import RouterRole
 
     target = loaded.target
     role = RouterRole(uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
                       tokenizer_digest=target.tokenizer_digest, drafter_models=loaded.models, scope=loaded.scope)
     tokenizer = ToyWords() if target.loaded is None else HFTokenizer(target.loaded.tokenizer)
-    mount_frontend(role, tokenizer, stop=target.stop, model=target.name)
-    return role
+    frontend = mount_frontend(role, tokenizer, stop=target.stop, model=target.name, context=target.context,
+                              vocab=target.vocab_size)
+    server = FrontendServer(frontend, api_keys(args.api_key, args.api_key_file), per_key=args.api_per_key)
+    return _WithApi(role, server, args)
+
+
+class _WithApi:
+    """The router role served on its SDCP port, and its front end on the client-facing one."""
+
+    def __init__(self, role: RouterRole, server: FrontendServer, args: argparse.Namespace) -> None:
+        self.role, self.server, self.args = role, server, args
+
+    @property
+    def handler(self) -> Any:
+        return self.role.handler
+
+    async def start(self) -> None:
+        import sys
+
+        await self.role.start()
+        host, _, port = self.args.api_listen.rpartition(":")
+        url = await self.server.start(host or "127.0.0.1", int(port), certfile=self.args.api_cert,
+                                      keyfile=self.args.api_cert_key)
+        keys = len(self.server.keys)
+        print(f"sdcp-fast router: front end at {url} (HTTP/1.1, "
+              f"{f'{keys} API key(s)' if keys else 'no API key asked'})", file=sys.stderr, flush=True)
+
+    async def close(self) -> None:
+        await self.server.close()
+        await self.role.close()

@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
         endpoints = up.endpoints()
         for name, svc in endpoints["services"].items():
             print(f"  {name:<17} {svc['role']:<9} {svc['url']}  (pid {svc['pid']})", flush=True)
-        print(f"  front end         {endpoints['frontend']}  (OpenAI-compatible; client certificate "
-              f"{endpoints['client_cert']})", flush=True)
+        print(f"  front end         {endpoints['frontend']}  (OpenAI-compatible; API key "
+              f"{endpoints['api_key']})", flush=True)
         print(f"sdcp-fast up: all healthy; endpoints in {Path(args.dir) / 'endpoints.json'}; Ctrl-C to stop",
               flush=True)
         while not stopping:

@@ -46,4 +46,5 @@ def _role(args: argparse.Namespace, target: Target, store: Store, transport: Tra
 
     return VerifierRole(target.scorer, uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
                         router=args.router, backend=args.backend, max_batch=args.max_batch,
-                        batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms)
+                        batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms,
+                        max_prompt=target.context)

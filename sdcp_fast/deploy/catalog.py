@@ -18,6 +18,7 @@ from typing import Any
 from sdcp_fast.model.contract_digests import model_digest
 from sdcp_fast.model.interfaces import Drafter, TargetScorer
 
+TOY_CONTEXT = 8192  # the toy target has no positions; front end and verifier bound it as a small model's
 TOY_DRAFTERS = {"toy-good": (0.8, 11), "toy-weak": (6.0, 3)}  # noise scale, seed
 
 
@@ -34,6 +35,11 @@ class Target:
     stop: tuple[int, ...]
     describe: str
     loaded: Any = None  # the real model (loader.LoadedModel), for drafters that share it
+
+    @property
+    def context(self) -> int:
+        """Tokens the model attends to, prompt and output together (the toy target: 8192)."""
+        return int(self.loaded.config.max_seq_len) if self.loaded is not None else TOY_CONTEXT
 
     def prompt(self, text: str, *, raw: bool = False) -> list[int]:
         return self.encode(text if raw or self.chat is None else self.chat(text))

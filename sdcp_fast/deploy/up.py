@@ -64,6 +64,21 @@ class Up:
     device: str | None = None
     weights: str | None = None  # --weights of the router, verifiers and drafters (one form: one digest)
     services: dict[str, Service] = field(default_factory=dict)
+    api_port: int = 0
+
+    def api_key_file(self) -> Path:
+        return self.directory / "certs" / "api-key"
+
+    def api_key(self) -> str:
+        """The front end's API key, made once per directory (kept across restarts)."""
+        path = self.api_key_file()
+        if not path.exists():
+            import secrets
+
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.touch(mode=0o600)
+            path.write_text("sk-sdcp-" + secrets.token_hex(16) + "\n")
+        return path.read_text().strip()
 
     def _ports(self, n: int) -> list[int]:
         if self.base_port is None:
@@ -77,6 +92,7 @@ class Up:
         self.model = model
         drafters = self.drafters or (TOY_DRAFTERS if model == "toy" else REAL_DRAFTERS)
         names = ["mlc", "router", "verifier", "verifier-standby"] + [f"drafter-{c}" for c in "ab"[: len(drafters)]]
+        names.append("api")  # the front end's client-facing port (the router serves it)
         ports = dict(zip(names, self._ports(len(names)), strict=True))
         certs = str(self.directory / "certs")
         py = [sys.executable, "-m", "sdcp_fast"]
@@ -84,12 +100,14 @@ class Up:
         router = f"https://127.0.0.1:{ports['router']}/"
         common = ["--certs", certs, "--mlc", mlc_url, "--status-ttl-ms", str(self.status_ttl_ms)]
         s = self.services
+        self.api_port = ports["api"]
         s["mlc"] = Service("mlc", "mlc", ports["mlc"], [
             *py, "mlc", "--port", str(ports["mlc"]), "--root", str(self.directory / "mlc"),
             "--certs", certs, "--name", "mlc"])
         drafter_uris = {f"drafter-{c}": f"https://127.0.0.1:{ports[f'drafter-{c}']}/" for c in "ab"[: len(drafters)]}
         s["router"] = Service("router", "router", ports["router"], [
             *py, "router", "--uri", router, "--name", "router", "--model", model, *common,
+            "--api-listen", f"127.0.0.1:{ports['api']}", "--api-key-file", str(self.api_key_file()),
             *self._option("--weights", self.weights),
             *(a for name, spec in zip(drafter_uris, drafters, strict=True)
               for a in ("--drafter-model", f"{drafter_uris[name]}={spec}"))])
@@ -131,6 +149,7 @@ class Up:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.plan()
         self.write_certificates()
+        self.api_key()
         self.launch(self.services["mlc"])
         self.wait_healthy(["mlc"], timeout)
         for svc in self.services.values():
@@ -138,6 +157,7 @@ class Up:
                 self.launch(svc)
         self.wait_healthy([n for n in self.services if n != "mlc"], timeout)
         self.wait_registered(timeout)
+        self.wait_api(timeout)
         (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
 
     def wait_healthy(self, names: list[str], timeout: float) -> None:
@@ -184,6 +204,19 @@ class Up:
 
         asyncio.run(poll())
 
+    def wait_api(self, timeout: float) -> None:
+        """Until the front end's port takes connections."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", self.api_port), timeout=1).close()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the front end did not listen on port {self.api_port} within {timeout:.0f}s") \
+                        from None
+                time.sleep(0.1)
+
     def healthy(self, svc: Service) -> bool:
         """Completes TLS with our CA and the client certificate, choosing HTTP/2 (ALPN h2)."""
         import ssl
@@ -208,7 +241,10 @@ class Up:
                          for name, svc in self.services.items()},
             "ca": str(certs / "ca.pem"), "client_cert": str(certs / "client.pem"),
             "client_key": str(certs / "client.key"),
-            "frontend": self.services["router"].uri + "v1/",
+            "frontend": f"http://127.0.0.1:{self.api_port}/v1/",  # the OpenAI-compatible API, for clients
+            "api_key": self.api_key(),
+            # The same API on the router's SDCP port, for tools holding the client certificate.
+            "frontend_mtls": self.services["router"].uri + "v1/",
             "logs": str(self.directory / "logs"),
         }
 

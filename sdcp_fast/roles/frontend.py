@@ -1,27 +1,39 @@
 """The router's OpenAI-compatible front end: ``POST v1/completions``, ``POST v1/chat/completions``
 (non-streamed JSON, or ``stream: true`` as server-sent events) and ``GET v1/models``.
 
-A request becomes a :class:`~sdcp_fast.roles.router.SessionSpec` (``max_tokens`` -> max_new;
-``temperature`` > 0 -> rule 2 with its sampling profile, absent or 0 -> rule 1; the model's
-stop tokens, plus ``stop`` strings that are one token each; ``sdcp_session``, 32 hex digits,
-fixes the session id so that a seeded rule-2 request repeats exactly), opened with
-:meth:`RouterRole.open`; the text is decoded incrementally from
-:meth:`RouterRole.output`, which reads committed output by index and drops output of an epoch
-lower than one already seen, so across a verifier fail-over a client never sees a token twice
-or misses one. Errors are OpenAI-style JSON bodies (``{"error": {...}}``) with their status.
+A request becomes a :class:`~sdcp_fast.roles.router.SessionSpec` (``max_tokens`` /
+``max_completion_tokens`` -> max_new; ``temperature`` > 0 -> rule 2 with its sampling profile
+and ``seed``, absent or 0 -> rule 1; the model's stop tokens, plus ``stop`` strings that are one
+token each; ``sdcp_session``, 32 hex digits, fixes the session id so that a seeded rule-2
+request repeats exactly), opened with :meth:`RouterRole.open`; the text is decoded
+incrementally from :meth:`RouterRole.output`, which reads committed output by index and drops
+output of an epoch lower than one already seen, so across a verifier fail-over a client never
+sees a token twice or misses one. ``stop`` strings are matched on the text (the output ends
+before the first), and a prompt that with ``max_tokens`` does not fit the model's context is
+400 ``context_length_exceeded``. Errors are OpenAI-style JSON bodies (``{"error": {...}}``)
+with their status; no input answers 5xx.
+
+A session whose reader goes away (a stream closed early, a cancelled request, a stop string
+reached) is cancelled at its verifier (:meth:`RouterRole.cancel`). :meth:`Frontend.handle`
+serves the routes; :mod:`sdcp_fast.roles.frontend_server` is the client-facing listener
+(HTTP/1.1, API keys), and :func:`mount_frontend` also puts them on the router's SDCP port for
+tools holding a client-role certificate.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from sdcp_fast.protocol import Action, Sampling, SdcpProblem
-from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
+from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE, Output
+from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.sse import DONE_EVENT, event
 from sdcp_fast.transport.base import Request, Response
@@ -144,6 +156,7 @@ class _Job:
     stream: bool
     usage_in_stream: bool
     created: int
+    stop_texts: tuple[str, ...] = ()
 
 
 class Frontend:
@@ -151,7 +164,8 @@ class Frontend:
 
     def __init__(self, router: RouterRole, tokenizer: TextTokenizer, *, stop: Sequence[int],
                  defaults: SessionSpec | None = None, model: str = "sdcp-fast",
-                 max_tokens: int = 16, max_tokens_limit: int = 4096, max_prompt: int = 32768) -> None:
+                 max_tokens: int = 16, max_tokens_limit: int = 4096, max_prompt: int = 32768,
+                 context: int | None = None, vocab: int | None = None) -> None:
         self.router = router
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
@@ -162,6 +176,33 @@ class Frontend:
         # a prompt no target context holds (docs/security.md, "Limits").
         self.max_tokens_limit = max_tokens_limit
         self.max_prompt = max_prompt
+        self.context = context  # the served model's context (prompt + new tokens); None: unbounded
+        self.vocab = vocab
+        self._cancels: set[asyncio.Task[None]] = set()
+
+    async def handle(self, request: Request) -> Response:
+        """Any request under ``v1/``; whatever goes wrong answers an OpenAI-style error."""
+        path = request.path.lstrip("/")
+        rest = path[3:] if path.startswith("v1/") else None
+        endpoint = {("GET", "models"): self.models, ("POST", "completions"): self.completions,
+                    ("POST", "chat/completions"): self.chat_completions}.get((request.method, rest or ""))
+        try:
+            if rest is None:
+                return ApiError(404, f"unknown endpoint {path}", code="unknown_url").response()
+            if endpoint is None:
+                return await self.unknown(request, rest)
+            return await endpoint(request)
+        except ApiError as error:
+            return error.response()
+        except Exception:  # a bug, never the client's input: logged, answered 500 in the API's shape
+            log.exception("%s %s failed", request.method, path)
+            return ApiError(500, "internal error", kind="server_error").response()
+
+    def cancel_later(self, session: bytes, why: str) -> None:
+        """Cancel ``session`` without waiting (from a stream's cleanup, which may be cancelled itself)."""
+        task = asyncio.get_running_loop().create_task(self.router.cancel(session, why))
+        self._cancels.add(task)
+        task.add_done_callback(self._cancels.discard)
 
     # -- endpoints -----------------------------------------------------------------------
 
@@ -193,17 +234,18 @@ class Frontend:
             return _from_problem(problem).response()
         session = routed.session
         ident = ("chatcmpl-" if chat else "cmpl-") + session.hex()
-        log.info("session %s: %s, %d prompt tokens, max %d new, rule %d", session.hex()[:8],
+        log.info("session %s: %s, %d prompt tokens, max %d new, rule %d", session.hex(),
                  "chat" if chat else "completion", len(job.spec.prompt), job.spec.max_new, job.spec.rule)
         if job.stream:
             return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
                             stream=self._events(session, ident, job, chat))
         text, finish, count = [], "stop", 0
         try:
-            async for piece, finished, n in self._pieces(session):
-                text.append(piece)
-                count = n
-                finish = finished or finish
+            async with contextlib.aclosing(self._pieces(session, job.stop_texts)) as pieces:
+                async for piece, finished, n in pieces:
+                    text.append(piece)
+                    count = n
+                    finish = finished or finish
         except ApiError as error:
             return error.response()
         choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
@@ -215,26 +257,43 @@ class Frontend:
                       "created": job.created, "model": self.model, "choices": [choice],
                       "usage": _usage(len(job.spec.prompt), count)})
 
-    async def _pieces(self, session: bytes) -> AsyncIterator[tuple[str, str | None, int]]:
-        """(text, finish_reason or None, tokens so far) as the session commits output."""
+    async def _pieces(self, session: bytes, stops: Sequence[str] = ()) -> AsyncGenerator[tuple[str, str | None, int], None]:
+        """(text, finish_reason or None, tokens so far) as the session commits output. Text that
+        could be the start of a stop string is held back until it is known not to be one; the
+        output ends before the first stop string. Left before the session's last output (the
+        reader went away, or a stop string was reached), the session is cancelled."""
         decoder = IncrementalDecoder(self.tokenizer, skip=self.stop)
-        count, last = 0, None
-        async for out in self.router.output(session):
-            count += len(out.tokens)
-            if out.tokens:
-                last = out.tokens[-1]
-            piece = decoder.push(out.tokens)
-            if out.final:
-                piece += decoder.flush()
-                if out.finish == Action.FAIL:
-                    if piece:
+        count, last, pending, ended = 0, None, "", False
+        hold = max((len(s) for s in stops), default=1) - 1
+        try:
+            async with contextlib.aclosing(cast("AsyncGenerator[Output, None]", self.router.output(session))) as outputs:
+                async for out in outputs:
+                    count += len(out.tokens)
+                    if out.tokens:
+                        last = out.tokens[-1]
+                    pending += decoder.push(out.tokens)
+                    if out.final:
+                        pending += decoder.flush()
+                    cut = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)
+                    if cut >= 0:
+                        yield pending[:cut], "stop", count
+                        return
+                    if out.final:
+                        ended = True
+                        if out.finish == Action.FAIL:
+                            if pending:
+                                yield pending, None, count
+                            raise ApiError(500, "the session failed (its contract's escalation ladder ended in "
+                                                "fail)", kind="server_error", code="sdcp-session-failed")
+                        yield pending, "stop" if last in self.stop else "length", count
+                        return
+                    ready = len(pending) - hold
+                    if ready > 0:
+                        piece, pending = pending[:ready], pending[ready:]
                         yield piece, None, count
-                    raise ApiError(500, "the session failed (its contract's escalation ladder ended in fail)",
-                                   kind="server_error", code="sdcp-session-failed")
-                yield piece, "stop" if last in self.stop else "length", count
-                return
-            if piece:
-                yield piece, None, count
+        finally:
+            if not ended:
+                self.cancel_later(session, "its reader went away before its end")
 
     async def _events(self, session: bytes, ident: str, job: _Job, chat: bool) -> AsyncIterator[bytes]:
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
@@ -255,12 +314,13 @@ class Frontend:
         try:
             if chat:
                 yield chunk("", None, first=True)
-            async for piece, finish, so_far in self._pieces(session):
-                count = so_far
-                if piece:
-                    yield chunk(piece, None)
-                if finish is not None:
-                    yield chunk(None if chat else "", finish)
+            async with contextlib.aclosing(self._pieces(session, job.stop_texts)) as pieces:
+                async for piece, finish, so_far in pieces:
+                    count = so_far
+                    if piece:
+                        yield chunk(piece, None)
+                    if finish is not None:
+                        yield chunk(None if chat else "", finish)
             if job.usage_in_stream:
                 yield event({**head, "choices": [], "usage": _usage(len(job.spec.prompt), count)})
         except ApiError as error:
@@ -274,31 +334,45 @@ class Frontend:
         if model != self.model:
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model!r}",
                            param="model", code="model_not_found")
-        if body.get("n", 1) != 1:
-            raise ApiError(400, "only n = 1 is supported", param="n")
-        if chat:
-            prompt = self.tokenizer.encode(self.tokenizer.chat(_messages(body.get("messages"))))
-        else:
-            prompt = self._prompt(body.get("prompt"))
-        if not prompt:
-            raise ApiError(400, "the prompt encodes to no tokens", param="messages" if chat else "prompt")
-        if len(prompt) > self.max_prompt:
-            raise ApiError(400, f"the prompt has {len(prompt)} tokens, at most {self.max_prompt} are served",
-                           param="messages" if chat else "prompt", code="context_length_exceeded")
+        n = body.get("n", 1)
+        if n != 1 or isinstance(n, bool):
+            raise ApiError(400, f"n = {n!r}: this server returns one choice per request (n = 1); send n requests "
+                                "instead", param="n")
+        if body.get("best_of", 1) != 1:
+            raise ApiError(400, "best_of: only 1 is supported", param="best_of")
         max_new = body.get("max_completion_tokens", body.get("max_tokens"))
         max_new = self.max_tokens if max_new is None else max_new
         if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
             raise ApiError(400, "max_tokens must be a positive integer", param="max_tokens")
         if max_new > self.max_tokens_limit:
             raise ApiError(400, f"max_tokens is at most {self.max_tokens_limit}", param="max_tokens")
+        where = "messages" if chat else "prompt"
+        try:
+            if chat:
+                prompt = self.tokenizer.encode(self.tokenizer.chat(_messages(body.get("messages"))))
+            else:
+                prompt = self._prompt(body.get("prompt"))
+        except (ValueError, KeyError, TypeError, UnicodeError) as exc:
+            raise ApiError(400, f"the {where} cannot be tokenized: {exc}", param=where) from None
+        if not prompt:
+            raise ApiError(400, "the prompt encodes to no tokens", param=where)
+        limit = self.max_prompt if self.context is None else min(self.max_prompt, self.context - max_new)
+        if len(prompt) > limit:
+            served = self.context if self.context is not None else self.max_prompt + max_new
+            raise ApiError(400, f"This model's maximum context length is {served} tokens. However, you requested "
+                                f"{len(prompt) + max_new} tokens ({len(prompt)} in the {where}, {max_new} in the "
+                                "completion). Please reduce the length of the prompt or the completion.",
+                           param=where, code="context_length_exceeded")
         stream = body.get("stream", False)
         if not isinstance(stream, bool):
             raise ApiError(400, "stream must be a boolean", param="stream")
         options = body.get("stream_options") or {}
-        spec = replace(self.defaults, prompt=tuple(prompt), max_new=max_new, stop=self._stops(body.get("stop")),
+        if not isinstance(options, dict):
+            raise ApiError(400, "stream_options must be an object", param="stream_options")
+        stops, texts = self._stops(body.get("stop"))
+        spec = replace(self.defaults, prompt=tuple(prompt), max_new=max_new, stop=stops,
                        session=self._session(body.get("sdcp_session")), **self._rule(body))
-        return _Job(spec, stream, bool(isinstance(options, dict) and options.get("include_usage")),
-                    int(time.time()))
+        return _Job(spec, stream, options.get("include_usage") is True, int(time.time()), texts)
 
     def _session(self, value: Any) -> bytes | None:
         """``sdcp_session`` (ours, 32 hex digits): the session id, so that a seeded rule-2
@@ -318,27 +392,30 @@ class Frontend:
     def _prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
             return self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(t, int) and t >= 0 for t in prompt):
+        vocab = self.vocab if self.vocab is not None else 1 << 32
+        if isinstance(prompt, list) and prompt and all(
+                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt):
             return list(prompt)  # token ids, as the API allows
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
             return self.tokenizer.encode(prompt[0])
-        raise ApiError(400, "prompt must be a string or a list of token ids (one prompt per request)",
-                       param="prompt")
+        raise ApiError(400, f"prompt must be a string or a list of token ids below {vocab} (one prompt per "
+                            "request)", param="prompt")
 
-    def _stops(self, stop: Any) -> tuple[int, ...]:
-        """The model's stop tokens, plus each ``stop`` string that is exactly one token (a
-        contract stops on tokens, §4.1; longer stop strings would need text matching)."""
-        strings = [stop] if isinstance(stop, str) else stop or []
-        if not isinstance(strings, list) or not all(isinstance(s, str) for s in strings):
-            raise ApiError(400, "stop must be a string or a list of strings", param="stop")
+    def _stops(self, stop: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The contract's stop tokens (the model's, plus each ``stop`` string that is exactly
+        one token, so the verifier ends there, §4.1) and the stop strings, matched on the text."""
+        strings = [stop] if isinstance(stop, str) else [] if stop is None else stop
+        if not isinstance(strings, list) or not all(isinstance(s, str) and s for s in strings) or len(strings) > 4:
+            raise ApiError(400, "stop must be a non-empty string or a list of at most 4 of them", param="stop")
         extra = []
         for text in strings:
-            ids = self.tokenizer.encode(text)
-            if len(ids) != 1:
-                raise ApiError(400, f"stop sequence {text!r} is not a single token; only single-token stops "
-                                    "are supported", param="stop")
-            extra.append(ids[0])
-        return tuple(dict.fromkeys((*self.stop, *extra)))
+            try:
+                ids = self.tokenizer.encode(text)
+            except (ValueError, KeyError, TypeError, UnicodeError):
+                ids = []
+            if len(ids) == 1 and self.tokenizer.decode(ids) == text:
+                extra.append(ids[0])
+        return tuple(dict.fromkeys((*self.stop, *extra))), tuple(dict.fromkeys(strings))
 
     @staticmethod
     def _rule(body: Mapping[str, Any]) -> dict[str, Any]:
@@ -346,11 +423,11 @@ class Frontend:
         temperature = _number(body, "temperature", 0.0, 2.0)
         top_p = _number(body, "top_p", 0.0, 1.0)
         seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or seed < 0):
-            raise ApiError(400, "seed must be a non-negative integer", param="seed")
+        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64):
+            raise ApiError(400, "seed must be an integer from 0 to 2**64 - 1", param="seed")
         top_k = body.get("top_k")  # not OpenAI's, but common among compatible servers
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 0):
-            raise ApiError(400, "top_k must be a non-negative integer", param="top_k")
+        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 <= top_k < 1 << 32):
+            raise ApiError(400, "top_k must be an integer from 0 to 2**32 - 1", param="top_k")
         if not temperature:
             return {"rule": RULE_GREEDY, "sampling": None}
         sampling = Sampling(temperature_milli=round(temperature * 1000),
@@ -360,17 +437,28 @@ class Frontend:
 
 
 def mount_frontend(router: RouterRole, tokenizer: TextTokenizer, *, stop: Sequence[int],
-                   defaults: SessionSpec | None = None, model: str = "sdcp-fast", max_tokens: int = 16) -> Frontend:
-    """Serve the OpenAI-compatible API from ``router``'s routes (``v1/...`` under its base URI).
+                   defaults: SessionSpec | None = None, model: str = "sdcp-fast", max_tokens: int = 16,
+                   context: int | None = None, vocab: int | None = None) -> Frontend:
+    """The front end of ``router``, also served from its SDCP routes (``v1/...`` under its base
+    URI) to peers with a client-role certificate (the harness, the demo, operators' tools);
+    clients at large use :mod:`sdcp_fast.roles.frontend_server`.
 
     ``stop``: the model's stop tokens; ``defaults``: a spec whose contract fields (m_max,
-    escalation, drafters, ...) every session takes; ``max_tokens``: when a request gives none."""
-    frontend = Frontend(router, tokenizer, stop=stop, defaults=defaults, model=model, max_tokens=max_tokens)
-    router.routes.add("GET", r"v1/models", frontend.models)
-    router.routes.add("POST", r"v1/completions", frontend.completions)
-    router.routes.add("POST", r"v1/chat/completions", frontend.chat_completions)
+    escalation, drafters, ...) every session takes; ``max_tokens``: when a request gives none;
+    ``context``: the model's context length (prompt + output)."""
+    frontend = Frontend(router, tokenizer, stop=stop, defaults=defaults, model=model, max_tokens=max_tokens,
+                        context=context, vocab=vocab)
+
+    async def client_only(request: Request, rest: str) -> Response:
+        peer = request.peer
+        if peer is not None and not peer.is_(PeerRole.CLIENT):
+            # Other roles' certificates are for SDCP, not for running sessions on users' behalf.
+            return ApiError(403, "the front end on this port takes client-role certificates only",
+                            kind="permission_error", code="forbidden").response()
+        return await frontend.handle(request)
+
     for method in ("GET", "POST", "PUT", "DELETE"):
-        router.routes.add(method, r"v1/(?P<rest>.*)", frontend.unknown)
+        router.routes.add(method, r"(?P<rest>v1/.*)", client_only)
     return frontend
 
 
@@ -379,8 +467,8 @@ def _body(request: Request) -> Mapping[str, Any]:
         raise ApiError(415, f"the body must be {JSON}")
     try:
         body = json.loads(request.body)
-    except ValueError as exc:
-        raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
+        raise ApiError(400, f"the body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body

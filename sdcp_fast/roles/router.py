@@ -292,6 +292,23 @@ class RouterRole:
                 finish = out.finish
         return tokens, finish
 
+    async def cancel(self, session: bytes, why: str = "its client went away") -> None:
+        """End a session nobody reads any more: ``DELETE sessions/{id}`` at its verifier (an
+        extension, docs/interpretations.md "Cancelling a session"), which drops its rounds and
+        frees its cache; the sweep no longer reassigns or fails it over."""
+        entry = self.sessions.get(session)
+        if entry is None or entry.routed.done:
+            return
+        routed = entry.routed
+        routed.done = True
+        self._undelivered.pop(session, None)
+        entry.changed.set()
+        log.info("session %s: cancelled (%s) at verifier %s", session.hex(), why, routed.verifier)
+        try:
+            await self.client.cancel(routed.verifier, session)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("session %s: cancel at verifier %s failed: %s", session.hex(), routed.verifier, exc)
+
     # -- assignment and recovery ----------------------------------------------------------
 
     async def _assign(self, routed: RoutedSession, assignment: Assignment) -> None:

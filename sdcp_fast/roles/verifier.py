@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,8 +42,8 @@ from sdcp_fast.protocol import (
     parse_session_path_id,
 )
 from sdcp_fast.protocol.messages import ROLE_VERIFIER
-from sdcp_fast.protocol.peer import Peer, PeerRole, require_role
-from sdcp_fast.protocol.problems import Busy
+from sdcp_fast.protocol.peer import Peer, PeerRole, require_role, same_instance
+from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import Pending, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
@@ -57,6 +58,10 @@ from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Transport
 
 __all__ = ["RoundInfo", "VerifierRole"]
+
+log = logging.getLogger("sdcp_fast.verifier")
+
+CANCEL_WAIT = 30.0  # seconds a cancel waits for a round already in a scoring pass
 
 
 class VerifierRole:
@@ -125,6 +130,7 @@ class VerifierRole:
         self.routes.add("POST", r"proposals", self._post_proposal)
         self.routes.add("GET", r"sessions/(?P<sid>[^/]+)/output", self._get_output)
         self.routes.add("POST", r"sessions/(?P<sid>[^/]+)/policy", self._post_policy)
+        self.routes.add("DELETE", r"sessions/(?P<sid>[^/]+)", self._delete_session)  # an extension
 
     @property
     def handler(self) -> Routes:
@@ -267,6 +273,28 @@ class VerifierRole:
         if policy.session != live.session.session:
             raise BadRequest("policy is for another session than its path")
         return live.session.policy(policy)
+
+    async def _delete_session(self, request: Request, sid: str) -> None:
+        """Cancel (docs/interpretations.md "Cancelling a session"): the router that routes this
+        verifier ends a session whose client went away. Queued rounds are dropped unscored, a
+        round in a pass ends with it, then the session and its KV cache are freed; its
+        drafter's next proposal gets sdcp-unknown-session."""
+        peer = require_role(request.peer, PeerRole.ROUTER)
+        if self.router is not None and (peer.uri is None or not same_instance(peer.uri, self.router)):
+            raise Forbidden(f"{peer.uri} is not this verifier's router")
+        live = self.live(sid)
+        session = live.session
+        gone = UnknownSession("the session was cancelled by its router")
+        self.batcher.withdraw(live, gone)
+        deadline = self.clock() + CANCEL_WAIT
+        while session.state in (State.SCORING, State.COMMITTING) and self.clock() < deadline:
+            await asyncio.sleep(0.01)  # a round in a pass: its commit finishes first
+        if self.sessions.attached(session.session) is live:
+            self.sessions.remove(session.session)
+            self.scorer.release(session.session)
+        live.fail_waiting(gone)
+        log.info("session %s: cancelled by the router at %d output tokens", session.session.hex(), session.committed)
+        return None
 
     async def _get_output(self, request: Request, sid: str) -> Output:
         live = self.live(sid)

@@ -82,6 +82,17 @@ class Batcher:
             if live.waiting.get(round_) is future and future.done():
                 del live.waiting[round_]
 
+    def withdraw(self, live: LiveSession, problem: SdcpProblem) -> int:
+        """Take ``live``'s rounds out of the queue unscored (a cancelled session), answering
+        their drafters with ``problem``; how many there were."""
+        mine = [item for item in self._queue if item.live is live]
+        self._queue = [item for item in self._queue if item.live is not live]
+        for item in mine:
+            if item.live.session.state is State.SCORING:
+                item.live.session.abandon()
+            item.settle(problem)
+        return len(mine)
+
     async def _fetch_q(self, item: Round, proposal: Proposal) -> None:
         """Rule 2's precondition: the rows of every position, checked, before any random value."""
         session, vocab = item.live.session, self.scorer.vocab_size

@@ -177,6 +177,11 @@ class SdcpClient:
         path = f"sessions/{session_path_id(policy.session)}/policy"
         return await self._call(verifier, "POST", path, policy, SessionState)  # type: ignore[return-value]
 
+    async def cancel(self, verifier: str, session: bytes) -> None:
+        """``DELETE sessions/{id}``: the router ends a session nobody reads any more (an
+        extension to Table 1, docs/interpretations.md "Cancelling a session")."""
+        await self._call(verifier, "DELETE", f"sessions/{session_path_id(session)}")
+
     # -- drafter -------------------------------------------------------------------------
     async def assign(self, drafter: str, assignment: Assignment) -> None:
         await self._call_again(drafter, "POST", "assignments", assignment)

@@ -53,9 +53,8 @@ def greedy_text(prompt: str, n: int) -> str:
 def curl(up: Up, path: str, body: dict, *extra: str) -> subprocess.CompletedProcess[str]:
     e = up.endpoints()
     return subprocess.run(
-        ["curl", "-sS", "--http2", "--cacert", e["ca"], "--cert", e["client_cert"], "--key", e["client_key"],
-         "-H", "content-type: application/json", "-d", json.dumps(body), *extra, e["frontend"] + path],
-        capture_output=True, text=True, timeout=60)
+        ["curl", "-sS", "-H", f"Authorization: Bearer {e['api_key']}", "-d", json.dumps(body), *extra,
+         e["frontend"] + path], capture_output=True, text=True, timeout=60)
 
 
 def alpn(up: Up, name: str) -> str | None:
@@ -74,6 +73,7 @@ def test_every_service_is_up_and_endpoints_are_written(up: Up) -> None:
     assert set(e["services"]) == {"mlc", "router", "verifier", "verifier-standby", "drafter-a", "drafter-b"}
     assert all(s["pid"] and s["url"].startswith("https://127.0.0.1:") for s in e["services"].values())
     assert Path(e["ca"]).is_file() and Path(e["client_cert"]).is_file() and e["frontend"].endswith("/v1/")
+    assert e["frontend"].startswith("http://127.0.0.1:") and e["api_key"]
 
 
 def test_http2_is_negotiated_with_a_client_certificate(up: Up) -> None:
@@ -114,8 +114,7 @@ def test_kill_9_of_the_active_verifier_mid_stream_leaves_the_text_unchanged(up: 
     expected = greedy_text("every session is", n).split()
     e = up.endpoints()
     proc = subprocess.Popen(
-        ["curl", "-sS", "-N", "--http2", "--cacert", e["ca"], "--cert", e["client_cert"], "--key", e["client_key"],
-         "-H", "content-type: application/json",
+        ["curl", "-sS", "-N", "-H", f"Authorization: Bearer {e['api_key']}",
          "-d", json.dumps({"model": "toy", "prompt": "every session is", "max_tokens": n, "stream": True}),
          e["frontend"] + "completions"], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None

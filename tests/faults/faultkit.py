@@ -169,7 +169,7 @@ class FaultUp(Up):
         while True:
             out = subprocess.run(
                 ["curl", "-sS", "--http2", "--cacert", e["ca"], "--cert", e["client_cert"], "--key",
-                 e["client_key"], "-H", "content-type: application/json", "-d", body, e["frontend"] + "completions"],
+                 e["client_key"], "-H", "content-type: application/json", "-d", body, e["frontend_mtls"] + "completions"],
                 capture_output=True, text=True, timeout=30)
             if '"choices"' in out.stdout:
                 return

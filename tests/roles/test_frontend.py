@@ -192,7 +192,7 @@ def test_models_and_errors_are_openai_shaped(tmp_path: Path) -> None:
                 post("v1/completions", {"model": "gpt-4", "prompt": PROMPT}),
                 post("v1/completions", b"{not json"),
                 post("v1/completions", {"prompt": PROMPT, "temperature": 9}),
-                post("v1/completions", {"prompt": PROMPT, "stop": ["the verifier"]}),
+                post("v1/completions", {"prompt": PROMPT, "stop": ["a", "b", "c", "d", "e"]}),
                 post("v1/completions", {"prompt": "zebra"}),
                 post("v1/completions", {"prompt": PROMPT}, headers={"content-type": "text/plain"}),
                 Request("GET", "v1/completions"),
