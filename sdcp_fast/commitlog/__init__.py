@@ -1,16 +1,17 @@
 """Storage backends of the SDCP commit log (§6.8), chosen by the reference's scheme.
 
 ``open_commit_log(ref)``: ``file:///path`` (embedded, fsync'd file), ``mlc://...`` (the
-file log an MLC keeps under its root, :mod:`sdcp_fast.commitlog.directory`), ``etcd://host:port/prefix``
-(multi-machine), and ``http(s)://host:port/logs/<mlc-uri-without-scheme>`` (an
-``sdcp-fast mlc`` server). What a failed append means is the same for all of them
-(:mod:`sdcp_fast.commitlog.backend`). This package knows nothing of the cache.
+file log an MLC keeps under its root, :mod:`sdcp_fast.commitlog.directory`),
+``etcd://host:port/prefix`` (multi-machine), and
+``http(s)://host:port/logs/<mlc-uri-without-scheme>`` (an ``sdcp-fast mlc`` server). What a
+failed append means is the same for all of them (:mod:`sdcp_fast.commitlog.backend`;
+:func:`append_checked` applies §6.8's read-after-append check where a backend does not
+fence). This package knows nothing of the cache; :mod:`sdcp_fast.store` composes the two.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
 from typing import Any
 
 from sdcp_fast.commitlog.backend import (
@@ -25,16 +26,10 @@ from sdcp_fast.commitlog.backend import (
     etag_of,
     length_of,
 )
-from sdcp_fast.protocol.commitlog import LogRecord
-from sdcp_fast.protocol.problems import SdcpProblem
-
-# The cache's problem type for a lease that expired or was released (matched by suffix:
-# this package does not import the cache).
-UNKNOWN_LEASE = "mlc-unknown-lease"
 
 __all__ = [
     "CommitLog", "Fenced", "LogCorrupt", "LogView", "PreconditionFailed", "RecordTooLarge", "UnknownLog",
-    "append_checked", "append_commit", "default_root", "etag_of", "length_of", "open_commit_log",
+    "append_checked", "default_root", "etag_of", "length_of", "open_commit_log",
 ]
 
 
@@ -63,30 +58,3 @@ def open_commit_log(ref: str, *, root: str | None = None, ssl: Any = None) -> Co
 
         return HttpCommitLog(ref, ssl=ssl)
     raise ValueError(f"no commit-log backend for {ref!r}")
-
-
-def append_commit(log: CommitLog, record: LogRecord, etag: str, *,
-                  release: Callable[[str], None] | None = None, mlc: Any = None,
-                  leases: Iterable[str] = ()) -> str:
-    """The verifier's commit path (§6.8): append ``record`` conditioned on the tag it last
-    saw (with the read-after-append check where the backend does not fence), then release
-    ``leases`` (its holds on the round's draft objects) through ``release`` (default:
-    ``mlc.release``).
-
-    The leases are released whether or not the append succeeds: after a failure the round
-    is discarded. A lease that is already gone (the cache's ``mlc-unknown-lease``) is skipped. ``Fenced`` means a newer epoch owns the session: the caller stops
-    serving it; ``PreconditionFailed`` means another writer appended, which with one
-    verifier per session means the same. Returns the log's new tag.
-    """
-    if release is None and mlc is not None:
-        release = mlc.release
-    try:
-        return append_checked(log, record, etag)
-    finally:
-        if release is not None:
-            for lease in leases:
-                try:
-                    release(lease)
-                except SdcpProblem as problem:
-                    if problem.suffix != UNKNOWN_LEASE:
-                        raise  # expired meanwhile is fine: nothing left to release

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from sdcp_fast.commitlog import Fenced, PreconditionFailed, append_commit
+from sdcp_fast.commitlog import Fenced, PreconditionFailed, append_checked
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 
 
@@ -24,7 +24,7 @@ def test_appends_read_back_in_order_and_from_offset(log_factory):
     log = log_factory()
     etag = log.read().etag
     for r in range(1, 4):
-        etag = append_commit(log, commit(1, r), etag)
+        etag = append_checked(log, commit(1, r), etag)
     assert etag == '"3"'
     assert log.read().records == [commit(1, 1), commit(1, 2), commit(1, 3)]
     tail = log.read(2)
@@ -97,23 +97,6 @@ def test_concurrent_writers_exactly_one_wins_each_slot(log_factory):
         assert records[slot].round == 100 * w + slot
 
 
-def test_append_commit_releases_leases_after_success_and_after_fencing(log_factory, tmp_path):
-    import sdcp_fast.cache as cache
-    from sdcp_fast.cache.tiers.host import HostTier
-
-    with cache.MLC([HostTier(1 << 16)]) as mlc:
-        q = cache.object_uri(bytes(16), bytes(16), "q_rows", 1)
-        mlc.put(q, b"rows")
-        log = log_factory()
-        held = [mlc.lease(q, 30)]
-        etag = append_commit(log, commit(1, 1), log.read().etag, mlc=mlc, leases=held)
-        assert etag == '"1"' and not mlc.head(q).leased
-        log.append(FenceRecord(2), None)
-        held = [mlc.lease(q, 30)]
-        with pytest.raises(Fenced):
-            append_commit(log, commit(1, 2), log.read().etag, mlc=mlc, leases=held)
-        assert not mlc.head(q).leased, "a discarded round still lets go of its objects"
-
 
 def test_a_bad_tag_is_a_failed_precondition_and_a_fence_wins_over_any_tag(log_factory):
     log = log_factory()
@@ -169,31 +152,3 @@ def test_append_checked_reads_back_on_a_backend_that_does_not_fence():
         append_checked(log, commit(1, 3), '"3"')
     assert exc.value.extra["fence"] == 2
     assert append_checked(log, commit(2, 3), '"4"') == '"5"', "the new epoch's writer passes"
-
-
-def test_append_commit_uses_the_read_after_append_check():
-    log = _UnfencedLog()
-    log.append(FenceRecord(5), None)
-    released: list[str] = []
-    with pytest.raises(Fenced):
-        append_commit(log, commit(1, 1), '"1"', release=released.append, leases=["a", "b"])
-    assert released == ["a", "b"]
-
-
-@pytest.mark.services
-def test_etcd_refuses_a_record_it_could_not_store_before_sending_it(etcd_endpoint, monkeypatch):
-    from sdcp_fast.commitlog import RecordTooLarge, open_commit_log
-    from sdcp_fast.commitlog import etcd as etcd_log
-
-    host, port = etcd_endpoint
-    log = open_commit_log(f"etcd://{host}:{port}/sdcp-test/too-large")
-    sent: list[str] = []
-    call = log._etcd.call
-    monkeypatch.setattr(log._etcd, "call", lambda path, body: sent.append(path) or call(path, body))
-    big = CommitRecord(1, 1, tuple(range(1000, 1000 + etcd_log.MAX_RECORD // 3)), 1, bytes(32))
-    with pytest.raises(RecordTooLarge) as exc:
-        log.append(big, '"0"')
-    assert exc.value.status == 413 and sent == [], "refused before etcd saw it"
-    log.append(FenceRecord(2), '"0"')
-    assert log.read().records == [FenceRecord(2)]
-    log.close()
