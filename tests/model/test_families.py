@@ -16,6 +16,7 @@ from sdcp_fast.model.target_scorer import ModelRunner
 from .families import EOS, WINDOW, hf_greedy, hf_logits, make_checkpoint, require_transformers
 
 FAMILIES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3", "phi3"]
+WINDOWED = ["qwen2", "mistral", "gemma2", "gemma3", "phi3"]  # a window (Gemma 2: soft-caps too)
 TOL = dict(atol=1e-4, rtol=1e-4)  # float32 on both sides
 PROMPT = torch.randint(0, 256, (44,), generator=torch.Generator().manual_seed(7)).tolist()
 
@@ -45,12 +46,10 @@ def test_logits_equal_transformers_at_every_position(pair, reference, attention)
                                **TOL)
 
 
+@pytest.mark.parametrize("pair", WINDOWED, indirect=True)
 def test_triton_paged_kernel_logits_equal_transformers(pair, reference) -> None:
     """The triton kernel (interpreted without a GPU: 20 positions, 2.5 windows) where the
     family gives it a window or a soft-cap to honour; plain attention is tested in tests/kernels."""
-    cfg = pair[1].config
-    if cfg.sliding_window is None and cfg.attn_softcap is None:
-        pytest.skip(f"{cfg.family}: no window or soft-cap for the kernel (plain paged attention: tests/kernels)")
     got = _all_positions(ModelRunner(pair[1].model, attention="triton"), PROMPT[:20])
     torch.testing.assert_close(got, reference[:20], **TOL)
 
@@ -64,19 +63,15 @@ def test_logits_after_a_cached_prefix_equal_transformers(pair, reference, attent
     torch.testing.assert_close(got, reference[29:], **TOL)
 
 
+@pytest.mark.parametrize("pair", WINDOWED, indirect=True)
 def test_every_feature_is_exercised(pair, reference) -> None:
     """The window and the soft-caps change these logits: a model without them would differ."""
     model = pair[1].model
     cfg = model.cfg
-    layers = [b.attn for b in model.layers if b.attn.window is not None]
-    if cfg.family in ("qwen2", "mistral", "gemma2", "gemma3", "phi3"):
-        assert layers and cfg.sliding_window is not None
-    if cfg.family == "gemma2":
-        assert cfg.attn_softcap and cfg.logit_softcap
+    assert cfg.sliding_window is not None and any(b.attn.window is not None for b in model.layers)
+    assert (cfg.attn_softcap is not None and cfg.logit_softcap is not None) == (cfg.family == "gemma2")
     saved = [(a, a.window, a.softcap) for a in (b.attn for b in model.layers)]
     cap = cfg.logit_softcap
-    if not layers and cap is None and cfg.attn_softcap is None:
-        pytest.skip(f"{cfg.family} has no window or soft-cap")
     try:
         for a, _, _ in saved:
             a.window, a.softcap = None, None
