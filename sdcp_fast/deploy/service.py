@@ -180,8 +180,11 @@ def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
 
 
 def configure_logging(level: str) -> None:
+    from sdcp_fast.deploy.log_repeats import limit_repeats
+
     logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    limit_repeats()  # the same warning at most once per 10 s, then with a count of those not shown
 
 
 async def serve_role(role: Any, *, host: str, port: int, security: Security, base_path: str = "/",

@@ -235,7 +235,7 @@ class DrafterRole:
                         prepared = await self._prepare(assigned, proposal)
                         self.speculation["prepared"] += prepared is not None
                     except Exception as exc:
-                        log.debug("session %s: speculative draft failed: %s", session.hex()[:8], exc)
+                        log.debug("session %s: speculative draft failed: %s", session.hex(), exc)
                 try:
                     verdict = await sending
                 finally:
@@ -248,9 +248,9 @@ class DrafterRole:
         except asyncio.CancelledError:
             raise
         except Resync as exc:
-            log.warning("session %s: %s; waiting for a new assignment", session.hex()[:8], exc)
+            log.warning("session %s: %s; waiting for a new assignment", session.hex(), exc)
         except Exception:
-            log.exception("session %s failed at the drafter", session.hex()[:8])
+            log.exception("session %s failed at the drafter", session.hex())
         finally:
             if sending is not None and not sending.done():
                 sending.cancel()
@@ -386,7 +386,7 @@ class DrafterRole:
         record = assigned.record
         self.problems.setdefault(record.session, []).append(problem.suffix)
         if not record.on_problem(problem):
-            log.info("session %s: stopped by %s", record.session.hex()[:8], problem.suffix)
+            log.info("session %s: stopped by %s", record.session.hex(), problem.suffix)
             return
         state = state_from_problem(problem)
         if state is not None and record.committed == state.committed and record.digest == state.digest:

@@ -78,11 +78,22 @@ class VerifierLoad:
         self.max_batch = max_batch
         self.gpu = gpu if gpu is not None else Gpu()
         self._occupancy = 0.0
+        self._running = 0.0  # the work of the pass in progress
         self.queue = 0
 
-    def batch(self, size: int) -> None:
-        self._occupancy = 0.7 * self._occupancy + 0.3 * min(1.0, size / self.max_batch)
+    def batch(self, size: int, fed: int = 0) -> None:
+        """A pass of ``size`` rounds starts, feeding ``fed`` tokens to the model. A prefill is
+        work too: a full batch of decoding rounds feeds about ``max_batch * 9`` tokens (M = 8
+        and the bonus), so a pass feeding that many counts as full, however few its rounds. It
+        counts while it runs (a long prefill shows at once), then in the decayed average."""
+        work = min(1.0, max(size / self.max_batch, fed / (self.max_batch * 9)))
+        self._occupancy = 0.7 * self._occupancy + 0.3 * work
+        self._running = work
+
+    def done(self) -> None:
+        """The pass started by :meth:`batch` ended."""
+        self._running = 0.0
 
     def percent(self) -> int:
         queued = min(1.0, self.queue / self.max_batch)
-        return max(round(100 * max(self._occupancy, queued)), self.gpu.percent())
+        return max(round(100 * max(self._occupancy, queued, self._running)), self.gpu.percent())

@@ -33,6 +33,9 @@ from sdcp_fast.roles.verifier_state import LiveSession, Round
 
 log = logging.getLogger("sdcp_fast.verifier")
 
+LONG_PREFILL = 1024  # tokens: a pass feeding a session this many is logged with the session id
+LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
+
 
 class Batcher:
     def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], *, objects: Objects,
@@ -174,10 +177,25 @@ class Batcher:
     async def _pass(self, batch: list[Round]) -> None:
         """One scoring pass over ``batch``, then its commits in batch order."""
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
-        self.progress = self.clock()
-        self.load.batch(len(batch))
+        fed = [len(r.proposal) + (1 if item.live.prefilled else len(r.committed))
+               for item, r in zip(batch, requests, strict=True)]
+        self.progress = started = self.clock()
+        self.load.batch(len(batch), sum(fed))
         self.metrics.batch(len(batch))
-        logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
+        for item, n in zip(batch, fed, strict=True):
+            if n >= LONG_PREFILL:
+                log.info("session %s: prefill of %d tokens in a pass of %d rounds", item.work.session.hex(), n,
+                         len(batch))
+        try:
+            logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
+        finally:
+            self.load.done()
+        for item in batch:
+            item.live.prefilled = True
+        took = self.clock() - started
+        if took >= LONG_PASS:
+            log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
+                        sum(fed), ", ".join(item.work.session.hex() for item in batch))
         self.target_passes += 1
         results = verify_batch(batch, logits, backend=self.backend)
         for item, (accepted, token) in zip(batch, results, strict=True):
@@ -185,7 +203,7 @@ class Batcher:
                 if await self.committer.commit(item, accepted, token, len(batch)):
                     self.progress = self.clock()
             except Exception as exc:  # one session's trouble (e.g. re-opened meanwhile) is not the batch's
-                log.warning("session %s: round not committed: %s", item.work.session.hex()[:8], exc)
+                log.warning("session %s: round not committed: %s", item.work.session.hex(), exc)
                 if item.live.session.state is State.COMMITTING:  # never left half-done
                     item.live.session.append_done(ok=False)
                 item.settle(InternalError("the round could not be committed"))

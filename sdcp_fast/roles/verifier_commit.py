@@ -75,7 +75,7 @@ class Committer:
             try:
                 await self.write_output(live, (*session.output(0).tokens, *append.record.emitted))
             except Exception as exc:
-                log.warning("session %s: could not write %s: %s", session.session.hex()[:8], live.tokens_ref, exc)
+                log.warning("session %s: could not write %s: %s", session.session.hex(), live.tokens_ref, exc)
         try:
             etag = await self._append(live, append.record)
         except Exception:
@@ -108,7 +108,7 @@ class Committer:
         except PreconditionFailed:
             pass
         except Exception as exc:  # no answer: the log read again says what happened (§6.8)
-            log.warning("session %s: commit-log append failed: %s", live.session.session.hex()[:8], exc)
+            log.warning("session %s: commit-log append failed: %s", live.session.session.hex(), exc)
             if str((await live.log.read()).etag) == str(live.etag):
                 raise ConnectionError("the log is as we left it: nothing was appended") from exc
         # A 412 (§6.8): our record already there means only the answer was lost; a fence or
@@ -138,7 +138,7 @@ class Committer:
         router = self.router
         if router is None:
             return
-        sid = event.session.hex()[:8]
+        sid = event.session.hex()
 
         def failed(_attempt: int, exc: BaseException) -> None:
             log.warning("session %s: event to %s failed: %s", sid, router, exc)

@@ -77,11 +77,11 @@ class KvPublisher:
             # On the time to first token: where scoring runs, not on the publishing thread.
             n = int(await self.objects.call(load, await self.objects.get(ref)))
         except ValueError as exc:
-            log.warning("session %s: target KV %s refused: %s", session.session.hex()[:8], ref, exc)
+            log.warning("session %s: target KV %s refused: %s", session.session.hex(), ref, exc)
             self.metrics.resume("cold", "refused")
             return
         except Exception as exc:  # missing, evicted, the MLC unreachable: compute instead
-            log.warning("session %s: target KV %s unavailable: %s", session.session.hex()[:8], ref, exc)
+            log.warning("session %s: target KV %s unavailable: %s", session.session.hex(), ref, exc)
             self.metrics.resume("cold", "unavailable")
             return
         self.metrics.resume("pages" if n else "cold", "" if n else "refused", positions=n)
@@ -125,7 +125,7 @@ class KvPublisher:
             self.metrics.kv_published(len(data))
             done = True
         except Exception as exc:
-            log.warning("session %s: target KV not published to %s: %s", session.session.hex()[:8], ref, exc)
+            log.warning("session %s: target KV not published to %s: %s", session.session.hex(), ref, exc)
             self.metrics.kv_publish_failed()
         finally:
             live.kv_busy = False

@@ -52,6 +52,7 @@ class LiveSession:
     # all of it the cache had (not the last token, which no pass has fed to the model yet).
     kv_published: int = 0
     kv_busy: bool = False  # a publish is in flight (never two at once per session)
+    prefilled: bool = False  # a pass here has fed its context to the model (later passes feed the new tokens)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
 
