@@ -1,8 +1,8 @@
 """The demo across processes: ``sdcp-fast up`` (MLC, router, two verifiers, two drafters, each
 its own process, HTTP/2 + TLS 1.3 with client certificates), prompts sent through the
 router's OpenAI-compatible front end and streamed back, the deployment's own counters
-(``GET metrics`` of each verifier), and target-only decoding of the same prompts measured in
-the same run for the speedup."""
+(``GET metrics`` of each verifier). The speedup is measured like for like, both sides in this
+process through the same roles (cli/_demo_report.py), not against the deployment's run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import asyncio
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -71,17 +72,18 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
         await client.close()
 
 
-def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
+def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Callable[..., dict[str, Any]]) -> int:
+    """``compare(setup, args, lengths, same, store)``: the demo's like-for-like speedup."""
     texts = setup.texts
-    from sdcp_fast.cli._demo_report import baseline_figures
     from sdcp_fast.cli._demo_report import report as demo_report
-    from sdcp_fast.deploy.local import generate
     from sdcp_fast.deploy.up import Up
+    from sdcp_fast.store import embedded
 
     quiet = args.quiet or args.json
     drafters = tuple(d.name for d in setup.drafters) if setup.drafters else None
     with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:
-        up = Up(Path(root), model=model, drafters=drafters, device=None if args.device == "cpu" else args.device)
+        up = Up(Path(root), model=model, drafters=drafters, device=None if args.device == "cpu" else args.device,
+                weights=args.weights)
         if not quiet:
             print("sdcp-fast demo: starting the deployment (sdcp-fast up: MLC, router, 2 verifiers, 2 drafters, "
                   "HTTP/2 + mutual TLS on loopback) ...", flush=True)
@@ -108,14 +110,20 @@ def run_services(args: argparse.Namespace, model: str, setup: Any) -> int:
     baseline = None
     if not args.no_baseline:
         if not quiet:
-            print("target-only decoding of the same prompts (in process, batched) ...", flush=True)
-        base = generate(setup.scorer, None, setup.prompts, max(lengths, default=0), stop=setup.stop,
-                        rule=args.rule, seed=args.seed)
-        base_seconds = base[0].seconds if base else 0.0
-        # The front end streams text without the stop token (it ends the stream): compare likewise.
-        same = [setup.decode([x for x in b.tokens[:n] if x not in setup.stop]).split() == t.split()
-                for b, (t, _, _), n in zip(base, report["results"], lengths, strict=True)] if args.rule == 1 else None
-        baseline = baseline_figures(total, seconds, base_seconds, same)
+            print(f"speculative and target-only decoding of the same prompts, in process (like for like), "
+                  f"{args.repeats} interleaved pairs ...", flush=True)
+
+        def same(outs: list[list[int]]) -> list[bool]:
+            # The front end streams text without the stop token (it ends the stream): compare likewise.
+            return [setup.decode([x for x in o if x not in setup.stop]).split() == t.split()
+                    for o, (t, _, _) in zip(outs, report["results"], strict=True)]
+
+        with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:
+            store = embedded(root)
+            try:
+                baseline = compare(setup, args, lengths, same, store)
+            finally:
+                store.close()
     out = {
         "mode": "services", "model": model,
         "sessions": [{"prompt": label, "text": t, "finish": f, "tokens": n}

@@ -5,8 +5,10 @@ sends the prompts through the router's OpenAI-compatible front end and streams t
 (``_services_demo.py``). ``--inprocess`` runs the same roles in this process: sessions are
 opened by the router, drafted, verified by the protocol core with the kernel library,
 committed to a fenced file commit log in the embedded MLC, and escalated when their drafter
-keeps being rejected, with a line per round. Both print the text and the figures, with the
-speedup over target-only decoding measured in the same run.
+keeps being rejected, with a line per round. Both print the text and the figures, and the
+speedup over target-only decoding: ``--repeats`` pairs of speculative and target-only runs
+of the same sessions in this process, interleaved, with the range and the time per target
+pass of each side (cli/_demo_report.py).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sdcp_fast.cli._demo_report import Timed
     from sdcp_fast.store.interface import Store
 
 HELP = "run SDCP sessions on the embedded default (sdcp-fast up, or --inprocess) and print text and figures"
@@ -44,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
     p.add_argument("--m", type=int, default=None,
                    help="tokens proposed per round (default: each drafter chooses M by §6.2 from measured costs)")
-    p.add_argument("--no-baseline", action="store_true", help="skip the target-only run (no speedup figure)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the target-only runs (no speedup figure)")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="speculative/target-only pairs behind the speedup, interleaved (default 3)")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
     p.add_argument("--inprocess", action="store_true",
@@ -103,21 +108,87 @@ def _setup(args: argparse.Namespace, model: str) -> Setup:
     )
 
 
-def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed: int) -> tuple[list[list[int]], float]:
+def _specs(args: argparse.Namespace, setup: Setup) -> list[Any]:
+    from sdcp_fast.deploy.local import spec_for
+    from sdcp_fast.protocol import Sampling
+
+    specs = []
+    for i, prompt in enumerate(setup.prompts):
+        sampling = Sampling(temperature_milli=round(args.temperature * 1000), seed=args.seed + i) \
+            if args.rule == 2 else None
+        only_weak = setup.weak is not None and i == len(setup.prompts) - 1 and len(setup.prompts) > 1
+        spec = spec_for(prompt, max_new=args.max_new, rule=args.rule, sampling=sampling, stop=setup.stop, m=args.m)
+        # A session only its weakest drafter may serve: it walks the escalation ladder and
+        # ends up decoded by the target itself.
+        specs.append(replace(spec, drafters=(setup.weak,) if only_weak else None))
+    return specs
+
+
+def _speculative(setup: Setup, specs: list[Any], mlc: Store, args: argparse.Namespace,
+                 show: Callable[[Any, Any], None] | None = None) -> tuple[list[Any], Timed]:
+    """The sessions with their drafters; ``show(round, engine)`` after each committed round."""
+    from sdcp_fast.cli._demo_report import Timed
+    from sdcp_fast.deploy.local import Engine
+
+    counts = [0, 0, 0]  # proposed, accepted, drafter rounds
+
+    def observe(rec: Any) -> None:
+        if rec.drafter is not None:
+            counts[0] += rec.proposed
+            counts[1] += rec.accepted
+            counts[2] += 1
+        if show is not None:
+            show(rec, engine)
+
+    engine = Engine(setup.scorer, setup.drafters, mlc, target_digest=setup.target_digest,
+                    tokenizer_digest=setup.tokenizer_digest, drafter_digests=setup.drafter_digests,
+                    backend=args.backend, seed=args.seed, on_round=observe, fixed_m=args.m,
+                    adaptive_m=args.m is None)
+    results = engine.run(specs)
+    seconds = results[0].seconds if results else 0.0
+    return results, Timed(sum(len(r.tokens) for r in results), seconds, engine.target_passes, *counts)
+
+
+def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed: int) -> tuple[list[list[int]], Timed]:
     """Target-only decoding of the same sessions through the same roles (the verifier decodes
     each session itself, batched over the sessions): the baseline."""
+    from sdcp_fast.cli._demo_report import Timed
     from sdcp_fast.deploy.local import Engine
 
     engine = Engine(setup.scorer, [], mlc, target_digest=setup.target_digest,
                     tokenizer_digest=setup.tokenizer_digest, backend=backend, seed=seed)
     results = engine.run([replace(spec, drafters=None, self_load=100, self_max=None) for spec in specs])
-    return [r.tokens for r in results], results[0].seconds if results else 0.0
+    seconds = results[0].seconds if results else 0.0
+    return [r.tokens for r in results], Timed(sum(len(r.tokens) for r in results), seconds, engine.target_passes)
+
+
+def compare(setup: Setup, args: argparse.Namespace, lengths: list[int],
+            same: Callable[[list[list[int]]], list[bool]], mlc: Store) -> dict[str, Any]:
+    """Speculative and target-only decoding of the demo's sessions to ``lengths`` tokens, in
+    ``--repeats`` interleaved pairs in this process (the same roles, thread and device for
+    both); ``same(target_only_outputs)``: under rule 1, whether each session's output shown
+    equals target-only greedy decoding."""
+    from sdcp_fast.cli._demo_report import comparison, interleaved
+
+    specs = [replace(spec, max_new=n) for spec, n in zip(_specs(args, setup), lengths, strict=True)]
+    outs: list[list[list[int]]] = []
+
+    def speculative(_: int) -> Timed:
+        return _speculative(setup, specs, mlc, args)[1]
+
+    def target_only(_: int) -> Timed:
+        tokens, timed = _target_only(setup, specs, mlc, args.backend, args.seed + 1000)
+        outs.append(tokens)
+        return timed
+
+    pairs = interleaved(speculative, target_only, args.repeats)
+    return comparison(pairs, same(outs[0]) if args.rule == 1 else None)
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.cli._demo_report import baseline_figures, report
-    from sdcp_fast.deploy.local import Engine, RoundInfo, spec_for
-    from sdcp_fast.protocol import Action, Sampling
+    from sdcp_fast.cli._demo_report import report
+    from sdcp_fast.deploy.local import RoundInfo
+    from sdcp_fast.protocol import Action
     from sdcp_fast.store import embedded
 
     model = args.model
@@ -142,19 +213,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.inprocess:
         from sdcp_fast.cli._services_demo import run_services
 
-        return run_services(args, model, setup)
+        return run_services(args, model, setup, compare)
 
-    specs = []
-    for i, prompt in enumerate(setup.prompts):
-        sampling = Sampling(temperature_milli=round(args.temperature * 1000), seed=args.seed + i) \
-            if args.rule == 2 else None
-        only_weak = setup.weak is not None and i == len(setup.prompts) - 1 and len(setup.prompts) > 1
-        spec = spec_for(prompt, max_new=args.max_new, rule=args.rule, sampling=sampling, stop=setup.stop, m=args.m)
-        # A session only its weakest drafter may serve: it walks the escalation ladder and
-        # ends up decoded by the target itself.
-        specs.append(replace(spec, drafters=(setup.weak,) if only_weak else None))
+    specs = _specs(args, setup)
 
-    def show(rec: RoundInfo) -> None:
+    def show(rec: RoundInfo, engine: Any) -> None:
         if quiet:
             return
         who = rec.drafter or "verifier (self-decode)"
@@ -165,30 +228,22 @@ def run(args: argparse.Namespace) -> int:
 
     with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:
         mlc = embedded(root)
-        engine = Engine(setup.scorer, setup.drafters, mlc, target_digest=setup.target_digest,
-                        tokenizer_digest=setup.tokenizer_digest, drafter_digests=setup.drafter_digests,
-                        backend=args.backend, seed=args.seed, on_round=show, fixed_m=args.m,
-                        adaptive_m=args.m is None)
         if not quiet:
             print(f"{len(specs)} sessions, {setup.describe}, drafters "
                   f"{', '.join(d.name for d in setup.drafters)}, rule {args.rule}; "
                   f"MLC and commit logs in {root}", flush=True)
-        results = engine.run(specs)
-        seconds = results[0].seconds if results else 0.0
-        passes = engine.target_passes
-        total = sum(len(r.tokens) for r in results)
+        results, timed = _speculative(setup, specs, mlc, args, show)
+        seconds, passes, total = timed.seconds, timed.passes, timed.tokens
         baseline = None
         if not args.no_baseline:
             if not quiet:
-                print("target-only decoding of the same sessions (baseline) ...", flush=True)
+                print(f"speculative and target-only decoding of the same sessions, {args.repeats} interleaved "
+                      f"pairs ...", flush=True)
             # The same sessions to the same lengths, so both runs produce the same token count.
-            lengths = [replace(spec, max_new=len(r.tokens)) for spec, r in zip(specs, results, strict=True)]
-            outs, base_seconds = _target_only(setup, lengths, mlc, args.backend, args.seed + 1000)
+            baseline = compare(setup, args, [len(r.tokens) for r in results],
+                               lambda outs: [o == r.tokens for o, r in zip(outs, results, strict=True)], mlc)
         mlc.close()
 
-    if baseline is None and not args.no_baseline:
-        identical = [o == r.tokens for o, r in zip(outs, results, strict=True)] if args.rule == 1 else None
-        baseline = baseline_figures(total, seconds, base_seconds, identical)
     out = {
         "model": model,
         "sessions": [
@@ -206,8 +261,7 @@ def run(args: argparse.Namespace) -> int:
                f"self-decoded {r.self_decoded}, finish {s['finish']}, digest chain "
                f"{'verified' if r.chain_ok else 'MISMATCH'} (d[n]={r.digest.hex()[:16]}...)"
                for r, s in zip(results, out["sessions"], strict=True)]
-    summary = (f"speculative: {total} tokens in {seconds:.2f}s ({out['tokens_per_s']} tokens/s), "
-               f"{passes} target passes, {out['tokens_per_pass']} tokens per pass")
+    summary = (f"speculative (shown above, printing each round): {total} tokens in {seconds:.2f}s "
+               f"({out['tokens_per_s']} tokens/s), {passes} target passes, {out['tokens_per_pass']} tokens per pass")
     problem = None if all(r.chain_ok for r in results) else "a session's digest chain does not verify"
     return report(out, args, details, summary, problem=problem)
-
