@@ -3,11 +3,20 @@ acknowledged.
 
 Each record is framed as ``length (4 bytes BE) | crc32 (4 bytes BE) | CBOR record``; a record
 over ``MAX_RECORD`` bytes is refused before anything is written, so every acknowledged
-frame reads back. A bad frame (short, over the limit, or failing its checksum or decoding)
-followed by nothing checksum-valid can only be the tail of an append that never returned
-(acknowledgement follows fsync): it is ignored on open and cut off by the next writer. A
-checksum-valid frame after a bad one is corruption, not a crash: the log refuses to serve
-(``LogCorrupt``) rather than drop acknowledged records, a fence among them.
+frame reads back. Recovery walks the frames by their lengths and never looks inside a
+record's bytes, so a payload that happens to contain a whole frame (a digest, a token array)
+cannot be mistaken for one. Every writer cuts a torn tail before it writes, so at most one
+unacknowledged frame ever follows the last whole record; what follows it is:
+
+- a prefix of a frame (a header cut short, or a length reaching past the end of the file),
+  or a whole-length frame failing its checksum that ends exactly at the end of the file, or
+  zeros (a file extended but never written): the tail of an append that never returned
+  (acknowledgement follows fsync). It is ignored on open and cut off by the next writer;
+- anything else (a bad frame with bytes after it, a checksum-valid frame that does not
+  decode, a header whose length no writer could have written followed by non-zero bytes):
+  corruption, not a crash. The log refuses to serve (``LogCorrupt``) rather than drop
+  acknowledged records, a fence among them.
+
 Writers in several threads and processes take ``flock`` on the file around check-and-append,
 so the tag check and the fence check are atomic with the write.
 """
@@ -70,19 +79,20 @@ def _frame_at(data: bytes, pos: int) -> LogRecord | None:
         return None
 
 
-def _valid_frame_after(data: bytes, pos: int) -> int | None:
-    """The offset of a checksum-valid record after ``pos``, if any. Every record we write is
-    a CBOR map of 1 (fence) or 5 (commit) members, so its body starts with 0xa1 or 0xa5:
-    only those offsets are tried, which keeps the scan of a long torn tail fast."""
-    found = []
-    for marker in (b"\xa1", b"\xa5"):
-        j = data.find(marker, pos + 1 + _HEADER.size)
-        while j != -1:
-            if _frame_at(data, j - _HEADER.size) is not None:
-                found.append(j - _HEADER.size)
-                break
-            j = data.find(marker, j + 1)
-    return min(found, default=None)
+def _torn(data: bytes, pos: int) -> bool:
+    """Whether ``data[pos:]``, which holds no whole record at ``pos``, is the tail of one
+    append that never returned (see the module's docstring) rather than damage."""
+    if pos + _HEADER.size > len(data):
+        return True  # the header itself was cut short
+    n, crc = _HEADER.unpack_from(data, pos)
+    if not 0 < n <= MAX_RECORD:
+        return data.count(0, pos) == len(data) - pos  # only zeros: never written
+    end = pos + _HEADER.size + n
+    if end > len(data):
+        return True  # cut short inside the body, whatever the body's bytes look like
+    # The whole length is there: torn only if it failed its checksum (unwritten blocks)
+    # and nothing follows it; a checksum-valid frame that does not decode was written so.
+    return end == len(data) and zlib.crc32(data[pos + _HEADER.size: end]) != int(crc)
 
 
 class FileCommitLog:
@@ -109,7 +119,6 @@ class FileCommitLog:
         self._records: list[LogRecord] = []
         self._end = 0  # byte offset just past the last whole record
         self._fence = 0
-        self._tail_checked = (-1, -1)  # (end, size) of a torn tail already scanned
         try:
             with self._lock:
                 self._locked(fcntl.LOCK_SH, truncate=False)
@@ -145,14 +154,10 @@ class FileCommitLog:
             if isinstance(record, FenceRecord):
                 self._fence = max(self._fence, record.epoch)
             pos += _HEADER.size + _HEADER.unpack_from(data, pos)[0]
-        if pos < len(data) and self._tail_checked != (self._end + pos, size):
-            # A torn tail has no whole record after its start; anything else lost data that
-            # was acknowledged, so stop instead of reading past or cutting it.
-            later = _valid_frame_after(data, pos)
-            if later is not None:
-                raise LogCorrupt(f"{self.path}: bad frame at byte {self._end + pos} is followed by a valid "
-                                 f"record at byte {self._end + later}")
-            self._tail_checked = (self._end + pos, size)
+        if pos < len(data) and not _torn(data, pos):
+            # Not the tail of an unacknowledged append: acknowledged data is damaged, so
+            # stop instead of reading past or cutting it.
+            raise LogCorrupt(f"{self.path}: bad frame at byte {self._end + pos} of {size}")
         self._end += pos
         if truncate and self._end < size:
             os.ftruncate(self._fd, self._end)  # torn tail of a writer that died mid-append
