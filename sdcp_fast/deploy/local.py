@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
-from sdcp_fast.model.contract_digests import model_digest, scorer_digest
+from sdcp_fast.model.contract_digests import drafter_digest, model_digest, scorer_digest
 from sdcp_fast.model.interfaces import Drafter, TargetScorer
 from sdcp_fast.protocol import Action, contract_digest, extend_digest, prefix_digest
 from sdcp_fast.protocol.peer import Peer, PeerRole
@@ -86,7 +86,7 @@ class Engine:
         self.mlc = mlc
         self.target_digest = target_digest
         self.tokenizer_digest = tokenizer_digest
-        self.drafter_digests = drafter_digests or {d.name: model_digest(d.name) for d in drafters}
+        self.drafter_digests = drafter_digests or {d.name: drafter_digest(d, scorer) for d in drafters}
         self.backend = backend
         self.seed = seed
         # §6.2's choice of M from measured costs, unless fixed (seeded runs then repeat exactly).

@@ -62,3 +62,13 @@ def scorer_digest(scorer: object, name: str = "target") -> bytes:
     stand-in of ``name`` (a toy has no weights)."""
     model = getattr(scorer, "model", None)
     return weights_digest(model) if isinstance(model, Transformer) else model_digest(name)
+
+
+def drafter_digest(drafter: object, scorer: object = None) -> bytes:
+    """A drafter's entry in a contract's ``drafters``: the weights digest of a model of its own
+    (``drafter.runner.model``), else the stand-in of its name (n-gram, toys, the target's
+    own layers skipped: ``scorer.model``)."""
+    model = getattr(getattr(drafter, "runner", None), "model", None)
+    if isinstance(model, Transformer) and model is not getattr(scorer, "model", None):
+        return weights_digest(model)
+    return model_digest(str(getattr(drafter, "name", "drafter")))

@@ -62,3 +62,13 @@ def test_a_contract_naming_another_model_of_the_same_shape_is_refused() -> None:
         VerifierSession.open(session_open(sid(1), contract(target=scorer_digest(other)), prompt=prompt),
                              target_digest=scorer_digest(ours))
     assert err.value.suffix == "sdcp-bad-contract"
+
+
+def test_drafter_digest_names_the_weights_of_a_model_of_its_own() -> None:
+    from sdcp_fast.model.contract_digests import drafter_digest, model_digest
+    from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
+
+    target, draft = ModelRunner(random_model(SMALL, 0)), random_model(SMALL, 1)
+    assert drafter_digest(ModelDrafter(draft), target) == weights_digest(draft)
+    assert drafter_digest(ModelDrafter(target.model, n_layers=1), target) == model_digest("layerskip:1")
+    assert drafter_digest(NgramDrafter(SMALL.vocab_size), target) == model_digest("ngram")
