@@ -1,6 +1,7 @@
 """SDCP across processes: ``sdcp-fast up`` (six processes on loopback, HTTP/2 + TLS 1.3 with
-client certificates) serving completions through the router's front end, and a verifier
-killed with -9 in the middle of a stream (§5.1, §6.7, §6.9)."""
+client certificates) serving completions through the router's front end (its own port: plain
+HTTP with an API key, the official ``openai`` client, a client that disconnects), and a
+verifier killed with -9 in the middle of a stream (§5.1, §6.7, §6.9)."""
 
 from __future__ import annotations
 
@@ -104,6 +105,54 @@ def test_rule1_completion_across_processes_equals_target_only_greedy_decoding(up
     body = json.loads(out.stdout)
     assert body["choices"][0]["text"].split() == greedy_text("the verifier commits", 20).split()
     assert body["usage"]["completion_tokens"] == 20
+
+
+def test_the_plain_openai_client_streams_a_completion_and_a_chat_and_a_wrong_key_is_401(up: Up) -> None:
+    """The front end's own port: the official client with nothing but base_url and api_key."""
+    openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    e = up.endpoints()
+    client = openai.OpenAI(base_url=e["frontend"], api_key=e["api_key"])
+    stream = client.completions.create(model="toy", prompt="the verifier commits", max_tokens=20, stream=True)
+    text = "".join(c.choices[0].text for c in stream if c.choices)
+    chat = client.chat.completions.create(model="toy", messages=[{"role": "user", "content": "the verifier commits"}],
+                                          max_tokens=20, stream=True)
+    said = "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
+    assert text.split() == said.split() == greedy_text("the verifier commits", 20).split()
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=e["frontend"], api_key="sk-wrong", max_retries=0).models.list()
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_a_too_long_prompt_and_deep_json_are_400_in_openai_shape(up: Up) -> None:
+    e = up.endpoints()
+    out = curl(up, "completions", {"model": "toy", "prompt": "the " * 10_000}, "-w", "\n%{http_code}")
+    body, status = out.stdout.rsplit("\n", 1)
+    assert status == "400" and json.loads(body)["error"]["code"] == "context_length_exceeded"
+    deep = subprocess.run(["curl", "-sS", "-w", "\n%{http_code}", "-H", f"Authorization: Bearer {e['api_key']}",
+                           "-d", "[" * 3000 + "]" * 3000, e["frontend"] + "completions"],
+                          capture_output=True, text=True, timeout=60)
+    body, status = deep.stdout.rsplit("\n", 1)
+    assert status == "400" and json.loads(body)["error"]["message"]
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
+def test_a_client_that_disconnects_ends_its_session_at_the_verifier(up: Up) -> None:
+    """curl --max-time 1 on a 4000-token stream: the router cancels the session (DELETE
+    sessions/{id}); the verifier logs it, well before the 4000th token."""
+    e = up.endpoints()
+    body = {"model": "toy", "prompt": "every session is", "max_tokens": 4000, "stream": True}
+    out = curl(up, "completions", body, "-N", "--max-time", "1")
+    first = next(line for line in out.stdout.splitlines() if line.startswith("data: {"))
+    session = json.loads(first[6:])["id"].split("-", 1)[1]
+    deadline = time.monotonic() + 20
+    cancelled: list[str] = []
+    while not cancelled and time.monotonic() < deadline:
+        for log_file in Path(e["logs"]).glob("verifier*.log"):
+            cancelled += [line for line in log_file.read_text().splitlines()
+                          if f"session {session}: cancelled by the router" in line]
+        time.sleep(0.2)
+    assert cancelled, "no verifier logged the cancel"
+    assert int(cancelled[0].split(" at ")[1].split()[0]) < 4000
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl is not installed")
