@@ -132,7 +132,8 @@ def _rope(params: dict[str, Any] | None, where: str) -> tuple[float, dict[str, A
 def _from_hf(hf: dict[str, Any]) -> ModelConfig:
     family = hf.get("model_type")
     if family not in _FAMILIES:
-        raise UnsupportedModel(f"model_type {family!r} is not supported ({', '.join(_FAMILIES)})")
+        hint = " (the multimodal Gemma 3 wrapper; its text model, gemma3_text, is)" if family == "gemma3" else ""
+        raise UnsupportedModel(f"model_type {family!r} is not supported{hint} ({', '.join(_FAMILIES)})")
     fam = _FAMILIES[family]
     act = hf.get("hidden_activation") or hf.get("hidden_act") or fam["act"]
     if act != fam["act"] or act not in _ACTIVATIONS:
