@@ -25,6 +25,14 @@ the drafter ``confirmed(routed, state)``, built from the verifier's session-stat
     then after_open as above
 
     for routed in expired_verifiers(sessions, table, now): plan_failover(routed, choose_verifier(...), ...)
+
+The watchdog (docs/reliability.md, "Drafter death"): :func:`note_progress` records each growth
+of the committed length the router sees (events, output, answers); a session that shows none
+for :func:`stall_after` seconds (a few of its drafter's ttl_ms) is asked where it stands, by
+sending its session-open again (idempotent, §6.1), and :func:`after_probe` decides from the
+answer: it moved on, the verifier decodes it itself, or it gets a drafter again. A drafter
+that expired is replaced the same way (:func:`expired_drafters`, then :func:`after_probe`), so
+a session the verifier decodes itself (its drafter was told to stop) is left to it.
 """
 
 from __future__ import annotations
@@ -123,6 +131,11 @@ class StatusTable:
         self._gone.update(gone)
         return gone
 
+    def ttl(self, instance: str) -> float | None:
+        """Seconds of the ttl_ms ``instance`` last reported (also once expired), or None."""
+        entry = self._entries.get(instance)
+        return None if entry is None else entry.status.ttl_ms / 1000.0
+
     def next_expiry(self) -> float | None:
         """When the next entry expires (the adapter's timer), or None."""
         return min((e.expires for e in self._entries.values()), default=None)
@@ -177,6 +190,9 @@ class RoutedSession:
     tried: set[str] = field(default_factory=set)  # drafters switched away from
     policies: list[Policy] = field(default_factory=list)  # every update sent, by from_round
     handled: set[tuple[int, int, int, bytes]] = field(default_factory=set)  # events acted on
+    progress: float | None = None  # when the committed length last grew, as far as the router saw
+    seen: int = -1  # that length
+    self_decoding: bool = False  # the verifier decodes it itself: its drafter was told to stop
 
     def follow(self, state: SessionState | Event) -> None:
         """Adopt the verifier's latest round, committed length and digest."""
@@ -208,6 +224,7 @@ def assign(routed: RoutedSession, table: StatusTable, now: float, *,
     if drafter is None:
         return None
     routed.drafter = drafter
+    routed.self_decoding = False
     return assignment_for(routed, drafter)
 
 
@@ -272,15 +289,73 @@ def _apply_event(routed: RoutedSession, event: Event, table: StatusTable, now: f
 def reassign_expired(
     sessions: Iterable[RoutedSession], table: StatusTable, now: float
 ) -> list[Assignment]:
-    """Drafter failure (§6.9): sessions whose drafter's status expired get a new drafter."""
+    """Drafter failure (§6.9): sessions whose drafter's status expired get a new drafter
+    (not those the verifier decodes itself: that drafter had been told to stop already)."""
     plans = []
     for routed in sessions:
-        if routed.done or routed.drafter is None or table.live(routed.drafter, now):
+        if routed.done or routed.drafter is None or routed.self_decoding or table.live(routed.drafter, now):
             continue
         assignment = assign(routed, table, now, exclude=(routed.drafter,))
         if assignment is not None:
             plans.append(assignment)
     return plans
+
+
+def expired_drafters(sessions: Iterable[RoutedSession], table: StatusTable, now: float) -> list[RoutedSession]:
+    """Drafter failure (§6.9): open sessions whose drafter's status expired and that another
+    live drafter could take, each to be asked where it stands, then :func:`after_probe`. A
+    session the verifier decodes itself is left alone: its drafter was told to stop, and
+    assigning another would end the self-decoding its ladder chose."""
+    return [r for r in sessions
+            if not r.done and r.drafter is not None and not r.self_decoding and not table.live(r.drafter, now)
+            and choose_drafter(table, r.contract, now, exclude=(r.drafter,)) is not None]
+
+
+def note_progress(routed: RoutedSession, committed: int, now: float) -> bool:
+    """The router saw ``committed`` tokens committed at ``now``; whether that is progress."""
+    if routed.progress is not None and committed <= routed.seen:
+        return False
+    routed.seen = max(committed, routed.seen)
+    routed.progress = now
+    return True
+
+
+def stall_after(routed: RoutedSession, table: StatusTable, *, ttls: float = 3.0, default: float = 10.0) -> float:
+    """Seconds without progress after which the session is looked at: ``ttls`` times its
+    drafter's ttl_ms (``default`` seconds when the router knows none)."""
+    ttl = None if routed.drafter is None else table.ttl(routed.drafter)
+    return ttls * (ttl if ttl is not None else default / ttls)
+
+
+def stalled(sessions: Iterable[RoutedSession], table: StatusTable, now: float, *, ttls: float = 3.0) -> list[RoutedSession]:
+    """Open sessions that showed no progress for :func:`stall_after` seconds."""
+    return [r for r in sessions
+            if not r.done and r.progress is not None and now - r.progress >= stall_after(r, table, ttls=ttls)]
+
+
+def after_probe(routed: RoutedSession, state: SessionState, table: StatusTable, now: float) -> Assignment | None:
+    """The verifier's session-state for a session whose drafter expired or that looked
+    stalled: None when it progressed, ended, or is decoded by the verifier itself; else a
+    drafter is assigned (another one when one is live, else the same one again: a new
+    assignment restarts it from the verifier's state). None also when no drafter is live."""
+    if state.epoch != routed.epoch:
+        return None
+    routed.follow(state)
+    moved = note_progress(routed, state.committed, now)
+    marker = None if state.state is None else Action.parse(int(state.state))
+    if marker in (Action.FINISH, Action.FAIL):
+        return None  # the output reader sees the end
+    if marker is Action.SELF_DECODE:
+        routed.self_decoding = True  # the ladder chose it; the verifier's event ends it
+        routed.progress = now
+        return None
+    routed.self_decoding = False
+    expired = routed.drafter is not None and not table.live(routed.drafter, now)
+    if moved and not expired:
+        return None
+    routed.progress = now  # the next look comes a full period later
+    exclude = () if routed.drafter is None else (routed.drafter,)
+    return assign(routed, table, now, exclude=exclude) or assign(routed, table, now)
 
 
 def expired_verifiers(

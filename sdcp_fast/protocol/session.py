@@ -287,6 +287,7 @@ class VerifierSession:
     _current: _Round | None = None
     _self_count: int = 0
     _self_stop: bool = False
+    _assigned_at: int = 0  # rounds up to this one were decided before the latest assignment
     _random: VerifierRandom | None = None
     _random_seed: int | None = None
 
@@ -372,6 +373,9 @@ class VerifierSession:
     def session_state(self) -> SessionState:
         marker = {State.FINISHED: Action.FINISH, State.FAILED: Action.FAIL,
                   State.SELF_DECODING: Action.SELF_DECODE}.get(self.state)
+        current = self._current
+        if marker is None and current is not None and current.proposal is None and not self._self_stop:
+            marker = Action.SELF_DECODE  # a self-decoded round in progress, with more to follow
         return SessionState(session=self.session, epoch=self.epoch, round=self.round,
                             committed=self.committed, digest=self.digest,
                             state=None if marker is None else int(marker))
@@ -445,6 +449,10 @@ class VerifierSession:
         self.revoked = False
         self.control.reset_cap(assignment.m_init)
         current = self._current
+        # Their verdicts answered someone else's request, or this drafter's under an earlier
+        # assignment: their actions (a self-decoded round's self_decode, a switch) are not
+        # addressed to the drafter assigned now (docs/interpretations.md, "Idempotency").
+        self._assigned_at = self.round if current is None else current.round
         if current is not None:
             current.reassigned = True
             if current.control_before is not None:
@@ -497,6 +505,9 @@ class VerifierSession:
                              extra=self._state_extra())
         recorded = self._verdicts.get(proposal.round)
         if recorded is not None:
+            if proposal.round <= self._assigned_at:
+                raise StaleBase(f"round {proposal.round} was decided before the latest assignment",
+                                extra=self._state_extra())
             return recorded
         current = self._current
         if current is not None and current.round == proposal.round:

@@ -6,7 +6,9 @@ through :meth:`RouterRole.open` (the front end's call): pick a verifier, ``POST 
 (epoch 1, commit log in the MLC), then a drafter, informing the verifier before the drafter.
 A periodic sweep reassigns sessions whose drafter's status expired and fails over sessions
 whose verifier's status expired: fence, read the last record, open elsewhere with
-``resume``, re-send the sampling policy, re-assign.
+``resume``, re-send the sampling policy, re-assign. Its watchdog looks at every session that
+committed nothing for a few ttl_ms: it moved on, the verifier decodes it, or it gets a drafter
+again (protocol/routing.py; docs/reliability.md, "Drafter death").
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sdcp_fast.protocol import (
     Output,
     Sampling,
     SdcpProblem,
+    SessionOpen,
     Status,
 )
 from sdcp_fast.protocol.commitlog import CommitRecord
@@ -41,17 +44,20 @@ from sdcp_fast.protocol.routing import (
     RoutedSession,
     StatusTable,
     after_open,
+    after_probe,
     assign,
     choose_verifier,
     confirmed,
+    expired_drafters,
     expired_verifiers,
     fence_for,
     new_session_id,
+    note_progress,
     on_event,
     open_message,
     plan_failover,
     policy_update,
-    reassign_expired,
+    stalled,
 )
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
@@ -100,6 +106,7 @@ def serving_spec(prompt: Sequence[int] = (), **kw: Any) -> SessionSpec:
 class _Routed:
     routed: RoutedSession
     changed: asyncio.Event = field(default_factory=asyncio.Event)
+    opened: SessionOpen | None = None  # the session-open its verifier holds: sent again, it says where it stands
 
 
 class RouterRole:
@@ -114,6 +121,7 @@ class RouterRole:
         drafter_models: Mapping[str, bytes],
         scope: bytes | None = None,
         sweep_interval: float = 0.5,
+        stall_ttls: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.uri = uri
@@ -124,6 +132,7 @@ class RouterRole:
         self.tokenizer_digest = tokenizer_digest
         self.scope = scope if scope is not None else os.urandom(16)
         self.sweep_interval = sweep_interval
+        self.stall_ttls = stall_ttls  # the watchdog's period, in the session's drafter's ttl_ms
         self.clock = clock
         self.table = StatusTable()
         for instance, model in drafter_models.items():
@@ -190,6 +199,8 @@ class RouterRole:
         if peer.uri is None or not same_instance(peer.uri, entry.routed.verifier):
             raise Forbidden(f"{peer.uri} is not the verifier of this session")
         async with self._lock:
+            if event.epoch == entry.routed.epoch:
+                note_progress(entry.routed, event.committed, self.clock())
             assignment = on_event(entry.routed, event, self.table, self.clock())
             if assignment is not None:
                 await self._assign(entry.routed, assignment)
@@ -222,15 +233,17 @@ class RouterRole:
                 committed=0, digest=bytes(32), m_init=spec.m_init,
                 committed_tokens=object_uri(self.scope, session, "committed_tokens", 1),
             )
+            opened = open_message(routed)
             try:
-                state = await self.client.open_session(verifier, open_message(routed))
+                state = await self.client.open_session(verifier, opened)
                 break
             except (ConnectionError, OSError) as exc:
                 # Died since its last status report (a kill just before an
                 # open): its status has not expired yet, but another verifier can take the session.
-                log.warning("session %s: verifier %s unreachable at open: %s", session.hex()[:8], verifier, exc)
+                log.warning("session %s: verifier %s unreachable at open: %s", session.hex(), verifier, exc)
                 unreachable.append(verifier)
-        self.sessions[session] = _Routed(routed)
+        self.sessions[session] = _Routed(routed, opened=opened)
+        note_progress(routed, state.committed, self.clock())
         self.metrics.sessions.inc()
         async with self._lock:
             assignment = after_open(routed, state, self.table, self.clock())
@@ -275,6 +288,8 @@ class RouterRole:
             epoch = out.epoch
             if out.from_ == index and out.tokens:
                 index += len(out.tokens)
+                if out.epoch == entry.routed.epoch:
+                    note_progress(entry.routed, index, self.clock())
                 yield out
             if out.final:
                 if not out.tokens:
@@ -322,7 +337,7 @@ class RouterRole:
             await asyncio.wait_for(self.client.assign(assignment.drafter, confirmed(routed, state)),
                                    max(4 * self.sweep_interval, 1.0))  # room for _call_again's tries
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
-            log.warning("session %s: assignment to %s failed: %s", assignment.session.hex()[:8], assignment.drafter, exc)
+            log.warning("session %s: assignment to %s failed: %s", assignment.session.hex(), assignment.drafter, exc)
             # A drafter that never got it never proposes, and its status stays fresh, so no
             # expiry would ever reassign the session: the sweep delivers it again.
             self._undelivered[assignment.session] = assignment
@@ -342,10 +357,10 @@ class RouterRole:
         now = self.clock()
         open_ = [e.routed for e in self.sessions.values() if not e.routed.done]
         async with self._lock:
-            for assignment in reassign_expired(open_, self.table, now):
-                routed = self.sessions[assignment.session].routed
-                with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
-                    await self._assign(routed, assignment)
+            for routed in expired_drafters(open_, self.table, now):
+                await self._look_at(routed, f"drafter {routed.drafter} expired")
+            for routed in stalled(open_, self.table, now, ttls=self.stall_ttls):
+                await self._look_at(routed, f"nothing committed for {now - (routed.progress or now):.1f} s")
             for routed in open_:
                 # No drafter was live when it opened (§6.1): assign one once one reports.
                 late = assign(routed, self.table, now) if routed.drafter is None else None
@@ -362,13 +377,36 @@ class RouterRole:
             for routed in expired_verifiers(open_, self.table, now):
                 await self._failover(routed)
 
+    async def _look_at(self, routed: RoutedSession, why: str) -> None:
+        """Ask the verifier where the session stands (its session-open again: idempotent,
+        §6.1), then give it a drafter unless it moved on or the verifier decodes it itself."""
+        entry = self.sessions[routed.session]
+        if entry.opened is None or entry.opened.epoch != routed.epoch:
+            return
+        try:
+            state = await self.client.open_session(routed.verifier, entry.opened)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("session %s: %s; verifier %s did not say where it stands: %s",
+                        routed.session.hex(), why, routed.verifier, exc)
+            return
+        before = routed.drafter
+        assignment = after_probe(routed, state, self.table, self.clock())
+        if assignment is None:
+            if routed.self_decoding:
+                log.info("session %s: %s; the verifier decodes it itself", routed.session.hex(), why)
+            return
+        log.warning("session %s: %s at %d tokens; assigning %s (was %s)", routed.session.hex(), why,
+                    state.committed, assignment.drafter, before)
+        with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+            await self._assign(routed, assignment)
+
     async def _lost(self, routed: RoutedSession, verifier: str) -> None:
         """The verifier of record no longer knows the session: it restarted before its status
         expired, so the sweep would never fail the session over (§6.9). Fail it over now,
         unless that already happened."""
         async with self._lock:
             if not routed.done and routed.verifier == verifier:
-                log.warning("session %s: verifier %s no longer has it", routed.session.hex()[:8], verifier)
+                log.warning("session %s: verifier %s no longer has it", routed.session.hex(), verifier)
                 await self._failover(routed)
 
     async def _target_kv(self, session: bytes, epoch: int) -> str | None:
@@ -382,7 +420,7 @@ class RouterRole:
                 if await self.objects.exists(ref):
                     return ref
             except Exception as exc:  # the pages are an optimisation: never a reason not to fail over
-                log.warning("session %s: could not look for %s: %s", session.hex()[:8], ref, exc)
+                log.warning("session %s: could not look for %s: %s", session.hex(), ref, exc)
                 return None
         return None
 
@@ -405,8 +443,9 @@ class RouterRole:
         plan = plan_failover(routed, target, last, committed_tokens=written, target_kv=pages)
         self.metrics.failovers.inc()
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
-                    routed.session.hex()[:8], old, target, routed.epoch)
+                    routed.session.hex(), old, target, routed.epoch)
         state = await self.client.open_session(target, plan.open)
+        self.sessions[routed.session].opened = plan.open
         # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
         routed.committed_tokens = object_uri(self.scope, routed.session, "committed_tokens", routed.epoch)
         for policy in (plan.policy, *plan.later):

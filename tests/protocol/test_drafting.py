@@ -280,10 +280,12 @@ def test_malformed_verdict_is_bad_request_and_changes_nothing():
 
 
 def test_recorded_verdict_of_another_request_resynchronizes_through_on_problem():
-    """A drafter assigned while a round was in flight proposes that round again and gets its
-    recorded verdict (§6.3 idempotency), which answers another request: on_verdict refuses it
-    and changes nothing, and its problem carries the session-state on_problem resyncs from."""
-    from sdcp_fast.protocol.problems import BadRequest
+    """A drafter assigned while a round was in flight proposes that round again. The verifier
+    answers the stale base with its session-state, not the round's recorded verdict, which
+    answered another request decided before this assignment (docs/interpretations.md,
+    "Idempotency"); a drafter that got such a verdict anyway refuses it in on_verdict, changes
+    nothing, and resyncs from the session-state its problem carries."""
+    from sdcp_fast.protocol.problems import BadRequest, StaleBase
 
     verifier, _ = _pair()
     lagging = assignment(verifier, drafter="https://b/", m_init=3)  # built before round 1 commits
@@ -292,10 +294,11 @@ def test_recorded_verdict_of_another_request_resynchronizes_through_on_problem()
     verifier.assign(lagging)
     b = DrafterSession(lagging)
     prop_b = b.propose([7, 8], STATUS)
-    answer = verifier.receive_proposal(prop_b, client="https://b/", now=0)
-    assert answer == verdict_a
+    with pytest.raises(StaleBase) as stale:
+        verifier.receive_proposal(prop_b, client="https://b/", now=0)
+    assert stale.value.extra["session_state"]["round"] == 1
     with pytest.raises(BadRequest) as info:
-        b.on_verdict(answer)
+        b.on_verdict(verdict_a)
     assert (b.round, b.committed, b.outstanding) == (0, 0, prop_b)
     assert b.on_problem(info.value) and (b.round, b.committed, b.digest) == (1, 3, verifier.digest)
     assert b.propose([9], STATUS).round == 2
