@@ -1,6 +1,7 @@
 """The package's import graph: no module imports itself back through others (an import at
 function level counts too: it is a dependency that only runs later), and each package imports
-only the packages below it, as README.md's layout table says.
+only the packages below it, as README.md's layout table says. And no two modules share a
+name, so that a name says which module it is (the CLI's modules are named for their subcommand).
 
 Read from the source with ``ast``, so every module counts, including those whose optional
 dependencies are not installed here."""
@@ -166,3 +167,11 @@ def test_every_package_has_a_place_in_the_layering() -> None:
     packages = {_package(name) for name in MODULES} - {"", "__main__", "cli"}
     assert packages <= set(ALLOWED), packages - set(ALLOWED)
     assert set(ALLOWED) <= packages, f"README.md names packages that are gone: {set(ALLOWED) - packages}"
+
+
+def test_no_two_modules_share_a_name() -> None:
+    seen: dict[str, list[str]] = {}
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" and _package(name) != "cli":
+            seen.setdefault(path.name, []).append(name)
+    assert {base: names for base, names in seen.items() if len(names) > 1} == {}
