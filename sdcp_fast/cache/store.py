@@ -18,6 +18,7 @@ so an authorization decision and the change it allows are one atomic step.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import itertools
 import os
@@ -52,6 +53,8 @@ MAX_LEASES = 1 << 18
 # A round's objects are held by their writer and a verifier; more holders mean a caller
 # that never releases, which must not fill the lease table through one object.
 MAX_LEASES_PER_OBJECT = 16
+# What a tier's write raises when the file system under it has less room than its capacity.
+_OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 @dataclass
@@ -172,12 +175,16 @@ class MLC:
                 raise CacheFull(f"{len(self._leases)} leases are held; at most {self.max_leases}")
             self._make_index_room(charge, keep={uri})
             start = 0 if is_tensor and data.device.type == "cuda" else self._read_tier
+            full = ""
             for i in range(start, len(self.tiers)):
                 if size <= self.tiers[i].capacity and self._make_room(i, size, keep={uri}):
-                    handle = self.tiers[i].write(uri, data)
-                    break
+                    try:
+                        handle = self._write(i, uri, data, keep={uri})
+                        break
+                    except CacheFull as exc:
+                        full = f" ({exc.detail})"
             else:
-                raise CacheFull(f"{size} bytes fit in no tier")
+                raise CacheFull(f"{size} bytes fit in no tier{full}")
             entry = _Entry(uri, scope_of(uri), size, i, handle, f'"{self._instance}-{next(self._ids)}"', meta,
                            owner=owner, charge=charge)
             self._insert(entry)
@@ -520,11 +527,31 @@ class MLC:
             self._move_down(victim, keep)
         return True
 
+    def _write(self, i: int, uri: str, data: Any, *, keep: set[str]) -> Any:
+        """``tiers[i].write``; when the file system under the tier is fuller than its
+        accounting says (ENOSPC), the tier's LRU unleased objects make way one by one, and
+        with none left the write is CacheFull (507), never a bare OSError."""
+        tier = self.tiers[i]
+        while True:
+            try:
+                return tier.write(uri, data)
+            except OSError as exc:
+                if exc.errno not in _OUT_OF_SPACE:
+                    raise
+                victim = next((self._index[u] for u in self._lru[i] if u not in keep and not self._index[u].leases),
+                              None)
+                if victim is None:
+                    raise CacheFull(f"tier {tier.name} is out of space: {exc.strerror}") from None
+                self._move_down(victim, keep | {uri})
+
     def _move_down(self, entry: _Entry, keep: set[str]) -> None:
         src = entry.tier
         for j in range(src + 1, len(self.tiers)):
             if self._make_room(j, entry.size, keep=keep | {entry.uri}):
-                self._move(entry, j)
+                try:
+                    self._move(entry, j, keep=keep | {entry.uri})
+                except CacheFull:
+                    continue
                 return
         self.accounting[entry.scope, self.tiers[src].name].evictions += 1
         self._remove(entry)
@@ -534,10 +561,13 @@ class MLC:
             return
         for j in range(target, entry.tier):
             if self._make_room(j, entry.size, keep={entry.uri}):
-                self._move(entry, j)
+                try:
+                    self._move(entry, j, keep={entry.uri})
+                except CacheFull:
+                    continue  # served from where it is
                 return
 
-    def _move(self, entry: _Entry, j: int) -> None:
+    def _move(self, entry: _Entry, j: int, *, keep: set[str]) -> None:
         src = self.tiers[entry.tier]
         dst = self.tiers[j]
         new = None
@@ -551,8 +581,10 @@ class MLC:
             # run on the side stream without a pageable bounce.
             as_tensor = hasattr(src, "tensor") and not (src.host_readable and dst.host_readable)
             data = src.tensor(entry.handle) if as_tensor else src.read(entry.handle)  # type: ignore[attr-defined]
-            new = dst.write(entry.uri, data)
-            del data
+            try:
+                new = self._write(j, entry.uri, data, keep=keep)
+            finally:
+                del data
         if entry.borrowed:
             self._unlink(entry)
             entry.borrowed = False

@@ -53,19 +53,25 @@ class DiskTier:
         return f"{self._objects}/{self._seq:x}"
 
     def write(self, key: str, data: Any) -> str:
+        """Write a new file; a write that fails (a full file system: ``ENOSPC``) leaves no
+        partial file behind, so the folder never holds more than the index accounts for."""
         path = self._path(key)
-        if self._gds is not None and hasattr(data, "untyped_storage") and data.device.type == "cuda":
-            with self._gds.CuFile(path, "w") as f:
-                f.write(data.contiguous())
-            return path
-        view = as_bytes_view(data)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         try:
-            done = 0
-            while done < view.nbytes:
-                done += os.write(fd, view[done:])
-        finally:
-            os.close(fd)
+            if self._gds is not None and hasattr(data, "untyped_storage") and data.device.type == "cuda":
+                with self._gds.CuFile(path, "w") as f:
+                    f.write(data.contiguous())
+                return path
+            view = as_bytes_view(data)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                done = 0
+                while done < view.nbytes:
+                    done += os.write(fd, view[done:])
+            finally:
+                os.close(fd)
+        except BaseException:
+            self.drop(path)
+            raise
         return path
 
     def _map(self, path: str) -> memoryview:
