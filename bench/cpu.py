@@ -280,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     spec_texts = [t if chat is None else chat(t) for t in demo_texts][: args.spec_prompts]
     for th in threads:
         torch.set_num_threads(th)
+        print(f"bench/cpu.py: {th} thread(s): decode, pass cost, prefill", file=sys.stderr, flush=True)
         llama = None if why_llama else LlamaCpp(path, th)
         dec: dict[str, list[float]] = {}
         pre: dict[str, list[float]] = {}
@@ -305,6 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                 results["agreement"][form] = {"same": same, "total": total, "prompts": len(agree_texts)}
         del llama
     if not args.skip_spec:
+        print("bench/cpu.py: speculation", file=sys.stderr, flush=True)
         torch.set_num_threads(threads[0])
         texts = spec_texts
         for form, o in ours.items():
