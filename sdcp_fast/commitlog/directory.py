@@ -31,6 +31,7 @@ class LogDirectory:
         self._lock = threading.Lock()
         self._open: OrderedDict[str, FileCommitLog] = OrderedDict()  # least recently used first
         self._users: dict[str, int] = {}
+        self._opening: dict[str, threading.Lock] = {}  # names being opened, by their opener's gate
 
     def log(self, name: str) -> DirectoryLog:
         """A handle on the log ``name``: cheap, holds no descriptor between calls."""
@@ -46,15 +47,11 @@ class LogDirectory:
 
     @contextmanager
     def using(self, name: str, *, create: bool) -> Iterator[FileCommitLog]:
-        """The open file log of ``name`` for one operation (UnknownLog if absent and not ``create``)."""
-        with self._lock:
-            log = self._open.get(name)
-            if log is None:
-                log = FileCommitLog(log_path(self.root, name), sync=self._sync, create=create)
-                self._open[name] = log
-            self._open.move_to_end(name)
-            self._users[name] = self._users.get(name, 0) + 1
-            self._trim()
+        """The open file log of ``name`` for one operation (UnknownLog if absent and not ``create``).
+
+        Opening reads the whole file: it runs outside the directory's lock, so a large log
+        being opened holds up only its own users, never the other logs'."""
+        log = self._acquire(name, create)
         try:
             yield log
         finally:
@@ -63,6 +60,35 @@ class LogDirectory:
                 if not self._users[name]:
                     del self._users[name]
                 self._trim()
+
+    def _acquire(self, name: str, create: bool) -> FileCommitLog:
+        while True:
+            with self._lock:
+                log = self._open.get(name)
+                if log is not None:
+                    self._use(name)
+                    return log
+                gate = self._opening.setdefault(name, threading.Lock())
+            with gate:  # one opener per name; the others wait for it, not for the directory
+                with self._lock:
+                    if name in self._open or self._opening.get(name) is not gate:
+                        continue  # opened meanwhile, or its opener failed: look again
+                try:
+                    log = FileCommitLog(log_path(self.root, name), sync=self._sync, create=create)
+                except BaseException:
+                    with self._lock:
+                        del self._opening[name]
+                    raise
+                with self._lock:
+                    self._open[name] = log
+                    del self._opening[name]
+                    self._use(name)
+                    return log
+
+    def _use(self, name: str) -> None:
+        self._open.move_to_end(name)
+        self._users[name] = self._users.get(name, 0) + 1
+        self._trim()
 
     def _trim(self) -> None:
         # Close idle logs, least recently used first; logs in use may overshoot briefly.

@@ -303,10 +303,19 @@ class MLCService:
             body = await call.body(MAX_RECORD)
         except BodyTooLarge as exc:
             raise RecordTooLarge(exc.detail, extra=exc.extra) from None  # what every log backend says
-        record = decode_record(bytes(body))
-        policy.may_append(peer, record)
         if_match = call.headers.get("if-match")
-        etag = await asyncio.get_running_loop().run_in_executor(None, log_.append, record, if_match)
+
+        def append() -> str:
+            # A record is up to MAX_RECORD bytes of untrusted CBOR: decoding it (valid or
+            # not) takes seconds, which must not stop the loop serving everyone else.
+            record = decode_record(bytes(body))
+            policy.may_append(peer, record)
+            return log_.append(record, if_match)
+
+        try:
+            etag = await asyncio.get_running_loop().run_in_executor(None, append)
+        finally:
+            release_body(body)
         return Response(201, b"", {"etag": etag})
 
     # -- accounting ---------------------------------------------------------------------------
