@@ -322,11 +322,7 @@ class MLC:
                 check(held.holder)
             self._leases[lease_id] = held._replace(expires=now + ttl)
             heapq.heappush(self._expiry, (now + ttl, lease_id))
-            if len(self._expiry) > 2 * len(self._leases) + 64:
-                # Renewals leave their old expiries behind; rebuild from the live leases so
-                # the heap stays proportional to them, not to the number of renewals.
-                self._expiry = [(lease.expires, lid) for lid, lease in self._leases.items()]
-                heapq.heapify(self._expiry)
+            self._compact_expiry()
 
     def release(self, lease_id: str, *, check: LeaseCheck | None = None) -> None:
         """Unpin: the object stays until LRU evicts it or someone deletes it."""
@@ -341,6 +337,7 @@ class MLC:
             entry.leases.discard(lease_id)
             if entry.birth_lease == lease_id:
                 entry.birth_lease = None
+            self._compact_expiry()
 
     @contextmanager
     def held_if_free(self) -> Iterator[bool]:
@@ -416,6 +413,13 @@ class MLC:
                 self._remove(entry)
                 self._flush()
         return now
+
+    def _compact_expiry(self) -> None:
+        if len(self._expiry) > 2 * len(self._leases) + 64:
+            # Renewals, releases and deletions leave expiries behind; rebuild from the live
+            # leases so the heap stays proportional to them, not to the leases ever granted.
+            self._expiry = [(lease.expires, lid) for lid, lease in self._leases.items()]
+            heapq.heapify(self._expiry)
 
     def _lookup(self, uri: str, *, count: bool = True) -> _Entry:
         self._reap()
@@ -507,6 +511,8 @@ class MLC:
         self._index_used -= entry.charge
         for lease_id in entry.leases:
             self._leases.pop(lease_id, None)
+        if entry.leases:
+            self._compact_expiry()
         tier = self.tiers[entry.tier]
         if entry.borrowed:
             self._unlink(entry)

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sdcp_fast.cache import MLC, CacheFull, ObjectLeased, object_uri
+from sdcp_fast.cache import MLC, CacheFull, ObjectLeased, UnknownLease, object_uri
 from sdcp_fast.cache.store import MAX_LEASE_TTL, MAX_META_BYTES, OBJECT_OVERHEAD
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
@@ -115,6 +115,22 @@ def test_renewals_do_not_grow_the_expiry_heap(mlc, clock):
     assert mlc.head(uri(1)).leased, "the latest renewal still holds"
     clock.advance(2)
     assert not mlc.head(uri(1)).leased
+
+
+def test_released_and_deleted_leases_leave_the_expiry_heap(mlc, clock):
+    mlc.put(uri(1), b"x")
+    for _ in range(10000):  # hour-long leases, each released at once
+        mlc.release(mlc.lease(uri(1), MAX_LEASE_TTL))
+    assert len(mlc._expiry) <= 2 * len(mlc._leases) + 64
+    for _ in range(2000):  # objects deleted (or replaced) with their leases
+        mlc.put(uri(2), b"y", MAX_LEASE_TTL)
+        mlc._remove(mlc._index[uri(2)])
+    assert len(mlc._expiry) <= 2 * len(mlc._leases) + 64
+    lease = mlc.lease(uri(1), 5)
+    clock.advance(6)
+    assert not mlc.head(uri(1)).leased
+    with pytest.raises(UnknownLease):
+        mlc.release(lease)
 
 
 def test_many_small_objects_cost_bounded_memory(tmp_path, clock):
