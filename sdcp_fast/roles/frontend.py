@@ -34,6 +34,7 @@ from typing import Any, Protocol, cast
 from sdcp_fast.protocol import Action, Sampling, SdcpProblem
 from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE, Output
 from sdcp_fast.protocol.peer import PeerRole
+from sdcp_fast.protocol.routing import RoutedSession
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.sse import DONE_EVENT, event
 from sdcp_fast.transport.base import Request, Response
@@ -227,7 +228,7 @@ class Frontend:
     async def _serve(self, request: Request, *, chat: bool) -> Response:
         try:
             job = self._job(_body(request), chat)
-            routed = await self.router.open(job.spec)
+            routed = await self._open(job.spec)
         except ApiError as error:
             return error.response()
         except SdcpProblem as problem:
@@ -257,6 +258,20 @@ class Frontend:
                       "created": job.created, "model": self.model, "choices": [choice],
                       "usage": _usage(len(job.spec.prompt), count)})
 
+    async def _open(self, spec: SessionSpec) -> RoutedSession:
+        """Open the session in a task of its own: a client that goes away meanwhile leaves the
+        open to finish, and the session it made is cancelled then, not left running."""
+        opening = asyncio.ensure_future(self.router.open(spec))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            def opened(task: asyncio.Future[RoutedSession]) -> None:
+                if not task.cancelled() and task.exception() is None:
+                    self.cancel_later(task.result().session, "its client went away while it opened")
+
+            opening.add_done_callback(opened)
+            raise
+
     async def _pieces(self, session: bytes, stops: Sequence[str] = ()) -> AsyncGenerator[tuple[str, str | None, int], None]:
         """(text, finish_reason or None, tokens so far) as the session commits output. Text that
         could be the start of a stop string is held back until it is known not to be one; the
@@ -281,6 +296,8 @@ class Frontend:
                     if out.final:
                         ended = True
                         if out.finish == Action.FAIL:
+                            log.warning("session %s: failed at %d output tokens (the contract's escalation ladder "
+                                        "ended in fail)", session.hex(), count)
                             if pending:
                                 yield pending, None, count
                             raise ApiError(500, "the session failed (its contract's escalation ladder ended in "
