@@ -13,7 +13,7 @@ control plane: it may do anything to any object or log (clean-up after failover)
 from __future__ import annotations
 
 from sdcp_fast.cache.store import Head, LeaseCheck, ObjectCheck
-from sdcp_fast.cache.uri import ObjectName
+from sdcp_fast.cache.uri import ObjectName, writer_tag
 from sdcp_fast.protocol.commitlog import FenceRecord, LogRecord
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import Forbidden
@@ -64,7 +64,10 @@ def may_put(peer: Peer | None, name: ObjectName) -> ObjectCheck | None:
     if not peer.is_(R):
         if peer.role not in CREATE.get(name.kind, frozenset()):
             raise Forbidden(f"a {_role(peer)} may not write {name.kind} objects")
-        _need_identity(peer)
+        writer = _need_identity(peer)
+        if name.tag is not None and name.tag != writer_tag(writer):
+            # A tagged name is its writer's alone (cache/uri.py): nobody takes it first.
+            raise Forbidden(f"{name} carries another writer's tag; this peer's is {writer_tag(writer)}")
 
     def check(head: Head | None) -> None:
         if head is not None:

@@ -4,14 +4,17 @@
 contract (32 lowercase hex digits) is the namespace, so one scope's accounting and
 clean-up never touch another's. ``<session>`` is the base64url session id of §5.1;
 ``<round>`` is omitted for per-session objects (``prompt_kv``, ``commit_log``). A round may
-carry its writer's tag, ``<round>.<tag>``: the object's first writer owns it (docs/security.md),
-so a drafter that takes over a session names its rows apart from those its predecessor
-left under the same round.
+carry its writer's tag, ``<round>.<tag>`` (:func:`writer_tag`): a name with a tag is one only
+that writer can create (the MLC refuses anyone else, cache/policy.py), so nobody can take the
+name a drafter's rows will have, and a drafter that takes over a session names its rows apart
+from those its predecessor left under the same round (docs/security.md, "Names nobody can
+squat"). An untagged name is owned by its first writer.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -39,6 +42,22 @@ class ObjectName:
         if self.tag is not None:
             tail += f".{self.tag}"
         return f"{SCHEME}{self.scope.hex()}/{self.session}/{self.kind}{tail}"
+
+
+def writer_tag(base_uri: str) -> str:
+    """The tag of the instance at ``base_uri`` (its certificate's URI SAN; a trailing slash is
+    not significant): 24 hex digits (96 bits) of the URI's SHA-256."""
+    return hashlib.sha256(base_uri.rstrip("/").encode()).hexdigest()[:24]
+
+
+def tagged_for_another(uri: str, writer: str) -> bool:
+    """Whether ``uri`` carries the tag of a writer other than ``writer``: an object a reader
+    must not take as ``writer``'s, whoever made it."""
+    try:
+        tag = parse(uri).tag
+    except ValueError:
+        return False
+    return tag is not None and tag != writer_tag(writer)
 
 
 def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None = None, *,

@@ -158,7 +158,7 @@ class Conform:
         return await self.as_drafter("POST", "proposals", p if isinstance(p, bytes) else p.encode())
 
     async def output(self, session: bytes, start: int) -> Answer:
-        return await self.as_drafter("GET", f"sessions/{session_path_id(session)}/output", b"", {"from": str(start)})
+        return await self.as_router("GET", f"sessions/{session_path_id(session)}/output", b"", {"from": str(start)})
 
     async def output_tokens(self, session: bytes, start: int = 0) -> Output | None:
         answer = await self.output(session, start)

@@ -3,9 +3,10 @@ clients on the same transport, the MLC through an ``sdcp-fast mlc`` server, unti
 
 Security comes from a ``sdcp-fast certs`` folder and an instance name (or explicit
 ``--cert/--key/--ca``): the certificate's URI SANs are the instance's base URI and role.
-``--insecure`` serves plain HTTP/2 on loopback only, where nobody is authenticated: each
-client then *claims* its identity in ``x-sdcp-peer-uri``/``x-sdcp-peer-role`` headers so that
-the roles' checks still run (a development convenience, never a security boundary).
+``--insecure`` serves plain HTTP/2 on loopback only, where nobody is authenticated: every
+request carries no identity (``peer`` None), whatever its headers claim, so every resource
+that needs a role answers 403 (docs/security.md, "--insecure"). Only what needs no identity
+(metrics, health) is served: a running deployment needs certificates (``sdcp-fast certs``).
 """
 
 from __future__ import annotations
@@ -17,18 +18,16 @@ import logging
 import signal
 import ssl
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.store.remote_store import RemoteStore
-from sdcp_fast.transport.base import Handler, Request, Response, Transport
+from sdcp_fast.transport.base import Handler, Transport
 
 log = logging.getLogger("sdcp_fast.deploy")
-
-CLAIM_URI, CLAIM_ROLE = "x-sdcp-peer-uri", "x-sdcp-peer-role"
 
 L = TypeVar("L")  # what a role command loads before it serves (run_role)
 
@@ -102,43 +101,11 @@ def listen_address(args: argparse.Namespace) -> tuple[str, int]:
     return parts.hostname or "127.0.0.1", parts.port or 443
 
 
-def claimed(handler: Handler) -> Handler:
-    """Insecure mode: take the identity the client claims (see the module doc)."""
-
-    async def handle(request: Request) -> Response:
-        uri = request.headers.get(CLAIM_URI) or None
-        try:
-            role = PeerRole(request.headers.get(CLAIM_ROLE, ""))
-        except ValueError:
-            role = None
-        return await handler(Request(request.method, request.path, request.query, request.body, request.headers,
-                                     Peer(uri, role)))
-
-    return handle
-
-
-class ClaimingTransport:
-    """Insecure mode's client side: every request claims ``peer``."""
-
-    def __init__(self, inner: Transport, peer: Peer) -> None:
-        self.inner = inner
-        self.headers = {CLAIM_URI: peer.uri or "", CLAIM_ROLE: peer.role.value if peer.role else ""}
-
-    async def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",
-                      query: Mapping[str, str] | None = None, headers: Mapping[str, str] | None = None,
-                      timeout: float | None = None) -> Response:
-        return await self.inner.request(base_uri, method, path, body=body, query=query,
-                                        headers={**(headers or {}), **self.headers}, timeout=timeout)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
 def client_transport(security: Security, peer: Peer) -> Transport:
     from sdcp_fast.transport.h2client import H2Transport
 
     if security.insecure:
-        return ClaimingTransport(H2Transport(insecure=True), peer)
+        return H2Transport(insecure=True)  # proves nothing: ``peer`` is not claimed either
     return H2Transport(security.client_context())
 
 
@@ -192,9 +159,7 @@ async def serve_role(role: Any, *, host: str, port: int, security: Security, bas
     """Start ``role``, serve its handler, and run until SIGINT or SIGTERM."""
     from sdcp_fast.transport.h2server import serve
 
-    handler: Handler = role.handler
-    if security.insecure:
-        handler = claimed(handler)
+    handler: Handler = role.handler  # insecure: requests reach it with no identity (the module doc)
     server = await serve(handler, host, port, ssl=security.server_context(), insecure=security.insecure,
                          base_path=base_path)
     await role.start()

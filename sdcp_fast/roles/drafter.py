@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.model.interfaces import Drafter
 from sdcp_fast.protocol import (
     Assignment,
@@ -104,7 +105,7 @@ class DrafterRole:
         self.fixed_m = fixed_m
         self.status_ttl_ms = status_ttl_ms
         self.retries = retries
-        self._tag = hashlib.sha256(uri.rstrip("/").encode()).hexdigest()[:12]  # names our q rows (_publish)
+        self._tag = writer_tag(uri)  # names our q rows: only we can create them (_publish)
         # Preparing the next proposal pays only where drafting runs beside the event loop.
         self.speculate = offload if speculate is None else speculate
         self.speculation = {"prepared": 0, "used": 0}  # next proposals drafted ahead, and sent

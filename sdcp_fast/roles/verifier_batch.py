@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 
 from sdcp_fast.cache import ObjectUnavailable
+from sdcp_fast.cache.uri import tagged_for_another
 from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
 from sdcp_fast.protocol import Proposal, QUnavailable, SdcpProblem, Verdict
 from sdcp_fast.protocol.problems import InternalError
@@ -99,9 +100,14 @@ class Batcher:
     async def _fetch_q(self, item: Round, proposal: Proposal) -> None:
         """Rule 2's precondition: the rows of every position, checked, before any random value."""
         session, vocab = item.live.session, self.scorer.vocab_size
+        # Rows named for another writer are not this drafter's, whoever wrote them
+        # (docs/security.md, "Names nobody can squat"): as if they could not be obtained.
+        rows = proposal.q_rows
+        if rows and item.drafter and tagged_for_another(rows, item.drafter):
+            rows = None
         self._fetching += 1
         try:
-            raw = await self.objects.get(proposal.q_rows) if proposal.q_rows else None
+            raw = await self.objects.get(rows) if rows else None
         except (ObjectUnavailable, OSError, ValueError, SdcpProblem):
             raw = None  # the core answers sdcp-q-unavailable and commits nothing (§6.3)
         finally:

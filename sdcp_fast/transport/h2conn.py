@@ -22,7 +22,7 @@ import h2.exceptions
 import h2.settings
 import hyperframe.frame
 from h2.errors import ErrorCodes
-from hyperframe.frame import Frame, GoAwayFrame
+from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame
 
 from sdcp_fast.transport.errors import TransportError
 
@@ -88,7 +88,22 @@ class StreamGone(Exception):
 class _Connection(h2.connection.H2Connection):
     """h2's connection, except that a graceful GOAWAY received (NO_ERROR) leaves the state
     open so the streams up to its last stream id can finish (RFC 9113 §6.8; h2 would close
-    everything at once, python-hyper/h2#1181). The protocol opens no new streams after it."""
+    everything at once, python-hyper/h2#1181). The protocol opens no new streams after it.
+
+    And a stream the peer opens past our SETTINGS_MAX_CONCURRENT_STREAMS is refused alone
+    (RST_STREAM REFUSED_STREAM, RFC 9113 §5.1.2: a stream error, safe to retry), where h2 ends
+    the whole connection (PROTOCOL_ERROR) and with it every request in flight on it."""
+
+    def _receive_headers_frame(self, frame: HeadersFrame) -> tuple[list[Frame], list[h2.events.Event]]:
+        if frame.stream_id in self.streams or self.open_inbound_streams < self.local_settings.max_concurrent_streams:
+            return super()._receive_headers_frame(frame)
+        # The header block is decoded all the same: HPACK's state belongs to the connection.
+        headers = h2.connection._decode_headers(self.decoder, frame.data)
+        events = self.state_machine.process_input(h2.connection.ConnectionInputs.RECV_HEADERS)
+        stream = self._get_or_create_stream(frame.stream_id, h2.connection.AllowedStreamIDs(not self.config.client_side))
+        stream.receive_headers(headers, "END_STREAM" in frame.flags, self.config.header_encoding)
+        frames = stream.reset_stream(ErrorCodes.REFUSED_STREAM)
+        return frames, events  # the request is never handed on: nothing was processed
 
     def _receive_goaway_frame(self, frame: GoAwayFrame) -> tuple[list[Frame], list[h2.events.Event]]:
         if frame.error_code != ErrorCodes.NO_ERROR:

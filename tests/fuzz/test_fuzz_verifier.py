@@ -57,7 +57,7 @@ ANSWERS = {
     "proposals": COMMON | {"sdcp-bad-contract", "sdcp-not-assigned", "sdcp-stale-base", "sdcp-limit",
                            "sdcp-bad-proposal", "sdcp-q-unavailable", "sdcp-session-closed"},
     "policy": COMMON | {"sdcp-bad-contract", "sdcp-session-closed"},
-    "output": {"sdcp-bad-request", "sdcp-unknown-session", "sdcp-not-found"},
+    "output": {"sdcp-bad-request", "sdcp-unknown-session", "sdcp-not-found", "sdcp-forbidden"},
 }
 
 
