@@ -11,7 +11,8 @@ if the object was put under that lease (its holder is gone), otherwise it only u
 
 Memory is bounded: object bytes by the tier capacities, the index by ``max_objects`` and
 ``index_bytes`` (each object's metadata plus a fixed per-object charge), leases by
-``max_leases`` and ``MAX_LEASE_TTL``. Lease ids are 128 random bits. Callers that act for a
+``max_leases`` and ``MAX_LEASE_TTL``, per-scope accounting by ``max_scopes`` rows
+(:mod:`sdcp_fast.cache.stats`). Lease ids are 128 random bits. Callers that act for a
 remote peer pass ``owner``/``holder`` and a ``check`` that the store runs under its lock,
 so an authorization decision and the change it allows are one atomic step.
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from sdcp_fast.cache.failures import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease
-from sdcp_fast.cache.stats import Accounting
+from sdcp_fast.cache.stats import MAX_SCOPES, Accounting
 from sdcp_fast.cache.tiers.tier import Tier
 from sdcp_fast.cache.uri import check_key, scope_of
 from sdcp_fast.protocol.cbor import deterministic_cbor
@@ -120,7 +121,7 @@ class Stored(NamedTuple):
 class MLC:
     def __init__(self, tiers: Sequence[Tier], *, clock: Clock = time.monotonic, prefetch_workers: int = 2,
                  max_objects: int = MAX_OBJECTS, index_bytes: int = INDEX_BYTES,
-                 max_leases: int = MAX_LEASES) -> None:
+                 max_leases: int = MAX_LEASES, max_scopes: int = MAX_SCOPES) -> None:
         if not tiers:
             raise ValueError("an MLC needs at least one tier")
         self.tiers = list(tiers)
@@ -133,7 +134,7 @@ class MLC:
         self._expiry: list[tuple[float, str]] = []
         self._ids = itertools.count(1)
         self._instance = os.urandom(4).hex()
-        self.accounting = Accounting()
+        self.accounting = Accounting(max_scopes)
         self.max_objects, self.index_bytes, self.max_leases = max_objects, index_bytes, max_leases
         self._index_used = 0
         self._prefetch = ThreadPoolExecutor(prefetch_workers, thread_name_prefix="mlc-prefetch")
@@ -493,6 +494,7 @@ class MLC:
         return held
 
     def _insert(self, entry: _Entry) -> None:
+        entry.scope = self.accounting.admit(entry.scope)  # the row it is counted under
         self._index[entry.uri] = entry
         self._index_used += entry.charge
         self._lru[entry.tier][entry.uri] = None
@@ -518,6 +520,7 @@ class MLC:
             self._unlink(entry)
         else:
             tier.drop(self._unlink(entry))
+        self.accounting.leave(entry.scope)
 
     def _make_room(self, i: int, size: int, *, keep: set[str]) -> bool:
         """Free ``size`` bytes in tier i by demoting its LRU unleased objects; objects in

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from sdcp_fast.cache import MLC, CacheFull, ObjectLeased, UnknownLease, object_uri
+from sdcp_fast.cache import MLC, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
 from sdcp_fast.cache.store import MAX_LEASE_TTL, MAX_META_BYTES, OBJECT_OVERHEAD
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
@@ -131,6 +131,54 @@ def test_released_and_deleted_leases_leave_the_expiry_heap(mlc, clock):
     assert not mlc.head(uri(1)).leased
     with pytest.raises(UnknownLease):
         mlc.release(lease)
+
+
+def _scoped(scope: int, n: int = 1) -> str:
+    return object_uri(scope.to_bytes(16, "big"), b"s" * 16, "q_rows", n)
+
+
+def test_accounting_of_scopes_that_come_and_go_is_bounded_and_loses_no_count(tmp_path, clock):
+    import tracemalloc
+
+    with MLC([HostTier(1 << 20)], clock=clock, max_scopes=64) as m:
+        m.put(_scoped(0), b"kept")
+
+        def come_and_go(scopes: range) -> None:  # put, read, delete in a fresh scope; miss in another
+            for s in scopes:
+                m.put(_scoped(s), b"x" * 10)
+                m.get(_scoped(s))
+                m.delete(_scoped(s))
+                with pytest.raises(ObjectUnavailable):
+                    m.get(_scoped(s + 100000))
+
+        tracemalloc.start()
+        try:
+            come_and_go(range(1, 3001))  # fills the name parsers' bounded caches too
+            before, _ = tracemalloc.get_traced_memory()
+            come_and_go(range(3001, 8001))
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+        scopes = m.stats()["scopes"]
+        assert len(scopes) <= 65, f"{len(scopes)} scopes tracked"
+        assert grown < 200 << 10, f"{grown} bytes traced for 5,000 more scopes gone"
+        rows = [c for tiers in scopes.values() for c in tiers.values()]
+        assert sum(c["hits"] for c in rows) == 8000 and sum(c["misses"] for c in rows) == 8000
+        assert scopes[(0).to_bytes(16, "big").hex()]["host"]["objects"] == 1, "a scope holding objects keeps its row"
+
+
+def test_scopes_beyond_the_table_share_one_row_while_they_hold_objects(tmp_path, clock):
+    with MLC([HostTier(1 << 20)], clock=clock, max_scopes=8) as m:
+        for s in range(20):
+            m.put(_scoped(s), b"x" * 100)
+        scopes = m.stats()["scopes"]
+        assert len(scopes) == 9 and scopes["*"]["host"] == {"bytes": 1200, "objects": 12, "hits": 0, "misses": 0,
+                                                            "evictions": 0}
+        for s in range(20):
+            m.delete(_scoped(s))
+        assert all(c["bytes"] == 0 and c["objects"] == 0 for t in m.stats()["scopes"].values() for c in t.values())
+        m.put(_scoped(99), b"y")
+        assert m.stats()["scopes"][(99).to_bytes(16, "big").hex()]["host"]["objects"] == 1, "an idle row made way"
 
 
 def test_many_small_objects_cost_bounded_memory(tmp_path, clock):
