@@ -31,6 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     api = p.add_argument_group("front end", "the OpenAI-compatible API for clients (docs/frontend.md)")
     api.add_argument("--api-listen", metavar="HOST:PORT", default="127.0.0.1:8000",
                      help="where the front end listens (default 127.0.0.1:8000; port 0: any free one)")
+    api.add_argument("--api-h2-listen", metavar="HOST:PORT",
+                     help="also serve the front end over HTTP/2 here (h2c with prior knowledge, or TLS with --api-cert)")
     api.add_argument("--api-key", action="append", default=[], metavar="KEY",
                      help="a key clients send as 'Authorization: Bearer KEY' (repeatable; also $SDCP_FAST_API_KEY "
                           "and --api-key-file); none: no key is asked")
@@ -113,6 +115,11 @@ class _WithApi:
         keys = len(self.server.keys)
         print(f"sdcp-fast router: front end at {url} (HTTP/1.1, "
               f"{f'{keys} API key(s)' if keys else 'no API key asked'})", file=sys.stderr, flush=True)
+        if self.args.api_h2_listen:
+            host, _, port = self.args.api_h2_listen.rpartition(":")
+            url = await self.server.start_h2(host or "127.0.0.1", int(port), certfile=self.args.api_cert,
+                                             keyfile=self.args.api_cert_key)
+            print(f"sdcp-fast router: front end at {url} (HTTP/2)", file=sys.stderr, flush=True)
 
     async def close(self) -> None:
         await self.server.close()

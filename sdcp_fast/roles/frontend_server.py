@@ -1,10 +1,13 @@
-"""The client-facing listener of the front end (:class:`~sdcp_fast.roles.frontend.Frontend`):
-HTTP/1.1 with aiohttp, apart from the SDCP port, so that the plain ``openai`` client, ``curl``
-and browsers' libraries reach it with nothing but a URL and a key. SDCP's own traffic between
-the roles keeps mutual TLS (§5.1); this port never takes SDCP resources.
+"""The client-facing listeners of the front end (:class:`~sdcp_fast.roles.frontend.Frontend`),
+apart from the SDCP port, so that the plain ``openai`` client, ``curl`` and browsers'
+libraries reach it with nothing but a URL and a key: HTTP/1.1 with aiohttp (:meth:`start`)
+and, optionally, HTTP/2 on a second port with the project's HTTP/2 server
+(:meth:`start_h2`). SDCP's own traffic between the roles keeps mutual TLS (§5.1); these
+ports never take SDCP resources.
 
-- Plain HTTP by default (meant for loopback); TLS with a server certificate when given
-  (``certfile``/``keyfile``), no client certificate asked.
+- Plain HTTP by default (meant for loopback; HTTP/2 then with prior knowledge, h2c); TLS
+  with a server certificate when given (``certfile``/``keyfile``), no client certificate
+  asked (HTTP/2 over TLS by ALPN ``h2``).
 - API keys, as ``Authorization: Bearer KEY`` (or ``x-api-key``); none configured: no check.
   A wrong or missing key is 401 in OpenAI's error shape.
 - At most ``per_key`` requests in flight per key (per client address without keys): one more
@@ -20,14 +23,15 @@ import hmac
 import logging
 import os
 import ssl
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
 from sdcp_fast.roles.frontend import ApiError, Frontend
-from sdcp_fast.transport.base import Request
+from sdcp_fast.transport.base import Request, Response
 
 log = logging.getLogger("sdcp_fast.frontend")
 
@@ -60,7 +64,9 @@ class FrontendServer:
     max_body: int = MAX_BODY
     _in_flight: dict[str, int] = field(default_factory=dict)
     _runner: web.AppRunner | None = None
+    _h2: Any = None
     port: int = 0
+    h2_port: int = 0
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body)
@@ -70,10 +76,7 @@ class FrontendServer:
     async def start(self, host: str = "127.0.0.1", port: int = 0, *, certfile: str | None = None,
                     keyfile: str | None = None) -> str:
         """Listen; the base URL of the API (``.../v1``)."""
-        tls = None
-        if certfile is not None:
-            tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-            tls.load_cert_chain(certfile, keyfile)
+        tls = _server_tls(certfile, keyfile, "http/1.1")
         # handler_cancellation: a client that goes away cancels its request, so its session ends.
         self._runner = web.AppRunner(self.app(), handler_cancellation=True, access_log=None)
         await self._runner.setup()
@@ -86,44 +89,102 @@ class FrontendServer:
         shown = f"[{host}]" if ":" in host else host
         return f"{scheme}://{shown}:{self.port}/v1"
 
+    async def start_h2(self, host: str = "127.0.0.1", port: int = 0, *, certfile: str | None = None,
+                       keyfile: str | None = None) -> str:
+        """Listen for HTTP/2 (h2c with prior knowledge on loopback, or TLS with ALPN h2); the
+        base URL of the API. A stream the client resets closes the response's iterator, which
+        cancels the session as a dropped HTTP/1.1 connection does."""
+        from sdcp_fast.transport.h2server import serve
+
+        tls = _server_tls(certfile, keyfile, "h2")
+        self._h2 = await serve(self.handle, host, port, ssl=tls, insecure=tls is None)
+        self.h2_port = int(self._h2.port)
+        shown = f"[{host}]" if ":" in host else host
+        return f"{'https' if tls is not None else 'http'}://{shown}:{self.h2_port}/v1"
+
     async def close(self) -> None:
+        if self._h2 is not None:
+            self._h2.close()
+            await self._h2.wait_closed()
+            self._h2 = None
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
 
+    async def handle(self, request: Request) -> Response:
+        """One request of either listener, as the transport gives it: keys, limit, then the front end."""
+        holder, refused = self._admit(request.headers, "an HTTP/2 client")
+        if refused is not None:
+            return refused
+        try:
+            answer = await self._forward(request)
+        except BaseException:
+            self._release(holder)
+            raise
+        if answer.stream is None:
+            self._release(holder)
+            return answer
+        return replace(answer, stream=self._releasing(answer.stream, holder))
+
+    async def _releasing(self, stream: AsyncIterator[bytes], holder: str) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in stream:
+                yield chunk
+        finally:
+            self._release(holder)
+            await stream.aclose()  # type: ignore[attr-defined]
+
+    async def _forward(self, request: Request) -> Response:
+        headers = dict(request.headers)
+        if request.method == "POST" and headers.get("content-type", FORM).split(";")[0].strip() == FORM:
+            headers["content-type"] = "application/json"  # plain curl -d says form; the API takes JSON only
+        return await self.frontend.handle(replace(request, headers=headers, peer=None))
+
     # -- one request ----------------------------------------------------------------------
 
-    def _key(self, request: web.Request) -> str | None:
+    def _key(self, headers: Mapping[str, str]) -> str | None:
         """The caller's key when it is one of ours; None otherwise."""
-        auth = request.headers.get("authorization", "")
-        given = auth[7:].strip() if auth[:7].lower() == "bearer " else request.headers.get("x-api-key", "")
+        auth = headers.get("authorization", "")
+        given = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
         for key in self.keys:
             if hmac.compare_digest(given.encode(), key.encode()):
                 return key
         return None
 
-    async def _handle(self, request: web.Request) -> web.StreamResponse:
+    def _admit(self, headers: Mapping[str, str], remote: str) -> tuple[str, Response | None]:
+        """Who holds the request (a key, or the client's address without keys) and, if it is
+        refused, the answer: 401 for a wrong key, 429 over the limit. An admitted request is
+        counted until :meth:`_release`."""
         if self.keys:
-            key = self._key(request)
+            key = self._key(headers)
             if key is None:
-                return _reply(ApiError(401, "Incorrect API key provided; send it as 'Authorization: Bearer KEY'",
-                                       kind="invalid_request_error", code="invalid_api_key"),
-                              {"www-authenticate": "Bearer"})
+                return "", _with(ApiError(401, "Incorrect API key provided; send it as 'Authorization: Bearer KEY'",
+                                          kind="invalid_request_error", code="invalid_api_key"),
+                                 {"www-authenticate": "Bearer"})
             holder = "key " + hmac.new(key.encode(), b"sdcp-fast", "sha256").hexdigest()[:8]
         else:
-            holder = f"address {request.remote}"
+            holder = f"address {remote}"
         if self._in_flight.get(holder, 0) >= self.per_key:
             log.warning("%s: %d requests in flight, one more refused (429)", holder, self.per_key)
-            return _reply(ApiError(429, f"at most {self.per_key} requests in flight per key; retry later",
-                                   kind="rate_limit_error", code="rate_limit_exceeded"),
-                          {"retry-after": str(RETRY_AFTER_S)})
+            return "", _with(ApiError(429, f"at most {self.per_key} requests in flight per key; retry later",
+                                      kind="rate_limit_error", code="rate_limit_exceeded"),
+                             {"retry-after": str(RETRY_AFTER_S)})
         self._in_flight[holder] = self._in_flight.get(holder, 0) + 1
+        return holder, None
+
+    def _release(self, holder: str) -> None:
+        self._in_flight[holder] -= 1
+        if not self._in_flight[holder]:
+            del self._in_flight[holder]
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        holder, refused = self._admit({k.lower(): v for k, v in request.headers.items()}, str(request.remote))
+        if refused is not None:
+            return web.Response(status=refused.status, body=refused.body, headers=refused.headers)
         try:
             return await self._serve(request)
         finally:
-            self._in_flight[holder] -= 1
-            if not self._in_flight[holder]:
-                del self._in_flight[holder]
+            self._release(holder)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         try:
@@ -131,10 +192,8 @@ class FrontendServer:
         except web.HTTPRequestEntityTooLarge:
             return _reply(ApiError(413, f"the body is over {self.max_body} bytes"))
         headers = {k.lower(): v for k, v in request.headers.items()}
-        if request.method == "POST" and headers.get("content-type", FORM).split(";")[0].strip() == FORM:
-            headers["content-type"] = "application/json"  # plain curl -d says form; the API takes JSON only
         ours = Request(request.method, request.path, body=body, headers=headers, query=dict(request.query))
-        answer = await self.frontend.handle(ours)
+        answer = await self._forward(ours)
         if answer.stream is None:
             return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
         reply = web.StreamResponse(status=answer.status, headers=answer.headers)
@@ -149,6 +208,22 @@ class FrontendServer:
         return reply
 
 
-def _reply(error: ApiError, headers: dict[str, str] | None = None) -> web.Response:
+def _reply(error: ApiError) -> web.Response:
     answer = error.response()
-    return web.Response(status=answer.status, body=answer.body, headers={**answer.headers, **(headers or {})})
+    return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+
+
+def _with(error: ApiError, headers: Mapping[str, str]) -> Response:
+    answer = error.response()
+    return replace(answer, headers={**answer.headers, **headers})
+
+
+def _server_tls(certfile: str | None, keyfile: str | None, alpn: str) -> ssl.SSLContext | None:
+    """TLS with our server certificate and no client certificate asked; None: plain."""
+    if certfile is None:
+        return None
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.minimum_version = ssl.TLSVersion.TLSv1_2
+    tls.load_cert_chain(certfile, keyfile)
+    tls.set_alpn_protocols([alpn])
+    return tls

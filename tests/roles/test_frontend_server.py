@@ -1,7 +1,8 @@
-"""The front end's client-facing listener (roles/frontend_server.py) on a loopback port, in
+"""The front end's client-facing listeners (roles/frontend_server.py) on loopback ports, in
 front of the in-process roles (toy model): the official ``openai`` client with nothing but
-``base_url`` and ``api_key``, API keys, the per-key limit, hostile bodies, the context check,
-stop strings, and a client that goes away cancelling its session at the verifier."""
+``base_url`` and ``api_key``, HTTP/2 with prior knowledge, API keys, the per-key limit,
+hostile bodies, the context check, stop strings, and a client that goes away cancelling its
+session at the verifier."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 from sdcp_fast.deploy.local import Deployment, Engine, model_digest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
 from sdcp_fast.protocol.session import State
-from sdcp_fast.roles.frontend import ToyWords, mount_frontend
+from sdcp_fast.roles.frontend import Frontend, ToyWords, mount_frontend
 from sdcp_fast.roles.frontend_server import FrontendServer, api_keys
 from sdcp_fast.store import embedded
 from sdcp_fast.transport import loop
@@ -253,6 +254,52 @@ def test_one_request_over_the_per_key_limit_is_429_with_retry_after(tmp_path: Pa
 
     status, headers, answer = loop.run(scenario())
     assert status == 429 and headers["retry-after"] == "1" and answer["error"]["type"] == "rate_limit_error"
+
+
+def test_http2_with_prior_knowledge_serves_the_same_api_and_a_reset_stream_ends_its_session(tmp_path: Path) -> None:
+    """The HTTP/2 listener (h2c on loopback): the official client streams through it with an
+    HTTP/2-only httpx client; a wrong key is 401; a stream the client leaves is cancelled."""
+    openai = pytest.importorskip("openai", reason="the openai client is in the dev extra")
+    httpx = pytest.importorskip("httpx2", reason="openai 3's HTTP library")
+
+    async def scenario() -> tuple[str, str, str, int, int, list[int]]:
+        async with served(tmp_path, slow=0.005) as (d, url, target):
+            server = FrontendServer(_frontend_of(d), (KEY,))
+            h2_url = await server.start_h2("127.0.0.1", 0)
+            http = httpx.AsyncClient(http1=False, http2=True)
+            try:
+                client = openai.AsyncOpenAI(base_url=h2_url, api_key=KEY, http_client=http)
+                stream = await client.completions.create(model="toy", prompt=PROMPT, max_tokens=12, stream=True)
+                text = "".join([c.choices[0].text async for c in stream if c.choices])
+                probe = await http.get(f"{h2_url}/models", headers={"authorization": f"Bearer {KEY}"})
+                wrong = await http.get(f"{h2_url}/models", headers={"authorization": "Bearer sk-wrong"})
+                before = set(d.router.sessions)
+                leaving = httpx.AsyncClient(http1=False, http2=True)
+                r = await leaving.send(leaving.build_request(
+                    "POST", f"{h2_url}/completions", headers=JSON_KEY,
+                    json={"prompt": PROMPT, "max_tokens": 4000, "stream": True}), stream=True)
+                async for _ in r.aiter_bytes():
+                    break
+                await leaving.aclose()  # the client goes away: its connection ends
+                (session,) = set(d.router.sessions) - before
+                for _ in range(500):
+                    if d.router.sessions[session].routed.done and session not in d.verifier.sessions:
+                        break
+                    await asyncio.sleep(0.01)
+                left = int(session in d.verifier.sessions)
+            finally:
+                await http.aclose()
+                await server.close()
+            return text, probe.http_version, str(probe.status_code), wrong.status_code, left, \
+                greedy(target, encode(PROMPT), 12)
+
+    text, version, ok, wrong, left, expected = loop.run(scenario())
+    assert version == "HTTP/2" and ok == "200" and wrong == 401
+    assert text == decode(expected) and left == 0
+
+
+def _frontend_of(d: Deployment) -> Frontend:
+    return Frontend(d.router, ToyWords(), stop=(EOS,), model="toy", max_tokens=12)
 
 
 def test_no_keys_configured_asks_none_and_keys_come_from_a_file_and_the_environment(
