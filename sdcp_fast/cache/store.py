@@ -24,6 +24,7 @@ import heapq
 import itertools
 import os
 import secrets
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -104,12 +105,32 @@ def check_ttl(ttl: float) -> float:
     return float(ttl)
 
 
-def meta_cost(meta: dict[str, Any]) -> int:
-    """Bytes the metadata holds, as its CBOR encoding (what the HTTP API sends back)."""
+def meta_size(meta: dict[str, Any]) -> int:
+    """Bytes of the metadata's CBOR encoding (what the HTTP API sends back; what its limit counts)."""
     try:
         return len(deterministic_cbor(meta))
-    except BadRequest:  # not encodable (a float, say): charged by its repr
+    except BadRequest:  # not encodable (a float, say): sized by its repr
         return len(repr(meta))
+
+
+def meta_cost(meta: dict[str, Any], encoded: int | None = None) -> int:
+    """Bytes the metadata holds in memory, at least its encoded size: a decoded container
+    costs far more than the byte or two that encode it (``[[]] * 65000`` is 65 KB of CBOR
+    and ~4.6 MB of lists), so the index is charged what the objects take."""
+    total, seen, stack = 0, set(), [meta]
+    while stack:
+        o: Any = stack.pop()
+        if isinstance(o, (dict, list, tuple)):
+            if id(o) in seen:  # held once however often it is referred to (and no cycle loops)
+                continue
+            seen.add(id(o))
+            if isinstance(o, dict):
+                stack.extend(o.keys())
+                stack.extend(o.values())
+            else:
+                stack.extend(o)
+        total += sys.getsizeof(o)
+    return max(total, meta_size(meta) if encoded is None else encoded)
 
 
 class Stored(NamedTuple):
@@ -160,9 +181,10 @@ class MLC:
         if is_tensor:
             meta.setdefault("dtype", str(data.dtype).removeprefix("torch."))
             meta.setdefault("shape", list(data.shape))
-        charge = OBJECT_OVERHEAD + (meta_cost(meta) if meta else 0)
-        if charge - OBJECT_OVERHEAD > MAX_META_BYTES:
-            raise ValueError(f"meta of {charge - OBJECT_OVERHEAD} bytes; at most {MAX_META_BYTES}")
+        encoded = meta_size(meta) if meta else 0
+        if encoded > MAX_META_BYTES:
+            raise ValueError(f"meta of {encoded} bytes; at most {MAX_META_BYTES}")
+        charge = OBJECT_OVERHEAD + (meta_cost(meta, encoded) if meta else 0)
         with self._lock:
             now = self._reap()
             old = self._index.get(uri)

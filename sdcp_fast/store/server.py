@@ -192,7 +192,7 @@ class MLCService:
                     raise BadRequest("meta must be a map with text keys")
             ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
             stored = await run_on(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
-                                                       check=check), len(data))
+                                                       check=check), len(body))  # data and meta
         finally:
             budget.give(len(body))
             release_body(body)

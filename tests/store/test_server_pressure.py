@@ -64,3 +64,25 @@ def test_a_log_append_decodes_its_record_off_the_loop_valid_or_not(service, monk
 
     assert asyncio.run(run()) == [201, 400]
     assert seen == [False, False], "the record was decoded on the event loop"
+
+
+def test_metadata_is_charged_the_memory_it_holds(service):
+    import tracemalloc
+
+    from sdcp_fast.protocol import cbor
+
+    drafter = Peer("https://127.0.0.1:8511/", PeerRole.DRAFTER)
+    body = cbor.deterministic_cbor({"data": b"x", "meta": {"k": [[]] * 20000}})  # 20 KB of CBOR
+    name = object_uri(bytes(16), b"s" * 16, "q_rows", 1).removeprefix("mlc://")
+    charged = service.mlc.stats()["index"]["bytes"]
+    tracemalloc.start()
+    try:
+        answer = asyncio.run(service.handler(Request("PUT", f"objects/{name}", body=body, peer=drafter,
+                                                     headers={"content-type": "application/cbor"})))
+        held, _ = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert answer.status == 201, answer.body
+    charged = service.mlc.stats()["index"]["bytes"] - charged
+    assert held > 1 << 20, "the decoded metadata is what the object holds"
+    assert charged >= 0.8 * held, f"{held} bytes held, {charged} charged"
