@@ -590,11 +590,20 @@ class MLC:
     def _promote(self, entry: _Entry, target: int) -> None:
         if entry.tier <= target:
             return
-        for j in range(target, entry.tier):
-            if self._make_room(j, entry.size, keep={entry.uri}):
+        src = entry.tier
+        for j in range(target, src):
+            # The object leaves its tier: what moves down to make room for it may take its
+            # place there (a swap), instead of pushing a third object out.
+            self._used[src] -= entry.size
+            try:
+                room = self._make_room(j, entry.size, keep={entry.uri})
+            finally:
+                self._used[src] += entry.size
+            if room:
                 try:
                     self._move(entry, j, keep={entry.uri})
                 except CacheFull:
+                    self._make_room(src, 0, keep={entry.uri})  # it stayed: give back what it lent
                     continue  # served from where it is
                 return
 

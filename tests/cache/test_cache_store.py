@@ -3,6 +3,9 @@ from __future__ import annotations
 import pytest
 
 from sdcp_fast.cache import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
+from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.tiers.disk import DiskTier
+from sdcp_fast.cache.tiers.host import HostTier
 
 SCOPE = bytes(range(16))
 OTHER = bytes(16)
@@ -205,3 +208,16 @@ def test_get_into_copies_from_every_tier_without_moving(small_mlc):
         small_mlc.get_into(uri(1), bytearray(100))
     with pytest.raises(ValueError):
         small_mlc.get_into(uri(1), b"readonly" * 300)
+
+
+def test_reading_from_a_full_lower_tier_swaps_instead_of_evicting_a_third_object(tmp_path, clock):
+    with MLC([HostTier(200 << 10), DiskTier(200 << 10, str(tmp_path))], clock=clock) as mlc:
+        for n in range(4):  # 0 and 1 end on the disk, 2 and 3 on the host: both full
+            mlc.put(uri(n), blob(n, 100 << 10))
+        assert [tier_of(mlc, uri(n)) for n in range(4)] == ["disk", "disk", "host", "host"]
+        assert bytes(mlc.get(uri(0))) == blob(0, 100 << 10)
+        assert [mlc.contains(uri(n)) for n in range(4)] == [True] * 4, "the read evicted an object"
+        assert [tier_of(mlc, uri(n)) for n in range(4)] == ["host", "disk", "disk", "host"]
+        stats = mlc.stats()
+        assert [t["used"] for t in stats["tiers"]] == [200 << 10, 200 << 10]
+        assert sum(c["evictions"] for tiers in stats["scopes"].values() for c in tiers.values()) == 0
