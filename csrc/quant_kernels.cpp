@@ -55,6 +55,10 @@ namespace {
 #pragma GCC pop_options
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")
+// GCC 12 reports the _mm512_undefined_* inside its own intrinsics as uninitialized
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #endif
 namespace quant_avx512 {
 namespace {
@@ -66,6 +70,7 @@ namespace {
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 #endif  // SDCP_QUANT_X86
@@ -146,7 +151,11 @@ void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* q, fl
             const float inv = scale != 0.0f ? 1.0f / scale : 0.0f;
             int32_t sum = 0;
             for (int j = 0; j < kQuantBlock; ++j) {
-                const int32_t iv = int32_t(std::nearbyint(v[j] * inv));  // ties to even, as torch.round
+                // Ties to even, as torch.round: |v * inv| <= 127 here, so adding and removing
+                // 1.5 * 2^23 rounds in the default mode without a libm call (nearbyint is one on
+                // a baseline x86-64 build). Needs IEEE arithmetic: no -ffast-math for this file.
+                const float r = (v[j] * inv + 12582912.0f) - 12582912.0f;
+                const int32_t iv = int32_t(r);
                 o[j] = int8_t(iv);
                 sum += iv;
             }
