@@ -27,7 +27,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, cast
 
@@ -239,7 +239,8 @@ class Frontend:
                  "chat" if chat else "completion", len(job.spec.prompt), job.spec.max_new, job.spec.rule)
         if job.stream:
             return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
-                            stream=self._events(session, ident, job, chat))
+                            stream=_Events(self._events(session, ident, job, chat),
+                                           lambda: self.cancel_later(session, "its reader went away before it began")))
         text, finish, count = [], "stop", 0
         try:
             async with contextlib.aclosing(self._pieces(session, job.stop_texts)) as pieces:
@@ -312,7 +313,7 @@ class Frontend:
             if not ended:
                 self.cancel_later(session, "its reader went away before its end")
 
-    async def _events(self, session: bytes, ident: str, job: _Job, chat: bool) -> AsyncIterator[bytes]:
+    async def _events(self, session: bytes, ident: str, job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": job.created, "model": self.model}
 
@@ -451,6 +452,28 @@ class Frontend:
                             top_p_milli=None if top_p is None or top_p >= 1.0 else round(top_p * 1000),
                             top_k=top_k or None, seed=seed)
         return {"rule": RULE_SPECULATIVE, "sampling": sampling}
+
+
+class _Events:
+    """A response's events; closed before its first event is asked for (the client went away
+    before the body began), it calls ``abandoned``, which the generator's own cleanup would
+    not: a generator that never started runs none of its code when closed."""
+
+    def __init__(self, events: AsyncGenerator[bytes, None], abandoned: Callable[[], None]) -> None:
+        self.events, self.abandoned, self.started = events, abandoned, False
+
+    def __aiter__(self) -> _Events:
+        return self
+
+    async def __anext__(self) -> bytes:
+        self.started = True
+        return await self.events.__anext__()
+
+    async def aclose(self) -> None:
+        if not self.started:
+            self.started = True
+            self.abandoned()
+        await self.events.aclose()
 
 
 def mount_frontend(router: RouterRole, tokenizer: TextTokenizer, *, stop: Sequence[int],

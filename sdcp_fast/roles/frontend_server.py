@@ -23,7 +23,7 @@ import hmac
 import logging
 import os
 import ssl
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -124,15 +124,7 @@ class FrontendServer:
         if answer.stream is None:
             self._release(holder)
             return answer
-        return replace(answer, stream=self._releasing(answer.stream, holder))
-
-    async def _releasing(self, stream: AsyncIterator[bytes], holder: str) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in stream:
-                yield chunk
-        finally:
-            self._release(holder)
-            await stream.aclose()  # type: ignore[attr-defined]
+        return replace(answer, stream=_Counted(answer.stream, lambda: self._release(holder)))
 
     async def _forward(self, request: Request) -> Response:
         headers = dict(request.headers)
@@ -197,15 +189,43 @@ class FrontendServer:
         if answer.stream is None:
             return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
         reply = web.StreamResponse(status=answer.status, headers=answer.headers)
-        await reply.prepare(request)
         stream = answer.stream
         try:
+            await reply.prepare(request)
             async for chunk in stream:
                 await reply.write(chunk)
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
         await reply.write_eof()
         return reply
+
+
+class _Counted:
+    """A streamed body whose request counts as in flight until it ends or is closed, started
+    or not (the HTTP/2 server closes it when the client resets the stream)."""
+
+    def __init__(self, stream: AsyncIterator[bytes], done: Callable[[], None]) -> None:
+        self.stream, self._done = stream, done
+        self.open = True
+
+    def __aiter__(self) -> _Counted:
+        return self
+
+    async def __anext__(self) -> bytes:
+        try:
+            return await self.stream.__anext__()
+        except StopAsyncIteration:
+            self._end()
+            raise
+
+    async def aclose(self) -> None:
+        self._end()
+        await self.stream.aclose()  # type: ignore[attr-defined]
+
+    def _end(self) -> None:
+        if self.open:
+            self.open = False
+            self._done()
 
 
 def _reply(error: ApiError) -> web.Response:

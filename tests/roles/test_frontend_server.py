@@ -241,6 +241,28 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_ends_its_session(tmp_p
     assert loop.run(scenario()) == (0, True)
 
 
+def test_a_stream_closed_before_its_first_event_ends_its_session(tmp_path: Path) -> None:
+    """The client went away between the answer's headers and its body: the stream is closed
+    unstarted, and the session is cancelled all the same; the in-flight count is given back."""
+    from sdcp_fast.transport.base import Request
+
+    async def scenario() -> tuple[bool, bool, dict[str, int]]:
+        async with served(tmp_path, slow=0.01) as (d, _, _):
+            server = FrontendServer(_frontend_of(d), (KEY,))
+            body = json.dumps({"prompt": PROMPT, "max_tokens": 4000, "stream": True}).encode()
+            answer = await server.handle(Request("POST", "v1/completions", body=body, headers=JSON_KEY))
+            assert answer.stream is not None
+            await answer.stream.aclose()  # type: ignore[attr-defined]
+            (session,) = d.router.sessions
+            for _ in range(500):
+                if session not in d.verifier.sessions:
+                    break
+                await asyncio.sleep(0.01)
+            return d.router.sessions[session].routed.done, session in d.verifier.sessions, server._in_flight
+
+    assert loop.run(scenario()) == (True, False, {})
+
+
 def test_one_request_over_the_per_key_limit_is_429_with_retry_after(tmp_path: Path) -> None:
     async def scenario() -> tuple[int, Any, Any]:
         async with served(tmp_path, per_key=1, slow=0.01) as (_, url, _):
