@@ -121,7 +121,7 @@ def gguf_blocks(path: Path) -> dict[str, QuantWeight]:
              for k in ("head_count", "head_count_kv") if f"{arch}.attention.{k}" in reader.fields}
     out: dict[str, QuantWeight] = {}
     for t in reader.tensors:
-        ours = weights.from_gguf_name(t.name)
+        ours = weights.from_gguf_name(t.name, arch)
         kind = _GGUF_KINDS.get(t.tensor_type.name)
         if ours is None or kind is None or not ours.endswith("weight"):
             continue
