@@ -194,7 +194,8 @@ class DrafterRole:
             del known[committed:]
             return
         if ref is None and contract.scope is not None:
-            ref = object_uri(contract.scope, assigned.record.session, "committed_tokens", assigned.record.epoch)
+            ref = object_uri(contract.scope, assigned.record.session, "committed_tokens", assigned.record.epoch,
+                             tag=writer_tag(assigned.record.assignment.verifier))  # the epoch's verifier wrote it
         if ref is None:
             raise BadRequest("the committed output is needed and no committed_tokens object is named")
         try:

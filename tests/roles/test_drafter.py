@@ -10,6 +10,7 @@ from dataclasses import replace
 import pytest
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol import Action, Proposal, Resume, SdcpProblem
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.roles.objects import pack_tokens
@@ -37,7 +38,7 @@ from .rolekit import (
 )
 
 S = sid(11)
-TOKENS = object_uri(SCOPE, S, "committed_tokens", 1)  # the verifier writes one object per epoch
+TOKENS = object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER))  # one object per epoch, its verifier's
 
 
 async def assign(rig: Rig, opened, state, **kw):
