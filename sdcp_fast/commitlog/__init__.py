@@ -18,6 +18,7 @@ from sdcp_fast.commitlog.backend import (
     CommitLog,
     Fenced,
     LogCorrupt,
+    LogFull,
     LogView,
     PreconditionFailed,
     RecordTooLarge,
@@ -28,7 +29,7 @@ from sdcp_fast.commitlog.backend import (
 )
 
 __all__ = [
-    "CommitLog", "Fenced", "LogCorrupt", "LogView", "PreconditionFailed", "RecordTooLarge", "UnknownLog",
+    "CommitLog", "Fenced", "LogCorrupt", "LogFull", "LogView", "PreconditionFailed", "RecordTooLarge", "UnknownLog",
     "append_checked", "default_root", "etag_of", "length_of", "open_commit_log",
 ]
 

@@ -63,6 +63,14 @@ class LogCorrupt(SdcpProblem):
     title = "Commit log is corrupt"
 
 
+class LogFull(SdcpProblem):
+    """The log holds as many records or bytes as the backend keeps for one log; nothing was written."""
+
+    suffix = "mlc-log-full"
+    status = 507
+    title = "Commit log is full"
+
+
 @dataclass(frozen=True)
 class LogView:
     records: list[LogRecord]  # from ``start`` on

@@ -121,6 +121,14 @@ class DirectoryLog:
         except UnknownLog:
             return LogView([], start, etag_of(0))
 
+    def read_encoded(self, start: int = 0) -> tuple[str, bytes]:
+        """The entity tag and records ``start`` on as stored: one CBOR sequence, not decoded."""
+        try:
+            with self.directory.using(self.ref, create=False) as log:
+                return log.read_encoded(start)
+        except UnknownLog:
+            return etag_of(0), b""
+
     def append(self, record: LogRecord, if_match: str | None) -> str:
         frame(record)  # refuse what cannot be stored before a file exists for it
         if if_match is not None and not self.directory.exists(self.ref) and length_of(if_match) != 0:

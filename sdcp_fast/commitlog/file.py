@@ -29,10 +29,12 @@ import os
 import struct
 import threading
 import zlib
+from array import array
 from typing import ClassVar
 
 from sdcp_fast.commitlog.backend import (
     LogCorrupt,
+    LogFull,
     LogView,
     PreconditionFailed,
     RecordTooLarge,
@@ -46,6 +48,10 @@ from sdcp_fast.protocol.problems import SdcpProblem
 
 _HEADER = struct.Struct(">II")
 MAX_RECORD = 1 << 24
+# Bounds of one log: a session commits one record per round, far below either; a writer
+# past them gets LogFull (507) rather than a log whose offsets or file grow without end.
+MAX_RECORDS = 1 << 20
+MAX_LOG_BYTES = 1 << 32
 
 
 def log_path(root: str, name: str) -> str:
@@ -116,7 +122,9 @@ class FileCommitLog:
             finally:
                 os.close(dfd)
         self._lock = threading.Lock()
-        self._records: list[LogRecord] = []
+        # Where each record's frame starts: records are read back from the file when asked
+        # for, never held decoded (a 16 MiB record decodes to ~225 MB of Python objects).
+        self._offsets = array("Q")
         self._end = 0  # byte offset just past the last whole record
         self._fence = 0
         try:
@@ -150,7 +158,7 @@ class FileCommitLog:
             record = _frame_at(data, pos)
             if record is None:
                 break
-            self._records.append(record)
+            self._offsets.append(self._end + pos)
             if isinstance(record, FenceRecord):
                 self._fence = max(self._fence, record.epoch)
             pos += _HEADER.size + _HEADER.unpack_from(data, pos)[0]
@@ -162,10 +170,31 @@ class FileCommitLog:
         if truncate and self._end < size:
             os.ftruncate(self._fd, self._end)  # torn tail of a writer that died mid-append
 
-    def read(self, start: int = 0) -> LogView:
+    def _bodies(self, start: int) -> tuple[str, list[memoryview]]:
+        """The entity tag and the CBOR bodies of records ``start`` on, read from the file."""
         with self._lock:
             self._locked(fcntl.LOCK_SH, truncate=False)
-            return LogView(self._records[start:], start, etag_of(len(self._records)))
+            etag, count, end = etag_of(len(self._offsets)), len(self._offsets), self._end
+            if start >= count:
+                return etag, []
+            first = self._offsets[start]
+            data = memoryview(os.pread(self._fd, end - first, first))
+        out, pos = [], 0
+        while pos < len(data):
+            n = _HEADER.unpack_from(data, pos)[0]
+            out.append(data[pos + _HEADER.size: pos + _HEADER.size + n])
+            pos += _HEADER.size + n
+        return etag, out
+
+    def read(self, start: int = 0) -> LogView:
+        etag, bodies = self._bodies(start)
+        return LogView([decode_record(bytes(b)) for b in bodies], start, etag)
+
+    def read_encoded(self, start: int = 0) -> tuple[str, bytes]:
+        """The entity tag and records ``start`` on as one CBOR sequence, as stored (nothing
+        is decoded: what the MLC server sends for ``GET /logs``)."""
+        etag, bodies = self._bodies(start)
+        return etag, b"".join(bodies)
 
     def append(self, record: LogRecord, if_match: str | None) -> str:
         blob = frame(record)
@@ -178,19 +207,24 @@ class FileCommitLog:
                 # Fencing first: a fenced writer must stop, not re-read and retry.
                 if record.epoch < self._fence:
                     raise fence_error(self._fence, record)
-                if if_match is not None and length_of(if_match) != len(self._records):
-                    raise PreconditionFailed(f"log has {len(self._records)} records, not {if_match}")
+                count = len(self._offsets)
+                if if_match is not None and length_of(if_match) != count:
+                    raise PreconditionFailed(f"log has {count} records, not {if_match}")
+                if count >= MAX_RECORDS or self._end + len(blob) > MAX_LOG_BYTES:
+                    raise LogFull(f"{self.path} holds {count} records in {self._end} bytes; at most "
+                                  f"{MAX_RECORDS} records and {MAX_LOG_BYTES} bytes",
+                                  extra={"max_records": MAX_RECORDS, "max_bytes": MAX_LOG_BYTES})
                 written = os.write(self._fd, blob)
                 if written != len(blob):
                     os.ftruncate(self._fd, self._end)
                     raise OSError(f"short write to {self.path}")
                 if self._sync:
                     os.fdatasync(self._fd)
+                self._offsets.append(self._end)
                 self._end += len(blob)
-                self._records.append(record)
                 if isinstance(record, FenceRecord):
                     self._fence = max(self._fence, record.epoch)
-                return etag_of(len(self._records))
+                return etag_of(len(self._offsets))
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 

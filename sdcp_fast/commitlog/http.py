@@ -21,6 +21,7 @@ from urllib.parse import quote, unquote, urlsplit
 from sdcp_fast.commitlog.backend import (
     Fenced,
     LogCorrupt,
+    LogFull,
     LogView,
     PreconditionFailed,
     RecordTooLarge,
@@ -38,7 +39,7 @@ from sdcp_fast.transport.problem import problem_of
 T = TypeVar("T")
 
 _OURS: dict[str, type[SdcpProblem]] = {
-    cls.suffix: cls for cls in (PreconditionFailed, RecordTooLarge, UnknownLog, LogCorrupt)
+    cls.suffix: cls for cls in (PreconditionFailed, RecordTooLarge, UnknownLog, LogCorrupt, LogFull)
 }
 _OURS[StaleEpoch.suffix] = Fenced
 # Whatever the body says, these statuses mean only this on a log.

@@ -43,7 +43,7 @@ from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.protocol import cbor
-from sdcp_fast.protocol.commitlog import decode_record, encode_record
+from sdcp_fast.protocol.commitlog import decode_record
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.store.server_metrics import prometheus_text
@@ -287,11 +287,7 @@ class MLCService:
         if not logs.exists(uri):
             raise UnknownLog(f"no record was ever appended to {uri}")
 
-        def read() -> tuple[str, bytes]:
-            view = logs.log(uri).read(start)
-            return view.etag, b"".join(encode_record(r) for r in view.records)
-
-        etag, body = await asyncio.get_running_loop().run_in_executor(None, read)
+        etag, body = await asyncio.get_running_loop().run_in_executor(None, logs.log(uri).read_encoded, start)
         return Response(200, body, {"content-type": CBOR_SEQ, "etag": etag, "log-start": str(start)})
 
     async def append_log(self, call: Call, name: str) -> Response:

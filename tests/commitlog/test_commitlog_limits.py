@@ -106,3 +106,39 @@ def test_http_log_refuses_an_oversized_record_as_record_too_large(http_logs, mon
     assert exc.value.status == 413
     assert log.read().records == [] and log.read().etag == '"0"', "nothing was written"
     log.close()
+
+
+def test_records_are_not_held_decoded_in_memory(tmp_path):
+    import gc
+    import weakref
+
+    path = str(tmp_path / "big-records.log")
+    with FileCommitLog(path, sync=False) as log:
+        appended = CommitRecord(1, 0, tuple(range(1000, 21000)), 0, bytes(32))
+        log.append(appended, None)
+        view = log.read()
+        assert view.records == [appended]
+        held = [weakref.ref(appended), weakref.ref(view.records[0])]
+        del appended, view
+        gc.collect()
+        assert [ref() for ref in held] == [None, None], "the log keeps records it wrote or read"
+        with FileCommitLog(path, sync=False) as again:  # and what it parsed on open
+            read = again.read().records[0]
+            ref = weakref.ref(read)
+            del read
+            gc.collect()
+            assert ref() is None
+
+
+def test_a_log_holds_a_bounded_number_of_records(tmp_path, monkeypatch):
+    from sdcp_fast.commitlog import LogFull
+
+    monkeypatch.setattr(file_log, "MAX_RECORDS", 3)
+    with FileCommitLog(str(tmp_path / "bounded.log"), sync=False) as log:
+        etag = None
+        for n in range(3):
+            etag = log.append(record(n), etag)
+        with pytest.raises(LogFull) as exc:
+            log.append(record(3), etag)
+        assert exc.value.status == 507
+        assert len(log.read().records) == 3, "nothing was written"
