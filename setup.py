@@ -4,10 +4,16 @@ All metadata lives in pyproject.toml. The extension is optional: when the C++
 build fails, the package still installs and the kernels fall back to the torch
 reference (``sdcp_fast.native.status()`` says why). Set SDCP_REQUIRE_NATIVE=1 to
 turn a failed build into an error (CI does).
+
+A second optional extension, ``sdcp_fast._h2`` (HTTP/2 framing and HPACK in nghttp2, from
+``csrc/nghttp2/``), is built only where pkg-config finds libnghttp2 (Debian: libnghttp2-dev);
+without it the transport uses the pure-Python h2 (``sdcp_fast.transport.h2native.status()``
+says why). SDCP_REQUIRE_NATIVE_H2=1 makes its absence an error (CI sets it).
 """
 
 import glob
 import os
+import subprocess
 import sys
 
 from setuptools import find_packages, setup
@@ -30,6 +36,11 @@ class OptionalBuildExt(build_ext):
         try:
             super().build_extension(ext)
         except Exception as exc:  # noqa: BLE001
+            if ext.name == "sdcp_fast._h2":
+                if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
+                    raise
+                sys.stderr.write(f"warning: sdcp_fast._h2 not built ({exc}); HTTP/2 uses the pure-Python h2\n")
+                return
             self._skip(exc)
 
     def _skip(self, exc):
@@ -55,6 +66,33 @@ if Pybind11Extension is not None:
             cxx_std=17,
         )
     )
+
+
+def _nghttp2_flags():
+    """pkg-config's compile and link flags for libnghttp2, or None where it is not installed."""
+    try:
+        cflags = subprocess.run(["pkg-config", "--cflags", "libnghttp2"], capture_output=True, text=True, check=True)
+        libs = subprocess.run(["pkg-config", "--libs", "libnghttp2"], capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return cflags.stdout.split(), libs.stdout.split()
+
+
+nghttp2 = _nghttp2_flags() if Pybind11Extension is not None else None
+if nghttp2 is not None:
+    ext_modules.append(
+        Pybind11Extension(
+            "sdcp_fast._h2",
+            ["csrc/nghttp2/h2_session.cpp"],
+            extra_compile_args=["-O2", *nghttp2[0]],
+            extra_link_args=nghttp2[1],
+            cxx_std=17,
+        )
+    )
+elif os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
+    sys.exit("SDCP_REQUIRE_NATIVE_H2=1 but libnghttp2 was not found by pkg-config (Debian: libnghttp2-dev)")
+else:
+    sys.stderr.write("note: libnghttp2 not found (pkg-config); sdcp_fast._h2 not built, HTTP/2 uses the pure-Python h2\n")
 
 setup(
     packages=[*find_packages(include=["sdcp_fast", "sdcp_fast.*"]), "sdcp_fast.triton_kernels"],

@@ -25,6 +25,7 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame
 
 from sdcp_fast.transport.errors import TransportError
+from sdcp_fast.transport.h2native import native_connection
 
 log = logging.getLogger("sdcp_fast.transport")
 
@@ -124,7 +125,9 @@ class H2Protocol(asyncio.Protocol):
         self.limits = limits
         # Outbound fields are ours (lower-case, no connection-specific ones: outbound_fields),
         # so h2's per-field checks of what we send are skipped; what we receive is checked.
-        self.conn = _Connection(h2.config.H2Configuration(
+        # nghttp2 where it is built (h2native says which), else h2: the same surface either way.
+        native = native_connection(self.client_side)
+        self.conn = cast(_Connection, native) if native is not None else _Connection(h2.config.H2Configuration(
             client_side=self.client_side, header_encoding=None,
             validate_outbound_headers=False, normalize_outbound_headers=False))
         self.transport: asyncio.Transport | None = None

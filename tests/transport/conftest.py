@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 from transport_util import CLIENT_URI, SERVER_URI, Certs
 
 from sdcp_fast.protocol.peer import PeerRole
+from sdcp_fast.transport import h2native
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 
 
@@ -21,3 +25,28 @@ def foreign_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     root = tmp_path_factory.mktemp("foreign")
     write_certificates(root, [InstanceSpec("client", PeerRole.DRAFTER, CLIENT_URI)])
     return Certs(root)
+
+
+# The HTTP/2 tests run on both implementations of the framing (sdcp_fast.transport.h2native):
+# the pure-Python h2 (py-h2) and nghttp2 (c-h2), as the same tests.
+H2_MODULES = frozenset({"test_h2server", "test_h2client", "test_h2conn", "test_h2_refused_stream"})
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    module = metafunc.module.__name__.rpartition(".")[2]
+    if module in H2_MODULES or metafunc.function.__name__.startswith("test_h2_"):
+        metafunc.parametrize("h2_impl", [h2native.PY, h2native.C], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def h2_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    name: str | None = getattr(request, "param", None)
+    if name == h2native.C and not h2native.available():
+        if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
+            pytest.fail(f"SDCP_REQUIRE_NATIVE_H2=1: {h2native.status()}")
+        pytest.skip(h2native.status())
+    h2native.use(name)
+    try:
+        yield name
+    finally:
+        h2native.use(None)
