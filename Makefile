@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sdcp-ready
-SOURCES := pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h)
+SOURCES := pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/nghttp2/*.cpp)
 
 .PHONY: demo test check lint typecheck pytest bench vectors clean native fuzz
 

