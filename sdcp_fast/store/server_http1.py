@@ -3,12 +3,15 @@ aiohttp HTTP/1.1 application: ``sdcp-fast mlc --http1``, for debugging with HTTP
 
 Bodies are read in chunks against their route's limit (a declared Content-Length over it is
 refused unread), taken from the upload budget as they arrive, and released as soon as the
-request ends, also when the client goes away mid-body. A refused body is not drained: the
-answer goes out and the connection is closed.
+request ends, also when the client goes away mid-body or stalls: a body not complete within
+``request_timeout`` (60 s, as on HTTP/2) is answered 408 and its bytes given back, so idle
+uploads cannot hold the budget and refuse everyone else. A refused body is not drained:
+the answer goes out and the connection is closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -18,29 +21,44 @@ from sdcp_fast.cache.store import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.store import server
 from sdcp_fast.store.server import MLCService
-from sdcp_fast.store.server_requests import BodyTooLarge, Call, Incomplete, UploadBudget, answer_for
+from sdcp_fast.store.server_requests import (
+    BodyTimeout,
+    BodyTooLarge,
+    Call,
+    Incomplete,
+    UploadBudget,
+    answer_for,
+)
 from sdcp_fast.transport.http1 import to_aiohttp
 from sdcp_fast.transport.tls import peer_of
 
 SERVICE_KEY = web.AppKey("mlc_service", MLCService)
+TIMEOUT_KEY = web.AppKey("mlc_request_timeout", float)
+REQUEST_TIMEOUT = 60.0  # seconds for a whole body to arrive (the HTTP/2 transport's default)
 
 
-async def read_body(request: web.Request, limit: int, budget: UploadBudget | None = None) -> bytearray:
-    """The body, at most ``limit`` bytes; a declared length over it is refused unread. Bytes
-    are taken from ``budget`` as they arrive (the caller gives ``len(body)`` back when done).
-    On any failure (client gone, over a limit) the bytes read so far are freed and given back
-    at once rather than left to whatever keeps the failed frame alive."""
+async def read_body(request: web.Request, limit: int, budget: UploadBudget | None = None,
+                    timeout: float = REQUEST_TIMEOUT) -> bytearray:
+    """The body, at most ``limit`` bytes within ``timeout`` seconds; a declared length over the
+    limit is refused unread. Bytes are taken from ``budget`` as they arrive (the caller gives
+    ``len(body)`` back when done). On any failure (client gone or stalled, over a limit) the
+    bytes read so far are freed and given back at once rather than left to whatever keeps
+    the failed frame alive."""
     declared = request.content_length
     if declared is not None and declared > limit:
         raise BodyTooLarge(f"body of {declared} bytes; this route takes at most {limit}", extra={"limit": limit})
     buf = bytearray()
     try:
-        async for chunk in request.content.iter_any():
-            if len(buf) + len(chunk) > limit:
-                raise BodyTooLarge(f"body over {limit} bytes", extra={"limit": limit})
-            if budget is not None:
-                budget.take(len(chunk))
-            buf += chunk
+        try:
+            async with asyncio.timeout(timeout):
+                async for chunk in request.content.iter_any():
+                    if len(buf) + len(chunk) > limit:
+                        raise BodyTooLarge(f"body over {limit} bytes", extra={"limit": limit})
+                    if budget is not None:
+                        budget.take(len(chunk))
+                    buf += chunk
+        except TimeoutError:
+            raise BodyTimeout(f"request body not complete within {timeout:g} s ({len(buf)} bytes came)") from None
     except BaseException:
         if budget is not None:
             budget.give(len(buf))
@@ -60,7 +78,7 @@ class _StreamedCall(Call):
         self.request = request
 
     async def body(self, limit: int, budget: UploadBudget | None = None) -> bytearray:
-        return await read_body(self.request, limit, budget)
+        return await read_body(self.request, limit, budget, self.request.app[TIMEOUT_KEY])
 
 
 async def _view(request: web.Request) -> web.StreamResponse:
@@ -82,12 +100,13 @@ async def _view(request: web.Request) -> web.StreamResponse:
 
 
 def init_app(mlc: MLC, logs: LogDirectory | None = None, *, inflight_bytes: int = server.MAX_INFLIGHT,
-             on_close: Callable[[], None] | None = None) -> web.Application:
+             request_timeout: float = REQUEST_TIMEOUT, on_close: Callable[[], None] | None = None) -> web.Application:
     """The MLC's application: objects and leases of ``mlc``, commit logs of ``logs`` (none
-    when None), at most ``inflight_bytes`` of object bodies held at once; ``on_close`` runs
-    at clean-up (e.g. ``LocalStore.close``)."""
+    when None), at most ``inflight_bytes`` of object bodies held at once, each body within
+    ``request_timeout`` seconds; ``on_close`` runs at clean-up (e.g. ``LocalStore.close``)."""
     app = web.Application(client_max_size=server.MAX_BODY)
     app[SERVICE_KEY] = MLCService(mlc, logs, inflight_bytes=inflight_bytes)
+    app[TIMEOUT_KEY] = request_timeout
     app.router.add_route("*", "/{tail:.*}", _view)
     if on_close is not None:
         async def closing(app: web.Application) -> Any:

@@ -30,6 +30,15 @@ class Incomplete(SdcpProblem):
     title = "The request body ended early"
 
 
+class BodyTimeout(SdcpProblem):
+    """The body did not arrive in full within the server's request timeout (what the HTTP/2
+    transport answers a stalled stream, :class:`~sdcp_fast.transport.h2conn.Limits`)."""
+
+    suffix = "mlc-body-timeout"
+    status = 408
+    title = "Request body not complete in time"
+
+
 class UploadBudget:
     """Bytes of object bodies held by uploads in flight (the event loop is the only user)."""
 

@@ -349,3 +349,23 @@ def test_concurrent_uploads_share_one_bounded_budget(tmp_path):
         assert slow.recv(4096).startswith(b"HTTP/1.1 201")
         slow.close()
         assert call(base, "PUT", f"/objects/{name(11)}", b"\x04" * (2 << 20))[0] == 201, "the budget came back"
+
+
+def test_a_stalled_upload_is_answered_408_and_gives_its_budget_back(tmp_path):
+    with MLC([HostTier(16 << 20)]) as mlc, serving(mlc, inflight_bytes=4 << 20, request_timeout=1.0) as base:
+        stalled = []
+        for n in range(2):  # each sends 1.5 MiB of a 64 MiB body, then idles
+            s = socket.create_connection(("127.0.0.1", port_of(base)))
+            s.sendall(f"PUT /objects/{name(20 + n)} HTTP/1.1\r\nHost: t\r\nContent-Length: {64 << 20}\r\n\r\n".encode())
+            s.sendall(b"\x05" * (3 << 19))
+            stalled.append(s)
+        time.sleep(0.3)
+        assert_problem(call(base, "PUT", f"/objects/{name(22)}", b"\x06" * (2 << 20)), 503)
+        for s in stalled:
+            s.settimeout(10)
+            head = s.recv(4096)
+            assert head.startswith(b"HTTP/1.1 408"), head[:200]
+            assert b"mlc-body-timeout" in head or b"mlc-body-timeout" in s.recv(4096)
+            s.close()
+        assert call(base, "PUT", f"/objects/{name(22)}", b"\x06" * (2 << 20))[0] == 201, "the budget came back"
+        assert not any(mlc.contains("mlc://" + name(20 + n)) for n in range(2))
