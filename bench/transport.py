@@ -9,6 +9,7 @@ ratio is the figure to quote; absolute numbers move with the machine's load.
 
     python bench/transport.py                     # ~40 s: both transports, concurrency 1, 16, 64
     python bench/transport.py --seconds 5 --concurrency 1 8 32 128 --body 4096 --json out.json
+    python bench/transport.py --kinds h2-py h2-c  # the HTTP/2 framing: pure Python (h2) vs nghttp2
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from sdcp_fast.protocol.peer import PeerRole
+from sdcp_fast.transport import h2native
 from sdcp_fast.transport.base import Request, Response, Transport
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 from sdcp_fast.transport.h2client import H2Transport
@@ -35,8 +37,11 @@ from sdcp_fast.transport.http1 import Http1Transport, serve_http1
 from sdcp_fast.transport.loop import loop_name, run
 from sdcp_fast.transport.tls import client_context, server_context
 
-KINDS = {"h2": "HTTP/2 + mTLS (h2 adapter)", "http1": "HTTP/1.1 + mTLS (aiohttp)"}
-ALPN = {"h2": ("h2",), "http1": ("http/1.1",)}
+KINDS = {"h2": "HTTP/2 + mTLS (h2 adapter)", "http1": "HTTP/1.1 + mTLS (aiohttp)",
+         # The same HTTP/2 transport with its framing pinned (transport/h2native.py):
+         "h2-py": "HTTP/2 + mTLS, py-h2 framing", "h2-c": "HTTP/2 + mTLS, c-h2 (nghttp2)"}
+ALPN = {"h2": ("h2",), "http1": ("http/1.1",), "h2-py": ("h2",), "h2-c": ("h2",)}
+FRAMING = {"h2-py": h2native.PY, "h2-c": h2native.C}
 
 
 async def echo(request: Request) -> Response:
@@ -48,7 +53,8 @@ async def echo(request: Request) -> Response:
 async def _serve_forever(kind: str, certs: Path) -> None:
     ctx = server_context(str(certs / "server.pem"), str(certs / "server.key"), str(certs / "ca.pem"),
                          alpn=ALPN[kind])
-    start = serve if kind == "h2" else serve_http1
+    h2native.use(FRAMING.get(kind))
+    start = serve_http1 if kind == "http1" else serve
     server = await start(echo, "127.0.0.1", 0, ssl=ctx)
     print(f"PORT {server.port}", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
@@ -80,7 +86,8 @@ def make_certs(directory: Path) -> None:
 def _client(kind: str, certs: Path, concurrency: int) -> Transport:
     ctx = client_context(str(certs / "client.pem"), str(certs / "client.key"), str(certs / "ca.pem"),
                          alpn=ALPN[kind])
-    if kind == "h2":
+    if kind != "http1":
+        h2native.use(FRAMING.get(kind))
         return H2Transport(ctx)
     return Http1Transport(ctx, connections_per_host=concurrency)
 
@@ -157,6 +164,11 @@ def main() -> int:
         for mine, theirs in zip(results["h2"], results["http1"], strict=True):
             print(f"concurrency {mine['concurrency']}: h2/http1 throughput x{mine['rps'] / theirs['rps']:.2f}, "
                   f"server CPU per request x{mine['server_us_per_req'] / theirs['server_us_per_req']:.2f}")
+    if "h2-py" in results and "h2-c" in results:
+        for mine, theirs in zip(results["h2-c"], results["h2-py"], strict=True):
+            print(f"concurrency {mine['concurrency']}: c-h2/py-h2 throughput x{mine['rps'] / theirs['rps']:.2f}, "
+                  f"server CPU per request x{mine['server_us_per_req'] / theirs['server_us_per_req']:.2f}, "
+                  f"client x{mine['client_us_per_req'] / theirs['client_us_per_req']:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"body": args.body, "seconds": args.seconds, "results": results},
                                               indent=2))
