@@ -47,6 +47,7 @@ from sdcp_fast.protocol.routing import (
     after_open,
     after_probe,
     assign,
+    choose_drafter,
     choose_verifier,
     confirmed,
     expired_drafters,
@@ -392,10 +393,14 @@ class RouterRole:
                         routed.session.hex(), why, routed.verifier, exc)
             return
         before = routed.drafter
-        assignment = after_probe(routed, state, self.table, self.clock())
+        now = self.clock()
+        assignment = after_probe(routed, state, self.table, now)
         if assignment is None:
             if routed.self_decoding:
                 log.info("session %s: %s; the verifier decodes it itself", routed.session.hex(), why)
+            elif state.state is None and choose_drafter(self.table, routed.contract, now) is None:
+                log.warning("session %s: %s at %d tokens; no live drafter may take it: it waits for one",
+                            routed.session.hex(), why, state.committed)
             return
         log.warning("session %s: %s at %d tokens; assigning %s (was %s)", routed.session.hex(), why,
                     state.committed, assignment.drafter, before)
