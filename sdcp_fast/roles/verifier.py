@@ -120,7 +120,7 @@ class VerifierRole:
             publish_tokens=kv_publish_tokens, publish_growth=kv_publish_growth)
         self.committer = Committer(
             objects=self.objects, store=mlc, load=self.load, metrics=self.metrics, kv=self.kv,
-            background=self._background, client=self.client, router=router, clock=clock, on_round=on_round, uri=uri)
+            background=self._background, client=self.client, router=router, clock=clock, on_round=on_round)
         self.batcher = Batcher(
             scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
             metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,
@@ -208,6 +208,9 @@ class VerifierRole:
         if len(prompt if prompt is not None else message.prompt) > self.max_prompt:
             raise BadRequest(f"the prompt is over {self.max_prompt} tokens")
         previous = self.sessions.attached(message.session)
+        if previous is not None and previous.session.epoch < message.epoch:
+            # The epoch it replaces ends here: its output, for its readers (the open fences it).
+            await self.committer.publish_output(previous)
         session, state = self.sessions.open(message, target_digest=self.target_digest,
                                             vocab=self.scorer.vocab_size, prompt_tokens=prompt,
                                             committed_tokens=committed)
@@ -225,9 +228,14 @@ class VerifierRole:
             if isinstance(message.prompt, str):
                 prompt = await self.objects.tokens(message.prompt)
             if message.resume is not None:
-                # The object may run ahead of the log (it is written before each append): the
-                # resumed prefix is what the last commit record names; the core checks its digest.
-                committed = (await self.objects.tokens(message.resume.committed_tokens))[:message.resume.committed]
+                # The log holds every emitted token; the object only what its writer last put
+                # there (roles/verifier_commit.py). The resumed prefix is what the last commit
+                # record names, from the log where it holds it; the core checks its digest.
+                resumed = message.resume.committed
+                committed = await self.committer.output_in_log(message.commit_log)
+                if len(committed) < resumed:
+                    committed = await self.objects.tokens(message.resume.committed_tokens)
+                committed = committed[:resumed]
         except ObjectUnavailable as exc:
             raise BadRequest(f"a referenced object could not be read: {exc}") from None
         return prompt, committed
@@ -264,6 +272,8 @@ class VerifierRole:
             raise BadRequest("assignment is for another session than its path")
         state = live.session.assign(assignment)
         self.batcher.wake.set()
+        if state.committed:  # the new drafter learns the prefix from this epoch's object
+            await self.committer.publish_output(live)
         return state
 
     async def _post_policy(self, request: Request, sid: str) -> SessionState:
@@ -324,7 +334,12 @@ class VerifierRole:
         live = self.live(proposal.session)
         client: Peer | str = peer if peer is not None else ""
         while True:
-            work = live.session.receive_proposal(proposal, client=client, now=self.clock())
+            try:
+                work = live.session.receive_proposal(proposal, client=client, now=self.clock())
+            except SdcpProblem as problem:
+                if "session_state" in problem.extra:  # the drafter will learn the tokens behind it
+                    await self.committer.publish_output(live)
+                raise
             if isinstance(work, Verdict):
                 return work
             if not isinstance(work, Pending):

@@ -1,22 +1,27 @@
-"""The verifier's commits (§6.3 Commit, §6.8): a scored round's output object, its record
-appended to the session's commit log, then the verdict, the released tokens and the events.
+"""The verifier's commits (§6.3 Commit, §6.8): a scored round's record appended to the
+session's commit log, then the verdict, the released tokens and the events.
 
 Nothing is released before the append: a failed append leaves the round to the drafter's
 retry, and a fenced one ends this verifier's service of the session.
+
+The ``committed_tokens`` object is not rewritten each round (that would write bytes that grow
+with the session's length, every round): the log holds every emitted token, and the object is
+written when a reader will need it (docs/interpretations.md, "MLC objects"): when a drafter
+is assigned mid-session, before a problem that tells a drafter the session's state, and when
+the session ends here. A resumed open reads its prefix from the log (:func:`output_of_log`).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.commitlog import Fenced, PreconditionFailed
 from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch
-from sdcp_fast.protocol.commitlog import CommitRecord, classify_failed_append
+from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord, classify_failed_append
 from sdcp_fast.protocol.problems import InternalError
-from sdcp_fast.protocol.session import RoundDone, VerifierSession
+from sdcp_fast.protocol.session import RoundDone, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects, pack_tokens
@@ -31,22 +36,29 @@ log = logging.getLogger("sdcp_fast.verifier")
 EVENT_ATTEMPTS = 5
 
 
-def tokens_object(session: VerifierSession, writer: str = "") -> str | None:
+def tokens_object(session: VerifierSession) -> str | None:
     """Where this verifier writes the session's committed output: one object per epoch, so a
-    fenced verifier's late write never touches its successor's (docs/interpretations.md), and
-    named for ``writer`` (this verifier's base URI: its tag), so no other verifier can create
-    it first (docs/security.md, "Names nobody can squat")."""
+    fenced verifier's late write never touches its successor's (docs/interpretations.md)."""
     if session.contract.scope is None:
         return None
-    return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch,
-                      tag=writer_tag(writer) if writer else None)
+    return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch)
+
+
+def output_of_log(records: Iterable[LogRecord]) -> list[int]:
+    """The committed output the commit records hold: each record's ``emitted`` ends at its
+    ``committed`` (a resumed epoch's records continue the prefix its predecessor committed)."""
+    tokens: list[int] = []
+    for record in records:
+        if isinstance(record, CommitRecord):
+            del tokens[max(0, record.committed - len(record.emitted)):]
+            tokens.extend(record.emitted)
+    return tokens
 
 
 class Committer:
     def __init__(self, *, objects: Objects, store: Store, load: VerifierLoad, metrics: VerifierMetrics,
                  kv: KvPublisher, background: Background, client: SdcpClient, router: str | None,
-                 clock: Callable[[], float], on_round: Callable[[RoundInfo], None] | None, uri: str = "") -> None:
-        self.uri = uri  # the verifier's base URI: it names the committed_tokens objects (tokens_object)
+                 clock: Callable[[], float], on_round: Callable[[RoundInfo], None] | None) -> None:
         self.objects = objects
         self.store = store
         self.load = load
@@ -63,24 +75,36 @@ class Committer:
         backend serves ``commit_log``)."""
         log_ = await self.store.commit_log(commit_log)
         view = await log_.read()
-        return LiveSession(session, log_, view.etag, tokens_object(session, self.uri), self.clock(), kv_ref=kv_object(session))
+        return LiveSession(session, log_, view.etag, tokens_object(session), self.clock(), kv_ref=kv_object(session))
 
     async def write_output(self, live: LiveSession, tokens: Sequence[int]) -> None:
         """The session's committed output, in this epoch's object."""
         assert live.tokens_ref is not None
         await self.objects.put(live.tokens_ref, pack_tokens(tokens))
 
+    async def output_in_log(self, commit_log: str) -> list[int]:
+        """The committed output the log named ``commit_log`` holds ([] if it cannot be read)."""
+        try:
+            log_ = await self.store.commit_log(commit_log)
+            return output_of_log((await log_.read()).records)
+        except Exception as exc:
+            log.warning("commit log %s could not be read for a resume: %s", commit_log, exc)
+            return []
+
+    async def publish_output(self, live: LiveSession) -> None:
+        """This epoch's object brought up to the committed output, for a reader about to need
+        it; a failure is logged (the reader then retries, or a fail-over reads the log)."""
+        if live.tokens_ref is None:
+            return
+        try:
+            await self.write_output(live, live.session.output(0).tokens)
+        except Exception as exc:
+            log.warning("session %s: could not write %s: %s", live.session.session.hex(), live.tokens_ref, exc)
+
     async def commit(self, item: Round, accepted: int, token: int, batch: int) -> bool:
         """Commit the scored ``item``; whether its record was appended."""
         live, session = item.live, item.live.session
         append = session.complete_scoring(accepted, token, load=self.load.percent())
-        if live.tokens_ref is not None:
-            # Before the record: the object never lags the log, so a fail-over can resume from
-            # it (§6.9) and a drafter learn from it; readers take the prefix they were told.
-            try:
-                await self.write_output(live, (*session.output(0).tokens, *append.record.emitted))
-            except Exception as exc:
-                log.warning("session %s: could not write %s: %s", session.session.hex(), live.tokens_ref, exc)
         try:
             etag = await self._append(live, append.record)
         except Exception:
@@ -93,6 +117,7 @@ class Committer:
             item.settle(InternalError("the commit log could not be appended"))
             return False
         if etag is None:  # a newer epoch owns the log: discard, stop serving (§6.3, §6.8)
+            await self.publish_output(live)  # what this epoch committed, for its readers
             session.append_done(ok=False, fenced=True)
             live.fail_waiting(StaleEpoch("the commit log was fenced by a newer epoch"))
             item.settle(StaleEpoch("the commit log was fenced by a newer epoch"))
@@ -100,6 +125,8 @@ class Committer:
         live.etag = etag
         done = session.append_done(ok=True)
         assert isinstance(done, RoundDone)
+        if session.state in (State.FINISHED, State.FAILED):
+            await self.publish_output(live)  # the whole output, once, before anyone is told it ended
         self._release(item, done, batch)
         return True
 

@@ -1,17 +1,26 @@
-"""roles/verifier_commit.py on its own: how events reach the router (§6.5), tried again on no
-answer or a 5xx, never after a 4xx, and with no wait after the last try."""
+"""roles/verifier_commit.py: how events reach the router (§6.5), tried again on no answer or a
+5xx, never after a 4xx, and with no wait after the last try; and the committed_tokens object,
+written when a reader needs it and never rewritten each round."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 from typing import Any
 
 import pytest
 
-from sdcp_fast.protocol import Action, Event
+from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.protocol import Action, Event, Resume
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.problems import BadRequest, InternalError
 from sdcp_fast.roles import retry
-from sdcp_fast.roles.verifier_commit import EVENT_ATTEMPTS, Committer
+from sdcp_fast.roles.objects import unpack_tokens
+from sdcp_fast.roles.verifier_commit import EVENT_ATTEMPTS, Committer, output_of_log
+
+from .rolekit import OTHER, SCOPE, VERIFIER, Rig, assignment, contract, proposal, run, sid
+
+S = sid(7)
 
 EVENT = Event(session=b"s" * 16, epoch=1, kind=Action.SWITCH, committed=3, digest=b"\0" * 32)
 
@@ -57,3 +66,89 @@ def test_no_answer_is_tried_again_until_the_router_takes_the_event(monkeypatch):
 
 def test_a_refused_event_is_not_sent_again(monkeypatch):
     assert _send(monkeypatch, [BadRequest("no such session")]) == (1, [])
+
+
+# -- the committed_tokens object: written when a reader needs it, never each round --------------
+
+
+def _counting_puts(rig: Any) -> list[tuple[str, int]]:
+    puts: list[tuple[str, int]] = []
+    real = rig.store.put
+
+    async def put(uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
+        if "/committed_tokens/" in uri:
+            puts.append((uri, len(bytes(data))))
+        return await real(uri, data, lease_ttl)
+
+    rig.store.put = put
+    return puts
+
+
+def test_committed_tokens_bytes_per_round_do_not_grow_with_the_session(tmp_path):
+    """No round rewrites the committed output: what the verifier writes per round is the same at
+    4 committed tokens and at 400 (nothing), and the whole output is written once, at the end."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            puts = _counting_puts(rig)
+            _, state = await rig.open(S, contract(max_new=400, m_max=8), m_init=3)
+            verdict, during = state, []
+            while verdict.committed < 400:
+                verdict = await rig.drafter.propose(VERIFIER, proposal(verdict, rig.greedy_after(verdict, 3)))
+                during.append(len(puts))
+            return puts, during, rig.output_of(S)
+
+    puts, during, output = run(scenario())
+    assert len(during) == 100 and set(during[:-1]) == {0}
+    assert puts == [(object_uri(SCOPE, S, "committed_tokens", 1), 4 * len(output))]
+
+
+def test_a_drafter_assigned_mid_session_finds_the_object_written(tmp_path):
+    """The router's PUT sessions/{id}/drafter for a session with committed tokens writes this
+    epoch's object before it answers, so the assignment that follows can name it."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            opened, state = await rig.open(S, contract(max_new=40))
+            verdict = state
+            for _ in range(2):
+                verdict = await rig.drafter.propose(VERIFIER, proposal(verdict, rig.greedy_after(verdict, 3)))
+            with pytest.raises(ObjectUnavailable):
+                rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1))
+            await rig.router.put_drafter(VERIFIER, assignment(opened, verdict, drafter=OTHER))
+            return unpack_tokens(rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1))), rig.output_of(S)
+
+    written, output = run(scenario())
+    assert list(written) == output and len(output) == 8
+
+
+def test_a_resume_takes_its_prefix_from_the_log_when_no_object_holds_it(tmp_path):
+    """§6.9 fail-over: the log holds every emitted token, so a resume whose committed_tokens
+    object was never written still opens at the resumed length and digest."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            opened, state = await rig.open(S, contract(max_new=40))
+            verdict = state
+            for _ in range(2):
+                verdict = await rig.drafter.propose(VERIFIER, proposal(verdict, rig.greedy_after(verdict, 3)))
+            before = rig.output_of(S)
+            rig.store.logs.log(object_uri(SCOPE, S, "commit_log")).append(FenceRecord(epoch=2), None)
+            resumed = replace(opened, epoch=2, resume=Resume(
+                round=verdict.round, committed=verdict.committed, digest=verdict.digest,
+                committed_tokens=object_uri(SCOPE, S, "committed_tokens", 1)))
+            state = await rig.router.open_session(VERIFIER, resumed)
+            return before, state, rig.output_of(S)
+
+    before, state, after = run(scenario())
+    assert state.committed == len(before) == 8 and after == before
+
+
+def test_output_of_log_follows_each_record_to_its_committed_length() -> None:
+    d = b"\0" * 32
+    records = [CommitRecord(epoch=1, round=1, emitted=(1, 2), committed=2, digest=d),
+               CommitRecord(epoch=1, round=2, emitted=(3,), committed=3, digest=d),
+               FenceRecord(epoch=2),
+               CommitRecord(epoch=2, round=3, emitted=(4, 5), committed=5, digest=d)]
+    assert output_of_log(records) == [1, 2, 3, 4, 5]
+    assert output_of_log([]) == []
