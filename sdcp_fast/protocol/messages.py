@@ -5,7 +5,8 @@ are ``None`` when absent, so that re-encoding reproduces what was received (the
 contract digest depends on it). Lists are tuples; every class is frozen.
 
 Each class declares its CDDL members once, in ``_members``; ``to_map``/``from_map``/
-``encode``/``decode`` all read that table. Decoding checks every type, size and range
+``encode``/``decode`` all read that table (the codec and the CDDL types are in
+:mod:`sdcp_fast.protocol.message_codec`). Decoding checks every type, size and range
 of the CDDL and reports :class:`BadRequest` (or :class:`BadContract` for anything inside
 a contract). Unknown map keys are ignored except inside a contract (§5.2, §4.1).
 """
@@ -14,13 +15,30 @@ from __future__ import annotations
 
 import base64
 import re
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any
 
-from sdcp_fast.protocol import cbor
-from sdcp_fast.protocol.problems import BadContract, BadRequest, SdcpProblem
+from sdcp_fast.protocol.message_codec import (
+    HASH32,
+    PERCENT,
+    SESSION_ID,
+    TSTR,
+    UINT,
+    UINTS,
+    Array,
+    Bool,
+    Bstr,
+    Invalid,
+    Kind,
+    Message,
+    Nested,
+    Prompt,
+    UInt,
+    opt,
+    req,
+)
+from sdcp_fast.protocol.problems import BadContract, BadRequest
 
 
 class Action(IntEnum):
@@ -104,251 +122,42 @@ def parse_instance_path_id(text: str) -> str:
     return instance
 
 
-_M = TypeVar("_M", bound="_Message")
-
-
-class _Invalid(Exception):
-    """A member's value breaks its CDDL type; the message turns it into its problem class."""
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-class _Kind:
-    """One CDDL type: ``parse`` checks a decoded value, ``dump`` checks a Python value."""
-
-    def parse(self, raw: Any) -> Any:
-        raise NotImplementedError
-
-    def dump(self, value: Any) -> Any:
-        return self.parse(value)
-
-
-class _UInt(_Kind):
-    def __init__(self, *, ge: int = 0, le: int = cbor.UINT64_MAX, only: frozenset[int] | None = None) -> None:
-        self.ge, self.le, self.only = ge, le, only
-
-    def parse(self, raw: Any) -> int:
-        if not _is_int(raw) or not 0 <= raw <= cbor.UINT64_MAX:
-            raise _Invalid("must be an unsigned integer below 2**64")
-        if not self.ge <= raw <= self.le:
-            raise _Invalid(f"must be in [{self.ge}, {self.le}], got {raw}")
-        if self.only is not None and raw not in self.only:
-            raise _Invalid(f"must be one of {sorted(self.only)}, got {raw}")
-        return int(raw)
-
-
-class _Bstr(_Kind):
-    def __init__(self, size: int | None = None) -> None:
-        self.size = size
-
-    def parse(self, raw: Any) -> bytes:
-        if not isinstance(raw, bytes):
-            raise _Invalid("must be a byte string")
-        if self.size is not None and len(raw) != self.size:
-            raise _Invalid(f"must be {self.size} bytes, got {len(raw)}")
-        return raw
-
-
-class _Tstr(_Kind):
-    def parse(self, raw: Any) -> str:
-        if not isinstance(raw, str):
-            raise _Invalid("must be a text string")
-        return raw
-
-
-class _Bool(_Kind):
-    def parse(self, raw: Any) -> bool:
-        if not isinstance(raw, bool):
-            raise _Invalid("must be true or false")
-        return raw
-
-
-class _Array(_Kind):
-    def __init__(self, item: _Kind, *, nonempty: bool = False) -> None:
-        self.item, self.nonempty = item, nonempty
-
-    def parse(self, raw: Any) -> tuple[Any, ...]:
-        if not isinstance(raw, (list, tuple)):
-            raise _Invalid("must be an array")
-        if self.nonempty and not raw:
-            raise _Invalid("must not be empty")
-        if self.item is _UINT and all(type(x) is int for x in raw) and (
-            not raw or (min(raw) >= 0 and max(raw) <= cbor.UINT64_MAX)
-        ):
-            return tuple(raw)  # token lists: the same check as _UINT's, done by builtins
-        return tuple(self.item.parse(x) for x in raw)
-
-    def dump(self, value: Any) -> list[Any]:
-        return list(self.parse(value))
-
-
-class _ActionKind(_Kind):
+class _ActionKind(Kind):
     """Any uint; values outside the registry read as FAIL (§5.2)."""
 
     def parse(self, raw: Any) -> Action:
-        return Action.parse(_UINT.parse(raw))
+        return Action.parse(UINT.parse(raw))
 
     def dump(self, value: Any) -> int:
-        return _UINT.parse(value)
+        return UINT.parse(value)
 
 
-class _LadderKind(_Kind):
+class _LadderKind(Kind):
     """A fallback entry: continue and finish are refused (§6.5.2); values the registry does not
     know are kept as received, so the digest covers them, and read as FAIL when applied."""
 
     def parse(self, raw: Any) -> int:
-        value = _UINT.parse(raw)
+        value = UINT.parse(raw)
         if value in (Action.CONTINUE, Action.FINISH):
-            raise _Invalid(f"{Action(value).name.lower()} is not a ladder action")
+            raise Invalid(f"{Action(value).name.lower()} is not a ladder action")
         return value
 
 
-class _Prompt(_Kind):
-    """``[* uint] / cache-ref``."""
-
-    def parse(self, raw: Any) -> tuple[int, ...] | str:
-        if isinstance(raw, str):
-            return raw
-        if isinstance(raw, (list, tuple)):
-            return _UINTS.parse(raw)
-        raise _Invalid("must be an array of tokens or a cache reference")
-
-    def dump(self, value: Any) -> list[int] | str:
-        parsed = self.parse(value)
-        return parsed if isinstance(parsed, str) else list(parsed)
-
-
-class _Nested(_Kind):
-    """A member that is itself a map; its own problem class unless the enclosing one overrides."""
-
-    def __init__(self, cls: type[_Message], problem: type[SdcpProblem] | None = None,
-                 strict: bool | None = None) -> None:
-        self.cls = cls
-        self.problem = problem or cls._problem
-        self.strict = cls._strict if strict is None else strict
-
-    def parse(self, raw: Any) -> Any:
-        return self.cls._parse(raw, self.problem, self.strict)
-
-    def dump(self, value: Any) -> dict[str, Any]:
-        if not isinstance(value, self.cls):
-            raise _Invalid(f"must be a {self.cls.__name__}")
-        return value._dump(self.problem)
-
-
-_UINT = _UInt()
-_UINTS = _Array(_UINT)
-_TSTR = _Tstr()
-_HASH32 = _Bstr(32)
-_SESSION_ID = _Bstr(16)
-_PERCENT = _UInt(le=100)
-
-
 @dataclass(frozen=True)
-class _Member:
-    attr: str
-    kind: _Kind
-    optional: bool = False
-    key: str = ""
-
-    @property
-    def wire(self) -> str:
-        return self.key or self.attr
-
-
-def _req(attr: str, kind: _Kind, key: str = "") -> _Member:
-    return _Member(attr, kind, False, key)
-
-
-def _opt(attr: str, kind: _Kind) -> _Member:
-    return _Member(attr, kind, True)
-
-
-class _Message:
-    """Codec shared by every message: the table in ``_members`` drives all four directions."""
-
-    _members: ClassVar[tuple[_Member, ...]] = ()
-    _problem: ClassVar[type[SdcpProblem]] = BadRequest
-    _strict: ClassVar[bool] = False  # True: a key the draft does not define is an error
-
-    def to_map(self) -> dict[str, Any]:
-        """The CBOR map of this message (text keys, optional members left out when None)."""
-        return self._dump(self._problem)
-
-    def _dump(self, problem: type[SdcpProblem]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for member in self._members:
-            value = getattr(self, member.attr)
-            if value is None:
-                if member.optional:
-                    continue
-                raise problem(f"{type(self).__name__}.{member.attr} is required")
-            try:
-                out[member.wire] = member.kind.dump(value)
-            except _Invalid as exc:
-                raise problem(f"{type(self).__name__}.{member.wire} {exc}") from None
-        return out
-
-    @classmethod
-    def from_map(cls: type[_M], data: Any) -> _M:
-        """The message in a decoded CBOR map; the class's problem for any violation."""
-        return cls._parse(data, cls._problem, cls._strict)
-
-    @classmethod
-    def _parse(cls: type[_M], data: Any, problem: type[SdcpProblem], strict: bool) -> _M:
-        name = cls.__name__
-        if not isinstance(data, Mapping):
-            raise problem(f"{name} must be a CBOR map")
-        if strict:
-            unknown = set(data) - {m.wire for m in cls._members}
-            if unknown:
-                raise problem(f"{name} has keys the draft does not define: {sorted(map(repr, unknown))}")
-        values: dict[str, Any] = {}
-        for member in cls._members:
-            if member.wire not in data:
-                if not member.optional:
-                    raise problem(f"{name} lacks required key {member.wire!r}")
-                continue
-            try:
-                values[member.attr] = member.kind.parse(data[member.wire])
-            except _Invalid as exc:
-                raise problem(f"{name}.{member.wire} {exc}") from None
-        make: Callable[..., _M] = cls
-        return make(**values)
-
-    def encode(self) -> bytes:
-        """Deterministic CBOR (RFC 8949 §4.2.1) of :meth:`to_map`."""
-        return cbor.deterministic_cbor(self.to_map())
-
-    @classmethod
-    def decode(cls: type[_M], data: bytes) -> _M:
-        """The message in ``data``; malformed CBOR is the class's problem too."""
-        try:
-            raw = cbor.decode(data)
-        except BadRequest as exc:
-            if cls._problem is BadRequest:
-                raise
-            raise cls._problem(exc.detail) from None
-        return cls.from_map(raw)
-
-
-@dataclass(frozen=True)
-class Sampling(_Message):
+class Sampling(Message):
     temperature_milli: int | None = None
     top_k: int | None = None
     top_p_milli: int | None = None
     seed: int | None = None
 
     _members = (
-        _opt("temperature_milli", _UINT), _opt("top_k", _UINT), _opt("top_p_milli", _UInt(le=1000)),
-        _opt("seed", _UINT),
+        opt("temperature_milli", UINT), opt("top_k", UINT), opt("top_p_milli", UInt(le=1000)),
+        opt("seed", UINT),
     )
 
 
 @dataclass(frozen=True)
-class Contract(_Message):
+class Contract(Message):
     target: bytes
     tokenizer: bytes
     rule: int
@@ -367,20 +176,20 @@ class Contract(_Message):
     _problem = BadContract
     _strict = True
     _members = (
-        _req("target", _HASH32), _req("tokenizer", _HASH32),
-        _opt("drafters", _Array(_HASH32, nonempty=True)),
-        _req("rule", _UInt(only=REGISTERED_RULES)),
-        _opt("sampling", _Nested(Sampling, BadContract, strict=True)),
+        req("target", HASH32), req("tokenizer", HASH32),
+        opt("drafters", Array(HASH32, nonempty=True)),
+        req("rule", UInt(only=REGISTERED_RULES)),
+        opt("sampling", Nested(Sampling, BadContract, strict=True)),
         # m_max >= 1: §6.2 needs 1 <= M <= m_max, so m_max 0 admits no proposal.
-        _req("m_max", _UInt(ge=1, le=64)), _req("max_new", _UINT), _req("stop", _UINTS),
-        _req("low_rounds", _UInt(ge=1)), _opt("low_ratio", _PERCENT),
-        _req("fallback", _Array(_LadderKind(), nonempty=True)),
-        _opt("self_load", _PERCENT), _opt("self_max", _UINT), _opt("scope", _Bstr(16)),
+        req("m_max", UInt(ge=1, le=64)), req("max_new", UINT), req("stop", UINTS),
+        req("low_rounds", UInt(ge=1)), opt("low_ratio", PERCENT),
+        req("fallback", Array(_LadderKind(), nonempty=True)),
+        opt("self_load", PERCENT), opt("self_max", UINT), opt("scope", Bstr(16)),
     )
 
 
 @dataclass(frozen=True)
-class Resume(_Message):
+class Resume(Message):
     round: int
     committed: int
     digest: bytes
@@ -388,13 +197,13 @@ class Resume(_Message):
     target_kv: str | None = None
 
     _members = (
-        _req("round", _UINT), _req("committed", _UINT), _req("digest", _HASH32),
-        _req("committed_tokens", _TSTR), _opt("target_kv", _TSTR),
+        req("round", UINT), req("committed", UINT), req("digest", HASH32),
+        req("committed_tokens", TSTR), opt("target_kv", TSTR),
     )
 
 
 @dataclass(frozen=True)
-class SessionOpen(_Message):
+class SessionOpen(Message):
     session: bytes
     epoch: int
     contract: Contract
@@ -404,14 +213,14 @@ class SessionOpen(_Message):
     resume: Resume | None = None
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("contract", _Nested(Contract)),
-        _req("prompt", _Prompt()), _opt("prompt_kv", _TSTR), _req("commit_log", _TSTR),
-        _opt("resume", _Nested(Resume)),
+        req("session", SESSION_ID), req("epoch", UINT), req("contract", Nested(Contract)),
+        req("prompt", Prompt()), opt("prompt_kv", TSTR), req("commit_log", TSTR),
+        opt("resume", Nested(Resume)),
     )
 
 
 @dataclass(frozen=True)
-class SessionState(_Message):
+class SessionState(Message):
     session: bytes
     epoch: int
     round: int
@@ -420,13 +229,13 @@ class SessionState(_Message):
     state: int | None = None
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("round", _UINT),
-        _req("committed", _UINT), _req("digest", _HASH32), _opt("state", _UINT),
+        req("session", SESSION_ID), req("epoch", UINT), req("round", UINT),
+        req("committed", UINT), req("digest", HASH32), opt("state", UINT),
     )
 
 
 @dataclass(frozen=True)
-class Assignment(_Message):
+class Assignment(Message):
     session: bytes
     epoch: int
     contract: Contract
@@ -441,17 +250,17 @@ class Assignment(_Message):
     committed_tokens: str | None = None
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("contract", _Nested(Contract)),
-        _req("verifier", _TSTR), _req("drafter", _TSTR), _req("prompt", _Prompt()),
-        _req("round", _UINT), _opt("sampling", _Nested(Sampling)),
-        _req("committed", _UINT), _req("digest", _HASH32), _opt("committed_tokens", _TSTR),
+        req("session", SESSION_ID), req("epoch", UINT), req("contract", Nested(Contract)),
+        req("verifier", TSTR), req("drafter", TSTR), req("prompt", Prompt()),
+        req("round", UINT), opt("sampling", Nested(Sampling)),
+        req("committed", UINT), req("digest", HASH32), opt("committed_tokens", TSTR),
         # m_init >= 1: it stands in for m_cap before the first verdict (§6.2, §6.5.1).
-        _req("m_init", _UInt(ge=1)),
+        req("m_init", UInt(ge=1)),
     )
 
 
 @dataclass(frozen=True)
-class Status(_Message):
+class Status(Message):
     instance: str
     role: int
     load: int
@@ -461,14 +270,14 @@ class Status(_Message):
     cache_mbps: int | None = None
 
     _members = (
-        _req("instance", _TSTR), _req("role", _UInt(only=frozenset({ROLE_DRAFTER, ROLE_VERIFIER}))),
-        _req("load", _PERCENT), _req("queue", _UINT), _opt("accept_milli", _UInt(le=1000)),
-        _opt("cache_mbps", _UINT), _req("ttl_ms", _UINT),
+        req("instance", TSTR), req("role", UInt(only=frozenset({ROLE_DRAFTER, ROLE_VERIFIER}))),
+        req("load", PERCENT), req("queue", UINT), opt("accept_milli", UInt(le=1000)),
+        opt("cache_mbps", UINT), req("ttl_ms", UINT),
     )
 
 
 @dataclass(frozen=True)
-class Proposal(_Message):
+class Proposal(Message):
     session: bytes
     epoch: int
     round: int
@@ -481,15 +290,15 @@ class Proposal(_Message):
     draft_kv: str | None = None
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("round", _UINT),
-        _req("drafter", _TSTR), _req("base", _UINT), _req("base_digest", _HASH32),
-        _req("tokens", _Array(_UINT, nonempty=True)), _opt("q_rows", _TSTR), _opt("draft_kv", _TSTR),
-        _req("status", _Nested(Status)),
+        req("session", SESSION_ID), req("epoch", UINT), req("round", UINT),
+        req("drafter", TSTR), req("base", UINT), req("base_digest", HASH32),
+        req("tokens", Array(UINT, nonempty=True)), opt("q_rows", TSTR), opt("draft_kv", TSTR),
+        req("status", Nested(Status)),
     )
 
 
 @dataclass(frozen=True)
-class Verdict(_Message):
+class Verdict(Message):
     session: bytes
     epoch: int
     round: int
@@ -503,16 +312,16 @@ class Verdict(_Message):
     load: int
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("round", _UINT),
-        _req("accepted", _UINT), _req("emitted", _UINTS), _req("committed", _UINT),
-        _req("digest", _HASH32), _req("action", _ActionKind()),
+        req("session", SESSION_ID), req("epoch", UINT), req("round", UINT),
+        req("accepted", UINT), req("emitted", UINTS), req("committed", UINT),
+        req("digest", HASH32), req("action", _ActionKind()),
         # m_cap >= 1: §6.5.1 "1 <= m_cap <= m_max".
-        _req("m_cap", _UInt(ge=1)), _req("low", _UINT), _req("load", _PERCENT),
+        req("m_cap", UInt(ge=1)), req("low", UINT), req("load", PERCENT),
     )
 
 
 @dataclass(frozen=True)
-class Output(_Message):
+class Output(Message):
     session: bytes
     epoch: int
     from_: int
@@ -521,13 +330,13 @@ class Output(_Message):
     finish: Action | None = None
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("from_", _UINT, key="from"),
-        _req("tokens", _UINTS), _req("final", _Bool()), _opt("finish", _ActionKind()),
+        req("session", SESSION_ID), req("epoch", UINT), req("from_", UINT, key="from"),
+        req("tokens", UINTS), req("final", Bool()), opt("finish", _ActionKind()),
     )
 
 
 @dataclass(frozen=True)
-class Event(_Message):
+class Event(Message):
     session: bytes
     epoch: int
     kind: Action
@@ -535,17 +344,17 @@ class Event(_Message):
     digest: bytes
 
     _members = (
-        _req("session", _SESSION_ID), _req("epoch", _UINT), _req("kind", _ActionKind()),
-        _req("committed", _UINT), _req("digest", _HASH32),
+        req("session", SESSION_ID), req("epoch", UINT), req("kind", _ActionKind()),
+        req("committed", UINT), req("digest", HASH32),
     )
 
 
 @dataclass(frozen=True)
-class Policy(_Message):
+class Policy(Message):
     session: bytes
     from_round: int
     sampling: Sampling
 
     _members = (
-        _req("session", _SESSION_ID), _req("from_round", _UINT), _req("sampling", _Nested(Sampling)),
+        req("session", SESSION_ID), req("from_round", UINT), req("sampling", Nested(Sampling)),
     )

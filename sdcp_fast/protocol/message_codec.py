@@ -1,0 +1,226 @@
+"""The CDDL codec every SDCP message is built on (draft §5.2, §4.1).
+
+A message class lists its members once, as a table of :class:`Member` (wire key, CDDL
+type, optional or not); :class:`Message` reads that table to check, encode and decode in
+all four directions, and turns a member that breaks its type into the class's problem.
+The CDDL types are small :class:`Kind` objects: each checks a decoded value (``parse``)
+and a Python value before encoding (``dump``). The messages themselves are in
+:mod:`sdcp_fast.protocol.messages`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, TypeVar
+
+from sdcp_fast.protocol import cbor
+from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
+
+_M = TypeVar("_M", bound="Message")
+
+
+class Invalid(Exception):
+    """A member's value breaks its CDDL type; the message turns it into its problem class."""
+
+
+def is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+class Kind:
+    """One CDDL type: ``parse`` checks a decoded value, ``dump`` checks a Python value."""
+
+    def parse(self, raw: Any) -> Any:
+        raise NotImplementedError
+
+    def dump(self, value: Any) -> Any:
+        return self.parse(value)
+
+
+class UInt(Kind):
+    def __init__(self, *, ge: int = 0, le: int = cbor.UINT64_MAX, only: frozenset[int] | None = None) -> None:
+        self.ge, self.le, self.only = ge, le, only
+
+    def parse(self, raw: Any) -> int:
+        if not is_int(raw) or not 0 <= raw <= cbor.UINT64_MAX:
+            raise Invalid("must be an unsigned integer below 2**64")
+        if not self.ge <= raw <= self.le:
+            raise Invalid(f"must be in [{self.ge}, {self.le}], got {raw}")
+        if self.only is not None and raw not in self.only:
+            raise Invalid(f"must be one of {sorted(self.only)}, got {raw}")
+        return int(raw)
+
+
+class Bstr(Kind):
+    def __init__(self, size: int | None = None) -> None:
+        self.size = size
+
+    def parse(self, raw: Any) -> bytes:
+        if not isinstance(raw, bytes):
+            raise Invalid("must be a byte string")
+        if self.size is not None and len(raw) != self.size:
+            raise Invalid(f"must be {self.size} bytes, got {len(raw)}")
+        return raw
+
+
+class Tstr(Kind):
+    def parse(self, raw: Any) -> str:
+        if not isinstance(raw, str):
+            raise Invalid("must be a text string")
+        return raw
+
+
+class Bool(Kind):
+    def parse(self, raw: Any) -> bool:
+        if not isinstance(raw, bool):
+            raise Invalid("must be true or false")
+        return raw
+
+
+class Array(Kind):
+    def __init__(self, item: Kind, *, nonempty: bool = False) -> None:
+        self.item, self.nonempty = item, nonempty
+
+    def parse(self, raw: Any) -> tuple[Any, ...]:
+        if not isinstance(raw, (list, tuple)):
+            raise Invalid("must be an array")
+        if self.nonempty and not raw:
+            raise Invalid("must not be empty")
+        if self.item is UINT and all(type(x) is int for x in raw) and (
+            not raw or (min(raw) >= 0 and max(raw) <= cbor.UINT64_MAX)
+        ):
+            return tuple(raw)  # token lists: the same check as UINT's, done by builtins
+        return tuple(self.item.parse(x) for x in raw)
+
+    def dump(self, value: Any) -> list[Any]:
+        return list(self.parse(value))
+
+
+class Prompt(Kind):
+    """``[* uint] / cache-ref``."""
+
+    def parse(self, raw: Any) -> tuple[int, ...] | str:
+        if isinstance(raw, str):
+            return raw
+        if isinstance(raw, (list, tuple)):
+            return UINTS.parse(raw)
+        raise Invalid("must be an array of tokens or a cache reference")
+
+    def dump(self, value: Any) -> list[int] | str:
+        parsed = self.parse(value)
+        return parsed if isinstance(parsed, str) else list(parsed)
+
+
+class Nested(Kind):
+    """A member that is itself a map; its own problem class unless the enclosing one overrides."""
+
+    def __init__(self, cls: type[Message], problem: type[SdcpProblem] | None = None,
+                 strict: bool | None = None) -> None:
+        self.cls = cls
+        self.problem = problem or cls._problem
+        self.strict = cls._strict if strict is None else strict
+
+    def parse(self, raw: Any) -> Any:
+        return self.cls._parse(raw, self.problem, self.strict)
+
+    def dump(self, value: Any) -> dict[str, Any]:
+        if not isinstance(value, self.cls):
+            raise Invalid(f"must be a {self.cls.__name__}")
+        return value._dump(self.problem)
+
+
+UINT = UInt()
+UINTS = Array(UINT)
+TSTR = Tstr()
+HASH32 = Bstr(32)
+SESSION_ID = Bstr(16)
+PERCENT = UInt(le=100)
+
+
+@dataclass(frozen=True)
+class Member:
+    attr: str
+    kind: Kind
+    optional: bool = False
+    key: str = ""
+
+    @property
+    def wire(self) -> str:
+        return self.key or self.attr
+
+
+def req(attr: str, kind: Kind, key: str = "") -> Member:
+    return Member(attr, kind, False, key)
+
+
+def opt(attr: str, kind: Kind) -> Member:
+    return Member(attr, kind, True)
+
+
+class Message:
+    """Codec shared by every message: the table in ``_members`` drives all four directions."""
+
+    _members: ClassVar[tuple[Member, ...]] = ()
+    _problem: ClassVar[type[SdcpProblem]] = BadRequest
+    _strict: ClassVar[bool] = False  # True: a key the draft does not define is an error
+
+    def to_map(self) -> dict[str, Any]:
+        """The CBOR map of this message (text keys, optional members left out when None)."""
+        return self._dump(self._problem)
+
+    def _dump(self, problem: type[SdcpProblem]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for member in self._members:
+            value = getattr(self, member.attr)
+            if value is None:
+                if member.optional:
+                    continue
+                raise problem(f"{type(self).__name__}.{member.attr} is required")
+            try:
+                out[member.wire] = member.kind.dump(value)
+            except Invalid as exc:
+                raise problem(f"{type(self).__name__}.{member.wire} {exc}") from None
+        return out
+
+    @classmethod
+    def from_map(cls: type[_M], data: Any) -> _M:
+        """The message in a decoded CBOR map; the class's problem for any violation."""
+        return cls._parse(data, cls._problem, cls._strict)
+
+    @classmethod
+    def _parse(cls: type[_M], data: Any, problem: type[SdcpProblem], strict: bool) -> _M:
+        name = cls.__name__
+        if not isinstance(data, Mapping):
+            raise problem(f"{name} must be a CBOR map")
+        if strict:
+            unknown = set(data) - {m.wire for m in cls._members}
+            if unknown:
+                raise problem(f"{name} has keys the draft does not define: {sorted(map(repr, unknown))}")
+        values: dict[str, Any] = {}
+        for member in cls._members:
+            if member.wire not in data:
+                if not member.optional:
+                    raise problem(f"{name} lacks required key {member.wire!r}")
+                continue
+            try:
+                values[member.attr] = member.kind.parse(data[member.wire])
+            except Invalid as exc:
+                raise problem(f"{name}.{member.wire} {exc}") from None
+        make: Callable[..., _M] = cls
+        return make(**values)
+
+    def encode(self) -> bytes:
+        """Deterministic CBOR (RFC 8949 §4.2.1) of :meth:`to_map`."""
+        return cbor.deterministic_cbor(self.to_map())
+
+    @classmethod
+    def decode(cls: type[_M], data: bytes) -> _M:
+        """The message in ``data``; malformed CBOR is the class's problem too."""
+        try:
+            raw = cbor.decode(data)
+        except BadRequest as exc:
+            if cls._problem is BadRequest:
+                raise
+            raise cls._problem(exc.detail) from None
+        return cls.from_map(raw)
