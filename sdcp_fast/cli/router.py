@@ -81,8 +81,9 @@ class _Loaded(NamedTuple):
 
 
 def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Transport) -> _WithApi:
-    from sdcp_fast.roles.frontend import HFTokenizer, ToyWords, mount_frontend
+    from sdcp_fast.roles.frontend import mount_frontend
     from sdcp_fast.roles.frontend_server import FrontendServer, api_keys
+    from sdcp_fast.roles.frontend_text import HFTokenizer, ToyWords
     from sdcp_fast.roles.router import RouterRole
 
     target = loaded.target

@@ -17,7 +17,9 @@ A session whose reader goes away (a stream closed early, a cancelled request, a 
 reached) is cancelled at its verifier (:meth:`RouterRole.cancel`). :meth:`Frontend.handle`
 serves the routes; :mod:`sdcp_fast.roles.frontend_server` is the client-facing listener
 (HTTP/1.1, API keys), and :func:`mount_frontend` also puts them on the router's SDCP port for
-tools holding a client-role certificate.
+tools holding a client-role certificate. Requests are read into sessions by
+:mod:`sdcp_fast.roles.frontend_requests`; tokenizers and the incremental decoder are in
+:mod:`sdcp_fast.roles.frontend_text`.
 """
 
 from __future__ import annotations
@@ -26,138 +28,22 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
-from sdcp_fast.protocol import Action, Sampling, SdcpProblem
-from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE, Output
+from sdcp_fast.protocol import Action, SdcpProblem
+from sdcp_fast.protocol.messages import Output
 from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.protocol.routing import RoutedSession
+from sdcp_fast.roles.frontend_requests import JSON, ApiError, CompletionRequests, Job, body_of, from_problem
+from sdcp_fast.roles.frontend_text import IncrementalDecoder, TextTokenizer
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.sse import DONE_EVENT, event
 from sdcp_fast.transport.base import Request, Response
 
 log = logging.getLogger("sdcp_fast.frontend")
 
-JSON = "application/json"
 SSE = "text/event-stream"
-
-
-class TextTokenizer(Protocol):
-    """What the front end needs of a tokenizer: text <-> ids and the model's chat template."""
-
-    def encode(self, text: str) -> list[int]: ...
-
-    def decode(self, ids: Sequence[int]) -> str: ...
-
-    def chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        """The prompt for ``messages`` ({"role", "content"}), ending where the assistant speaks."""
-        ...
-
-
-class ToyWords:
-    """The toy model's word list (``sdcp_fast.model.toy``). It has no chat format: a chat is
-    its messages' words in order."""
-
-    def encode(self, text: str) -> list[int]:
-        from sdcp_fast.model import toy
-
-        return toy.encode(text)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        from sdcp_fast.model import toy
-
-        return toy.decode(ids)
-
-    def chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        return " ".join(m["content"] for m in messages)
-
-
-class HFTokenizer:
-    """A ``tokenizers.Tokenizer`` with ChatML (SmolLM2-Instruct, Qwen2.5;
-    :func:`sdcp_fast.model.tokenizer.chat_prompt` for one user turn)."""
-
-    def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return str(self.tokenizer.decode(list(ids), skip_special_tokens=True))
-
-    def chat(self, messages: Sequence[Mapping[str, str]]) -> str:
-        turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
-        return turns + "<|im_start|>assistant\n"
-
-    def stop_tokens(self) -> tuple[int, ...]:
-        """The ids of ChatML's end of turn and the usual end-of-text tokens it knows."""
-        names = ("<|im_end|>", "<|endoftext|>", "</s>", "<|eot_id|>")
-        ids = (self.tokenizer.token_to_id(n) for n in names)
-        return tuple(i for i in ids if i is not None)
-
-
-class IncrementalDecoder:
-    """Text of a growing token sequence, piece by piece. A piece is decoded together with the
-    tokens before it (tokenizers join pieces with spaces or merge bytes across tokens) and
-    held back while it ends in an incomplete UTF-8 sequence (U+FFFD), so no character is
-    split or repeated; :meth:`flush` gives what is left at the end."""
-
-    def __init__(self, tokenizer: TextTokenizer, skip: Sequence[int] = ()) -> None:
-        self.tokenizer = tokenizer
-        self.skip = frozenset(skip)
-        self.ids: list[int] = []
-        self._prefix = 0  # ids[_prefix:_read] were decoded already, as context
-        self._read = 0
-
-    def push(self, tokens: Sequence[int]) -> str:
-        self.ids.extend(t for t in tokens if t not in self.skip)
-        return self._advance(final=False)
-
-    def flush(self) -> str:
-        return self._advance(final=True)
-
-    def _advance(self, final: bool) -> str:
-        if self._read == len(self.ids):
-            return ""
-        before = self.tokenizer.decode(self.ids[self._prefix:self._read]) if self._read > self._prefix else ""
-        text = self.tokenizer.decode(self.ids[self._prefix:])
-        if not final and (text.endswith("\ufffd") or len(text) <= len(before)):
-            return ""
-        piece = text[len(before):]
-        self._prefix, self._read = self._read, len(self.ids)
-        return piece
-
-
-class ApiError(Exception):
-    """An OpenAI-style error: ``{"error": {"message", "type", "param", "code"}}``."""
-
-    def __init__(self, status: int, message: str, *, kind: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.kind, self.param, self.code = status, message, kind, param, code
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-    def response(self) -> Response:
-        return Response(self.status, json.dumps(self.body()).encode(), {"content-type": JSON})
-
-
-def _from_problem(problem: SdcpProblem) -> ApiError:
-    kind = "invalid_request_error" if problem.status < 500 else "server_error"
-    return ApiError(problem.status, problem.detail, kind=kind, code=problem.suffix)
-
-
-@dataclass(frozen=True)
-class _Job:
-    spec: SessionSpec
-    stream: bool
-    usage_in_stream: bool
-    created: int
-    stop_texts: tuple[str, ...] = ()
 
 
 class Frontend:
@@ -170,15 +56,11 @@ class Frontend:
         self.router = router
         self.tokenizer = tokenizer
         self.stop = tuple(stop)
-        self.defaults = defaults or serving_spec()
         self.model = model
-        self.max_tokens = max_tokens
-        # A client cannot make one request hold a session for an unbounded generation or send
-        # a prompt no target context holds (docs/security.md, "Limits").
-        self.max_tokens_limit = max_tokens_limit
-        self.max_prompt = max_prompt
-        self.context = context  # the served model's context (prompt + new tokens); None: unbounded
-        self.vocab = vocab
+        self.requests = CompletionRequests(
+            tokenizer, stop=stop, defaults=defaults or serving_spec(), model=model, max_tokens=max_tokens,
+            max_tokens_limit=max_tokens_limit, max_prompt=max_prompt, context=context, vocab=vocab,
+            taken=lambda session: session in router.sessions)
         self._cancels: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request) -> Response:
@@ -227,12 +109,12 @@ class Frontend:
 
     async def _serve(self, request: Request, *, chat: bool) -> Response:
         try:
-            job = self._job(_body(request), chat)
+            job = self.requests.job(body_of(request), chat)
             routed = await self._open(job.spec)
         except ApiError as error:
             return error.response()
         except SdcpProblem as problem:
-            return _from_problem(problem).response()
+            return from_problem(problem).response()
         session = routed.session
         ident = ("chatcmpl-" if chat else "cmpl-") + session.hex()
         log.info("session %s: %s, %d prompt tokens, max %d new, rule %d", session.hex(),
@@ -313,7 +195,7 @@ class Frontend:
             if not ended:
                 self.cancel_later(session, "its reader went away before its end")
 
-    async def _events(self, session: bytes, ident: str, job: _Job, chat: bool) -> AsyncGenerator[bytes, None]:
+    async def _events(self, session: bytes, ident: str, job: Job, chat: bool) -> AsyncGenerator[bytes, None]:
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": job.created, "model": self.model}
 
@@ -344,115 +226,8 @@ class Frontend:
         except ApiError as error:
             yield event(error.body())
         except SdcpProblem as problem:
-            yield event(_from_problem(problem).body())
+            yield event(from_problem(problem).body())
         yield DONE_EVENT
-
-    def _job(self, body: Mapping[str, Any], chat: bool) -> _Job:
-        model = body.get("model", self.model)
-        if model != self.model:
-            raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model!r}",
-                           param="model", code="model_not_found")
-        n = body.get("n", 1)
-        if n != 1 or isinstance(n, bool):
-            raise ApiError(400, f"n = {n!r}: this server returns one choice per request (n = 1); send n requests "
-                                "instead", param="n")
-        if body.get("best_of", 1) != 1:
-            raise ApiError(400, "best_of: only 1 is supported", param="best_of")
-        max_new = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_new = self.max_tokens if max_new is None else max_new
-        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
-            raise ApiError(400, "max_tokens must be a positive integer", param="max_tokens")
-        if max_new > self.max_tokens_limit:
-            raise ApiError(400, f"max_tokens is at most {self.max_tokens_limit}", param="max_tokens")
-        where = "messages" if chat else "prompt"
-        try:
-            if chat:
-                prompt = self.tokenizer.encode(self.tokenizer.chat(_messages(body.get("messages"))))
-            else:
-                prompt = self._prompt(body.get("prompt"))
-        except (ValueError, KeyError, TypeError, UnicodeError) as exc:
-            raise ApiError(400, f"the {where} cannot be tokenized: {exc}", param=where) from None
-        if not prompt:
-            raise ApiError(400, "the prompt encodes to no tokens", param=where)
-        limit = self.max_prompt if self.context is None else min(self.max_prompt, self.context - max_new)
-        if len(prompt) > limit:
-            served = self.context if self.context is not None else self.max_prompt + max_new
-            raise ApiError(400, f"This model's maximum context length is {served} tokens. However, you requested "
-                                f"{len(prompt) + max_new} tokens ({len(prompt)} in the {where}, {max_new} in the "
-                                "completion). Please reduce the length of the prompt or the completion.",
-                           param=where, code="context_length_exceeded")
-        stream = body.get("stream", False)
-        if not isinstance(stream, bool):
-            raise ApiError(400, "stream must be a boolean", param="stream")
-        options = body.get("stream_options") or {}
-        if not isinstance(options, dict):
-            raise ApiError(400, "stream_options must be an object", param="stream_options")
-        stops, texts = self._stops(body.get("stop"))
-        spec = replace(self.defaults, prompt=tuple(prompt), max_new=max_new, stop=stops,
-                       session=self._session(body.get("sdcp_session")), **self._rule(body))
-        return _Job(spec, stream, options.get("include_usage") is True, int(time.time()), texts)
-
-    def _session(self, value: Any) -> bytes | None:
-        """``sdcp_session`` (ours, 32 hex digits): the session id, so that a seeded rule-2
-        request repeats exactly (§6.4's randoms depend on it); absent: 128 random bits."""
-        if value is None:
-            return None
-        try:
-            session = bytes.fromhex(value) if isinstance(value, str) else b""
-        except ValueError:
-            session = b""
-        if len(session) != 16:
-            raise ApiError(400, "sdcp_session must be 32 hex digits", param="sdcp_session")
-        if session in self.router.sessions:
-            raise ApiError(409, "sdcp_session names a session this router already has", param="sdcp_session")
-        return session
-
-    def _prompt(self, prompt: Any) -> list[int]:
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
-        vocab = self.vocab if self.vocab is not None else 1 << 32
-        if isinstance(prompt, list) and prompt and all(
-                isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt):
-            return list(prompt)  # token ids, as the API allows
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            return self.tokenizer.encode(prompt[0])
-        raise ApiError(400, f"prompt must be a string or a list of token ids below {vocab} (one prompt per "
-                            "request)", param="prompt")
-
-    def _stops(self, stop: Any) -> tuple[tuple[int, ...], tuple[str, ...]]:
-        """The contract's stop tokens (the model's, plus each ``stop`` string that is exactly
-        one token, so the verifier ends there, §4.1) and the stop strings, matched on the text."""
-        strings = [stop] if isinstance(stop, str) else [] if stop is None else stop
-        if not isinstance(strings, list) or not all(isinstance(s, str) and s for s in strings) or len(strings) > 4:
-            raise ApiError(400, "stop must be a non-empty string or a list of at most 4 of them", param="stop")
-        extra = []
-        for text in strings:
-            try:
-                ids = self.tokenizer.encode(text)
-            except (ValueError, KeyError, TypeError, UnicodeError):
-                ids = []
-            if len(ids) == 1 and self.tokenizer.decode(ids) == text:
-                extra.append(ids[0])
-        return tuple(dict.fromkeys((*self.stop, *extra))), tuple(dict.fromkeys(strings))
-
-    @staticmethod
-    def _rule(body: Mapping[str, Any]) -> dict[str, Any]:
-        """Rule 1 (greedy, exact) unless a temperature above 0 asks for sampling (rule 2)."""
-        temperature = _number(body, "temperature", 0.0, 2.0)
-        top_p = _number(body, "top_p", 0.0, 1.0)
-        seed = body.get("seed")
-        if seed is not None and (not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 1 << 64):
-            raise ApiError(400, "seed must be an integer from 0 to 2**64 - 1", param="seed")
-        top_k = body.get("top_k")  # not OpenAI's, but common among compatible servers
-        if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or not 0 <= top_k < 1 << 32):
-            raise ApiError(400, "top_k must be an integer from 0 to 2**32 - 1", param="top_k")
-        if not temperature:
-            return {"rule": RULE_GREEDY, "sampling": None}
-        sampling = Sampling(temperature_milli=round(temperature * 1000),
-                            top_p_milli=None if top_p is None or top_p >= 1.0 else round(top_p * 1000),
-                            top_k=top_k or None, seed=seed)
-        return {"rule": RULE_SPECULATIVE, "sampling": sampling}
-
 
 class _Events:
     """A response's events; closed before its first event is asked for (the client went away
@@ -500,41 +275,6 @@ def mount_frontend(router: RouterRole, tokenizer: TextTokenizer, *, stop: Sequen
     for method in ("GET", "POST", "PUT", "DELETE"):
         router.routes.add(method, r"(?P<rest>v1/.*)", client_only)
     return frontend
-
-
-def _body(request: Request) -> Mapping[str, Any]:
-    if request.headers.get("content-type", JSON).split(";")[0].strip() != JSON:
-        raise ApiError(415, f"the body must be {JSON}")
-    try:
-        body = json.loads(request.body)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-        raise ApiError(400, f"the body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
-
-
-def _messages(messages: Any) -> list[dict[str, str]]:
-    if not isinstance(messages, list) or not messages:
-        raise ApiError(400, "messages must be a non-empty list", param="messages")
-    out = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):  # content parts: the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise ApiError(400, "each message needs a role and text content", param="messages")
-        out.append({"role": m["role"], "content": content})
-    return out
-
-
-def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
-        raise ApiError(400, f"{name} must be a number from {low} to {high}", param=name)
-    return float(value)
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

@@ -30,7 +30,8 @@ from typing import Any
 
 from aiohttp import web
 
-from sdcp_fast.roles.frontend import ApiError, Frontend
+from sdcp_fast.roles.frontend import Frontend
+from sdcp_fast.roles.frontend_requests import ApiError
 from sdcp_fast.transport.base import Request, Response
 
 log = logging.getLogger("sdcp_fast.frontend")

@@ -185,7 +185,7 @@ def test_the_standby_resumes_from_published_pages_after_a_kill_9(kv_up: FaultUp,
     with its uninterrupted run's tokens, streamed once each, its log keeping the audit's
     invariants; each session failed over resumed at the other verifier from pages (none cold)."""
     from sdcp_fast.deploy.catalog import load_target
-    from sdcp_fast.roles.frontend import HFTokenizer
+    from sdcp_fast.roles.frontend_text import HFTokenizer
 
     up = kv_up
     rng = random.Random(seed)

@@ -37,7 +37,8 @@ from roles.rolekit import (
 from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Event, SdcpProblem, Status, instance_path_id
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.roles.frontend import ToyWords, mount_frontend
+from sdcp_fast.roles.frontend import mount_frontend
+from sdcp_fast.roles.frontend_text import ToyWords
 from sdcp_fast.roles.router import RouterRole, SessionSpec
 from sdcp_fast.transport.base import Request
 from sdcp_fast.transport.inprocess import InProcessNetwork

@@ -18,10 +18,11 @@ import torch
 from sdcp_fast.deploy.local import Deployment, Engine, model_digest
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
-from sdcp_fast.protocol import Action, Sampling
-from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE, Output
+from sdcp_fast.protocol import Action
+from sdcp_fast.protocol.messages import RULE_SPECULATIVE, Output
 from sdcp_fast.protocol.peer import PeerRole
-from sdcp_fast.roles.frontend import Frontend, IncrementalDecoder, ToyWords, mount_frontend
+from sdcp_fast.roles.frontend import Frontend, mount_frontend
+from sdcp_fast.roles.frontend_text import ToyWords
 from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.roles.sse import DONE, messages
 from sdcp_fast.store import embedded
@@ -63,69 +64,6 @@ async def events(response: Response) -> list[Any]:
     out = [message async for message in messages(response.stream)]
     assert out[-1] == DONE and DONE not in out[:-1]
     return out
-
-
-# -- incremental decoding -------------------------------------------------------------------
-
-class Bytes:
-    """A byte-level tokenizer: one token per UTF-8 byte."""
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode())
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
-
-    def chat(self, messages: Sequence[Any]) -> str:
-        return ""
-
-
-@pytest.mark.parametrize("step", [1, 2, 3, 5])
-def test_multibyte_characters_split_across_tokens_come_out_whole(step: int) -> None:
-    text = "héllo € 𝄞 naïve"
-    ids = Bytes().encode(text)
-    decoder = IncrementalDecoder(Bytes())
-    pieces = [decoder.push(ids[i:i + step]) for i in range(0, len(ids), step)] + [decoder.flush()]
-    assert "".join(pieces) == text
-    assert not any("\ufffd" in p for p in pieces)
-
-
-def test_word_pieces_keep_their_spaces_and_skip_stop_tokens() -> None:
-    ids = encode("the verifier commits .") + [EOS]
-    decoder = IncrementalDecoder(ToyWords(), skip=(EOS,))
-    pieces = [decoder.push([t]) for t in ids] + [decoder.flush()]
-    assert "".join(pieces) == "the verifier commits."
-
-
-# -- requests to sessions -------------------------------------------------------------------
-
-def test_request_fields_become_the_session_spec(tmp_path: Path) -> None:
-    frontend = Frontend(None, ToyWords(), stop=(EOS,), defaults=SessionSpec((), m_max=6), model="toy")  # type: ignore[arg-type]
-    job = frontend._job({"model": "toy", "prompt": PROMPT, "max_tokens": 7}, chat=False)
-    assert job.spec.prompt == tuple(encode(PROMPT)) and job.spec.max_new == 7 and job.spec.m_max == 6
-    assert job.spec.rule == RULE_GREEDY and job.spec.sampling is None and job.spec.stop == (EOS,)
-    assert frontend._job({"prompt": PROMPT, "temperature": 0}, chat=False).spec.rule == RULE_GREEDY
-    sampled = frontend._job({"prompt": PROMPT, "temperature": 0.7, "top_p": 0.9, "seed": 5, "stop": ["."]},
-                            chat=False).spec
-    assert sampled.rule == RULE_SPECULATIVE
-    assert sampled.sampling == Sampling(temperature_milli=700, top_p_milli=900, seed=5)
-    assert sampled.stop == (EOS, encode(".")[0])
-    chat = frontend._job({"messages": [{"role": "user", "content": PROMPT}], "max_completion_tokens": 3},
-                         chat=True).spec
-    assert chat.prompt == tuple(encode(PROMPT)) and chat.max_new == 3
-
-
-def test_a_request_is_never_failed_for_its_drafts_by_default() -> None:
-    """The front end's contract is the command-line tools' (one contract per job): reduce, switch,
-    then the target's own decoding at any load and to the end; no `fail` on the ladder (the
-    bench found requests failed over the network that decoded to the end in process)."""
-    from sdcp_fast.deploy.local import spec_for
-
-    spec = Frontend(None, ToyWords(), stop=(EOS,), model="toy")._job({"prompt": PROMPT}, chat=False).spec  # type: ignore[arg-type]
-    assert spec.fallback == (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE)
-    assert (spec.self_load, spec.self_max) == (100, None)
-    tools = spec_for(spec.prompt, max_new=spec.max_new)
-    assert (tools.fallback, tools.self_load, tools.self_max) == (spec.fallback, spec.self_load, spec.self_max)
 
 
 def test_completion_is_greedy_decoding_and_streams_the_same_text(tmp_path: Path) -> None:

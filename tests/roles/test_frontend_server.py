@@ -19,8 +19,9 @@ import pytest
 from sdcp_fast.deploy.local import Deployment, Engine, model_digest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
 from sdcp_fast.protocol.session import State
-from sdcp_fast.roles.frontend import Frontend, ToyWords, mount_frontend
+from sdcp_fast.roles.frontend import Frontend, mount_frontend
 from sdcp_fast.roles.frontend_server import FrontendServer, api_keys
+from sdcp_fast.roles.frontend_text import ToyWords
 from sdcp_fast.store import embedded
 from sdcp_fast.transport import loop
 
