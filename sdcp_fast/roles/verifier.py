@@ -120,7 +120,7 @@ class VerifierRole:
             publish_tokens=kv_publish_tokens, publish_growth=kv_publish_growth)
         self.committer = Committer(
             objects=self.objects, store=mlc, load=self.load, metrics=self.metrics, kv=self.kv,
-            background=self._background, client=self.client, router=router, clock=clock, on_round=on_round)
+            background=self._background, client=self.client, router=router, clock=clock, on_round=on_round, uri=uri)
         self.batcher = Batcher(
             scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
             metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,

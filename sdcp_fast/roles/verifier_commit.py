@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.commitlog import Fenced, PreconditionFailed
 from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch
 from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord, classify_failed_append
@@ -36,12 +37,15 @@ log = logging.getLogger("sdcp_fast.verifier")
 EVENT_ATTEMPTS = 5
 
 
-def tokens_object(session: VerifierSession) -> str | None:
+def tokens_object(session: VerifierSession, writer: str = "") -> str | None:
     """Where this verifier writes the session's committed output: one object per epoch, so a
-    fenced verifier's late write never touches its successor's (docs/interpretations.md)."""
+    fenced verifier's late write never touches its successor's (docs/interpretations.md), and
+    named for ``writer`` (this verifier's base URI: its tag), so no other verifier can create
+    it first (docs/security.md, "Names nobody can squat")."""
     if session.contract.scope is None:
         return None
-    return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch)
+    return object_uri(session.contract.scope, session.session, "committed_tokens", session.epoch,
+                      tag=writer_tag(writer) if writer else None)
 
 
 def output_of_log(records: Iterable[LogRecord]) -> list[int]:
@@ -58,7 +62,8 @@ def output_of_log(records: Iterable[LogRecord]) -> list[int]:
 class Committer:
     def __init__(self, *, objects: Objects, store: Store, load: VerifierLoad, metrics: VerifierMetrics,
                  kv: KvPublisher, background: Background, client: SdcpClient, router: str | None,
-                 clock: Callable[[], float], on_round: Callable[[RoundInfo], None] | None) -> None:
+                 clock: Callable[[], float], on_round: Callable[[RoundInfo], None] | None, uri: str = "") -> None:
+        self.uri = uri  # the verifier's base URI: it names the committed_tokens objects (tokens_object)
         self.objects = objects
         self.store = store
         self.load = load
@@ -75,7 +80,7 @@ class Committer:
         backend serves ``commit_log``)."""
         log_ = await self.store.commit_log(commit_log)
         view = await log_.read()
-        return LiveSession(session, log_, view.etag, tokens_object(session), self.clock(), kv_ref=kv_object(session))
+        return LiveSession(session, log_, view.etag, tokens_object(session, self.uri), self.clock(), kv_ref=kv_object(session))
 
     async def write_output(self, live: LiveSession, tokens: Sequence[int]) -> None:
         """The session's committed output, in this epoch's object."""

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.toy import WORDS
 from sdcp_fast.protocol import (
@@ -471,7 +472,7 @@ def test_commit_record_precedes_the_verdict_and_committed_tokens_follow_output(t
 
             rig.store.commit_log = commit_log
             _, state = await rig.open(S, contract(max_new=16), m_init=3)
-            tokens_ref = object_uri(SCOPE, S, "committed_tokens", 1)
+            tokens_ref = object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER))
             checks = []
             verdict = state
             for r in range(4):
@@ -531,7 +532,7 @@ def test_a_fenced_log_stops_the_session_and_fails_the_waiting_proposal(tmp_path)
             rig.scorer.on_score = None
             after = await _problem(rig.drafter.propose(VERIFIER, proposal(verdict, [1])))
             output = await _problem(rig.router.output(VERIFIER, S, 0))
-            tokens = unpack_tokens(rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1)))
+            tokens = unpack_tokens(rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER))))
             return verdict, waiting, after, output, tokens, log.read().records
 
     verdict, waiting, after, output, tokens, records = run(scenario())

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol import Action, Event, Resume
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.problems import BadRequest, InternalError
@@ -100,7 +101,7 @@ def test_committed_tokens_bytes_per_round_do_not_grow_with_the_session(tmp_path)
 
     puts, during, output = run(scenario())
     assert len(during) == 100 and set(during[:-1]) == {0}
-    assert puts == [(object_uri(SCOPE, S, "committed_tokens", 1), 4 * len(output))]
+    assert puts == [(object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER)), 4 * len(output))]
 
 
 def test_a_drafter_assigned_mid_session_finds_the_object_written(tmp_path):
@@ -114,9 +115,10 @@ def test_a_drafter_assigned_mid_session_finds_the_object_written(tmp_path):
             for _ in range(2):
                 verdict = await rig.drafter.propose(VERIFIER, proposal(verdict, rig.greedy_after(verdict, 3)))
             with pytest.raises(ObjectUnavailable):
-                rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1))
+                rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER)))
             await rig.router.put_drafter(VERIFIER, assignment(opened, verdict, drafter=OTHER))
-            return unpack_tokens(rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1))), rig.output_of(S)
+            written = rig.mlc.get(object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER)))
+            return unpack_tokens(written), rig.output_of(S)
 
     written, output = run(scenario())
     assert list(written) == output and len(output) == 8
