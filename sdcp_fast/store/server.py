@@ -336,10 +336,11 @@ MAX_FRAME = 256 << 10
 
 
 def limits() -> Any:
-    """The HTTP/2 server's bounds for the MLC: a request body up to an object's limit."""
+    """The HTTP/2 server's bounds for the MLC: a request body up to an object's limit, and
+    bodies still arriving over all connections up to the upload budget (as over HTTP/1.1)."""
     from sdcp_fast.transport.h2conn import Limits
 
-    return Limits(max_body=MAX_BODY, max_frame=MAX_FRAME)
+    return Limits(max_body=MAX_BODY, max_frame=MAX_FRAME, max_buffered_total=MAX_INFLIGHT)
 
 
 async def serve(service: MLCService, host: str, port: int, *, ssl: ssl.SSLContext | None,

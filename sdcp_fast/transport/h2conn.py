@@ -62,6 +62,9 @@ class Limits:
     # Request-body bytes one connection may hold across its streams before their requests end
     # (server; at least max_body): beyond it the stream that overflows is answered 503.
     max_buffered: int = 256 * MiB
+    # The same across all connections of a server (at least max_body): many connections
+    # cannot each hold max_buffered of bodies still arriving.
+    max_buffered_total: int = 1024 * MiB
     stream_window: int = 4 * MiB  # SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window
     connection_window: int = 16 * MiB  # receive window of the whole connection
     max_frame: int = 1 * MiB - 1  # SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames for big bodies

@@ -92,9 +92,13 @@ class _ServerProtocol(H2Protocol):
                 # refused, so many streams cannot each hold up to max_body.
                 self._refuse_body(event.stream_id, incoming, 503, "request bodies on this connection over "
                                   f"{max(self.limits.max_buffered, self.limits.max_body)} bytes")
+            elif self.server.buffered + len(event.data) > max(self.limits.max_buffered_total, self.limits.max_body):
+                # And of all connections: many connections cannot each hold max_buffered.
+                self._refuse_body(event.stream_id, incoming, 503, "request bodies on this server over "
+                                  f"{max(self.limits.max_buffered_total, self.limits.max_body)} bytes")
             else:
                 incoming.chunks.append(event.data)
-                self.buffered += len(event.data)
+                self._hold(len(event.data))
         elif isinstance(event, h2.events.RequestReceived):
             if self.draining:
                 # After our GOAWAY (RFC 9113 §6.8): not processed, safe for the client to retry.
@@ -142,8 +146,12 @@ class _ServerProtocol(H2Protocol):
             self.streams.pop(stream_id, None)
             self.stream_finished()
 
+    def _hold(self, n: int) -> None:
+        self.buffered += n
+        self.server.buffered += n
+
     def _drop_body(self, incoming: _Incoming) -> None:
-        self.buffered -= sum(len(chunk) for chunk in incoming.chunks)
+        self._hold(-sum(len(chunk) for chunk in incoming.chunks))
         incoming.chunks.clear()
 
     def _refuse_body(self, stream_id: int, incoming: _Incoming, status: int = 413, detail: str = "") -> None:
@@ -164,7 +172,7 @@ class _ServerProtocol(H2Protocol):
         if not raw_path.startswith(base):
             return http_problem(404, f"outside this instance's base path {base}")
         body = incoming.chunks[0] if len(incoming.chunks) == 1 else b"".join(incoming.chunks)
-        self.buffered -= len(body)  # handed to the handler: no longer this connection's buffer
+        self._hold(-len(body))  # handed to the handler: no longer this connection's buffer
         incoming.chunks = []
         return Request(method=method.decode("latin-1"), path=unquote(raw_path[len(base):]),
                        query=dict(parse_qsl(raw_query, keep_blank_values=True)) if raw_query else {},
@@ -281,6 +289,7 @@ class H2Server:
         self.connections: set[_ServerProtocol] = set()
         self.closing = False
         self.accepted = 0  # connections that completed TLS (with a verified client) and chose h2
+        self.buffered = 0  # request-body bytes held by all connections for requests not ended
         self._server: asyncio.Server | None = None
 
     @property

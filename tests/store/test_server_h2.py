@@ -185,3 +185,38 @@ def test_the_async_client_encodes_large_tensors_off_its_loop(server, monkeypatch
         runner.stop()
     # The small put, the large put, then the server's encoding of the CBOR GET (off its loop too).
     assert on_loop == [True, False, False], "a 1 MiB tensor was encoded on an event loop"
+
+
+def test_bodies_still_arriving_are_bounded_across_connections(tmp_path, monkeypatch):
+    import sdcp_fast.store.server as srv
+
+    monkeypatch.setattr(srv, "MAX_INFLIGHT", 4 << 20)  # the server-wide bound of limits()
+    monkeypatch.setattr(srv, "MAX_BODY", 4 << 20)  # which is at least one body's limit
+    with MLC([HostTier(16 << 20)]) as mlc, serving(mlc, http2=True) as base:
+        stalled = []
+        for n in range(2):  # two connections each hold 1.5 MiB of a 4 MiB body, then idle
+            raw = RawH2(base)
+            stream = raw.put_headers(f"/objects/{name(30 + n)}", 4 << 20)
+            raw.send(stream, 3 << 19)
+            stalled.append(raw)
+        time.sleep(0.3)
+        third = RawH2(base)
+        stream = third.put_headers(f"/objects/{name(32)}", 2 << 20)
+        try:
+            third.send(stream, 2 << 20)
+        except (ConnectionError, OSError):
+            pass  # refused mid-body: the answer is already on its way
+        status, body = third.response(stream)
+        third.close()
+        assert status == 503, body[:300]
+        assert "on this server" in json.loads(body)["detail"]
+        for raw in stalled:
+            raw.close()
+        time.sleep(0.3)
+        fourth = RawH2(base)
+        stream = fourth.put_headers(f"/objects/{name(33)}", 2 << 20)
+        fourth.send(stream, (2 << 20) - 1)
+        fourth.conn.send_data(stream, b"\x01", end_stream=True)
+        fourth.flush()
+        assert fourth.response(stream)[0] == 201, "the stalled connections gave their bytes back"
+        fourth.close()
