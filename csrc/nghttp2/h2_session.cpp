@@ -100,16 +100,13 @@ class Session {
     flush_frames();
   }
 
+  // The events of these bytes, and any raised since the last call (a stream nghttp2 closed
+  // while frames were being sent).
   py::list receive(py::bytes data) {
-    events_ = py::list();
     char* buf;
     ssize_t len;
     PyBytes_AsStringAndSize(data.ptr(), &buf, &len);
     ssize_t rv = nghttp2_session_mem_recv(s_, reinterpret_cast<const uint8_t*>(buf), static_cast<size_t>(len));
-    if (callback_error_) {
-      callback_error_ = false;
-      throw py::error_already_set();
-    }
     if (rv < 0) {
       flush_frames();  // nghttp2 queued the GOAWAY that says why
       throw ProtocolError(std::string("HTTP/2 protocol error: ") + nghttp2_strerror(static_cast<int>(rv)));
@@ -214,7 +211,6 @@ class Session {
   bool client_;
   std::string out_;
   py::list events_;
-  bool callback_error_ = false;
   std::unordered_map<int32_t, py::list> headers_;
   std::unordered_map<int32_t, size_t> header_bytes_;
   size_t max_header_list_ = SIZE_MAX;
