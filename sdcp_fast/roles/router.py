@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol import (
     Action,
     Assignment,
@@ -46,6 +47,7 @@ from sdcp_fast.protocol.routing import (
     after_open,
     after_probe,
     assign,
+    choose_drafter,
     choose_verifier,
     confirmed,
     expired_drafters,
@@ -107,6 +109,7 @@ class _Routed:
     routed: RoutedSession
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     opened: SessionOpen | None = None  # the session-open its verifier holds: sent again, it says where it stands
+    writers: dict[int, str] = field(default_factory=dict)  # epoch -> its verifier, who names its committed_tokens
 
 
 class RouterRole:
@@ -231,7 +234,7 @@ class RouterRole:
                 session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
                 commit_log=object_uri(self.scope, session, "commit_log"), verifier=verifier, round=0,
                 committed=0, digest=bytes(32), m_init=spec.m_init,
-                committed_tokens=object_uri(self.scope, session, "committed_tokens", 1),
+                committed_tokens=object_uri(self.scope, session, "committed_tokens", 1, tag=writer_tag(verifier)),
             )
             opened = open_message(routed)
             try:
@@ -242,7 +245,7 @@ class RouterRole:
                 # open): its status has not expired yet, but another verifier can take the session.
                 log.warning("session %s: verifier %s unreachable at open: %s", session.hex(), verifier, exc)
                 unreachable.append(verifier)
-        self.sessions[session] = _Routed(routed, opened=opened)
+        self.sessions[session] = _Routed(routed, opened=opened, writers={1: verifier})
         note_progress(routed, state.committed, self.clock())
         self.metrics.sessions.inc()
         async with self._lock:
@@ -396,10 +399,14 @@ class RouterRole:
             await self._failover(routed)
             return
         before = routed.drafter
-        assignment = after_probe(routed, state, self.table, self.clock())
+        now = self.clock()
+        assignment = after_probe(routed, state, self.table, now)
         if assignment is None:
             if routed.self_decoding:
                 log.info("session %s: %s; the verifier decodes it itself", routed.session.hex(), why)
+            elif state.state is None and choose_drafter(self.table, routed.contract, now) is None:
+                log.warning("session %s: %s at %d tokens; no live drafter may take it: it waits for one",
+                            routed.session.hex(), why, state.committed)
             return
         log.warning("session %s: %s at %d tokens; assigning %s (was %s)", routed.session.hex(), why,
                     state.committed, assignment.drafter, before)
@@ -430,6 +437,14 @@ class RouterRole:
                 return None
         return None
 
+    def _tokens_ref(self, session: bytes, epoch: int) -> str:
+        """The committed_tokens object of ``epoch``: named for the verifier the session was
+        opened at for that epoch, so only it can have made it (docs/security.md, "Names
+        nobody can squat")."""
+        writer = self.sessions[session].writers.get(epoch)
+        return object_uri(self.scope, session, "committed_tokens", epoch,
+                          tag=None if writer is None else writer_tag(writer))
+
     async def _failover(self, routed: RoutedSession) -> None:
         """§6.9: fence the log at the next epoch, read the last commit record, open the
         session at another verifier with ``resume`` and the current sampling, re-assign."""
@@ -444,7 +459,7 @@ class RouterRole:
         last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
         # The resumed prefix: the new verifier takes it from the log, which holds every emitted
         # token, and from this object only where the log does not (roles/verifier_commit.py).
-        written = None if last is None else object_uri(self.scope, routed.session, "committed_tokens", last.epoch)
+        written = None if last is None else self._tokens_ref(routed.session, last.epoch)
         pages = None if last is None else await self._target_kv(routed.session, last.epoch)
         plan = plan_failover(routed, target, last, committed_tokens=written, target_kv=pages)
         self.metrics.failovers.inc()
@@ -453,7 +468,8 @@ class RouterRole:
         state = await self.client.open_session(target, plan.open)
         self.sessions[routed.session].opened = plan.open
         # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
-        routed.committed_tokens = object_uri(self.scope, routed.session, "committed_tokens", routed.epoch)
+        self.sessions[routed.session].writers[routed.epoch] = target
+        routed.committed_tokens = self._tokens_ref(routed.session, routed.epoch)
         for policy in (plan.policy, *plan.later):
             if policy is not None:
                 await self.client.policy(target, policy)
