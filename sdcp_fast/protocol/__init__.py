@@ -1,6 +1,7 @@
 """The SDCP protocol core: pure, synchronous, no I/O, no clock, no torch.
 
-Servers and engines are thin adapters: decode bytes, call the core, encode.
+The roles (:mod:`sdcp_fast.roles`) are thin adapters around it: decode bytes, call the core,
+encode; the transports carry the bytes.
 """
 
 from sdcp_fast.protocol.cbor import deterministic_cbor

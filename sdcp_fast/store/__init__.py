@@ -1,9 +1,11 @@
 """The store the roles use: objects, leases and commit logs behind one typed interface.
 
-``interface`` holds :class:`Store` and :class:`Log` (typing.Protocol); ``local`` the
-in-process implementation (:func:`embedded` builds the default one); ``remote`` the client
-of an ``sdcp-fast mlc`` server. This package is the one place that composes the cache
-(:mod:`sdcp_fast.cache`) with the commit logs (:mod:`sdcp_fast.commitlog`).
+``interface`` holds :class:`Store` and :class:`Log` (typing.Protocol); ``local_store`` the
+in-process implementation (:func:`embedded` builds the default one); ``remote_store`` the
+client of an ``sdcp-fast mlc`` server; ``logs`` the blocking commit-log backends as awaitable
+logs; ``server`` (with ``server_requests``, ``server_metrics`` and the HTTP/1.1
+``server_http1``) that server. This package is the one place that composes the cache
+(:mod:`sdcp_fast.cache`) with the commit logs (:mod:`sdcp_fast.commitlog`). See docs/mlc.md.
 """
 
 from typing import TYPE_CHECKING
