@@ -130,11 +130,11 @@ class DirectoryLog:
             return etag_of(0), b""
 
     def append(self, record: LogRecord, if_match: str | None) -> str:
-        frame(record)  # refuse what cannot be stored before a file exists for it
+        framed = frame(record)  # refuse what cannot be stored before a file exists for it
         if if_match is not None and not self.directory.exists(self.ref) and length_of(if_match) != 0:
             raise PreconditionFailed(f"log has 0 records, not {if_match}")  # and no fence: create nothing
         with self.directory.using(self.ref, create=True) as log:
-            return log.append(record, if_match)
+            return log.append(record, if_match, framed=framed)
 
     def close(self) -> None:
         pass  # the directory owns the descriptors

@@ -196,8 +196,10 @@ class FileCommitLog:
         etag, bodies = self._bodies(start)
         return etag, b"".join(bodies)
 
-    def append(self, record: LogRecord, if_match: str | None) -> str:
-        blob = frame(record)
+    def append(self, record: LogRecord, if_match: str | None, *, framed: bytes | None = None) -> str:
+        """``framed``: ``frame(record)`` where the caller has it already (encoding a large
+        record takes seconds)."""
+        blob = frame(record) if framed is None else framed
         with self._lock:
             if self._fd < 0:
                 raise ValueError(f"{self.path} is closed")
