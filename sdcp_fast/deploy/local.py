@@ -28,6 +28,10 @@ __all__ = ["Engine", "RoundInfo", "SessionResult", "SessionSpec", "model_digest"
 
 ROUTER = "inproc://router/"
 VERIFIER = "inproc://verifier/"
+# Every role here shares one event loop, so a status goes stale only while a pass holds that
+# loop, never because a role died: a long ttl keeps a slow pass (a long prompt on a loaded
+# machine) from making the router take its only verifier for dead.
+STATUS_TTL_MS = 600_000
 STALL_SECONDS = 30.0  # no scoring pass and no commit for this long: the remaining sessions end
 
 
@@ -196,10 +200,11 @@ class Deployment:
             e.scorer, uri=VERIFIER, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
             target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
             clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0,
+            status_ttl_ms=STATUS_TTL_MS,
             target_kv=None)  # one verifier: no other one could resume from published pages
         self.drafters = {
             d.name: DrafterRole(d, uri=drafter_uri(d.name), mlc=e.mlc, router=ROUTER, seed=e.seed,
-                                fixed_m=e.fixed_m, clock=e.clock,
+                                fixed_m=e.fixed_m, clock=e.clock, status_ttl_ms=STATUS_TTL_MS,
                                 transport=network.transport(Peer(drafter_uri(d.name), PeerRole.DRAFTER)))
             for d in e.drafters
         }
