@@ -9,7 +9,7 @@ HELP = "train a draft model for a target by distillation from the target's own g
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.model.distill import DistillConfig
+    from sdcp_fast.model.distill_data import DistillConfig
 
     d = DistillConfig()
     p.add_argument("--target", default="smollm2", help="target model: GGUF, HF directory or 'smollm2'")
@@ -45,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from sdcp_fast.model.distill import DistillConfig, distill
+    from sdcp_fast.model.distill import distill
+    from sdcp_fast.model.distill_data import DistillConfig
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -12,7 +12,8 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from sdcp_fast import data
 from sdcp_fast.model import contract_digests, loader
 from sdcp_fast.model.config import ModelConfig
-from sdcp_fast.model.distill import DistillConfig, choose_head_ids, distill, init_draft
+from sdcp_fast.model.distill import choose_head_ids, distill, init_draft
+from sdcp_fast.model.distill_data import DistillConfig
 from sdcp_fast.model.drafters import ModelDrafter
 from sdcp_fast.model.loader import LoadedModel
 from sdcp_fast.model.tokenizer import chat_prompt, encode

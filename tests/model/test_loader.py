@@ -9,7 +9,8 @@ import torch
 from sdcp_fast.model import loader
 from sdcp_fast.model.bulk import generate_rows
 from sdcp_fast.model.contract_digests import weights_digest
-from sdcp_fast.model.distill import _Data, _head_pos, _tensors, init_draft, loss_fn
+from sdcp_fast.model.distill import _head_pos, _tensors, init_draft, loss_fn
+from sdcp_fast.model.distill_data import TeacherData
 from sdcp_fast.model.weights import unpermute_rope
 
 from .conftest import SMALL, random_model
@@ -47,7 +48,7 @@ def test_distill_loss_is_zero_for_a_copy_of_the_target() -> None:
     """Labels made by bulk generation from the target itself: a whole copy of the target
     scores KL 0 and full agreement, a one-layer cut does not."""
     target = random_model()
-    d = _Data(Path("unused"))
+    d = TeacherData(Path("unused"))
     for p, r in zip([[1, 2, 3], [6]], generate_rows(target, [[1, 2, 3], [6]], 4, top_k=97), strict=True):
         d.seqs.append(p + r.tokens)
         d.prompt_lens.append(len(p))
