@@ -188,31 +188,23 @@ def _redis_size(mlc: MLC, client: object, size: int, budget: float) -> None:
 
 def _serve(app: object) -> tuple[str, Callable[[], None]]:
     """Run an aiohttp app on 127.0.0.1 in a thread; returns its base URL and a stopper."""
-    import asyncio
-    import threading
-
     from aiohttp import web
 
-    loop = asyncio.new_event_loop()
+    from sdcp_fast.transport.loop import LoopThread
+
+    thread = LoopThread("bench-http")
     runner = web.AppRunner(app)  # type: ignore[arg-type]
     port = free_port()
-    ready = threading.Event()
 
-    def run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(runner.setup())
-        loop.run_until_complete(web.TCPSite(runner, "127.0.0.1", port).start())
-        ready.set()
-        loop.run_forever()
+    async def start() -> None:
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port).start()
 
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    ready.wait(10)
+    thread.submit(start()).result(10)
 
     def stop() -> None:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
+        thread.submit(runner.cleanup()).result(10)
+        thread.stop()
 
     return f"http://127.0.0.1:{port}", stop
 

@@ -219,12 +219,11 @@ class Up:
 
     def healthy(self, svc: Service) -> bool:
         """Completes TLS with our CA and the client certificate, choosing HTTP/2 (ALPN h2)."""
-        import ssl
+        from sdcp_fast.transport.tls import client_context
 
         certs = self.directory / "certs"
-        ctx = ssl.create_default_context(cafile=str(certs / "ca.pem"))
-        ctx.load_cert_chain(str(certs / "client.pem"), str(certs / "client.key"))
-        ctx.set_alpn_protocols(["h2"])  # every service, the MLC too, serves HTTP/2
+        # ALPN h2 only: every service, the MLC too, serves HTTP/2.
+        ctx = client_context(str(certs / "client.pem"), str(certs / "client.key"), str(certs / "ca.pem"))
         try:
             with socket.create_connection(("127.0.0.1", svc.port), timeout=1) as raw, \
                     ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
