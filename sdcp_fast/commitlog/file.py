@@ -23,6 +23,7 @@ so the tag check and the fence check are atomic with the write.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import os
@@ -216,12 +217,18 @@ class FileCommitLog:
                     raise LogFull(f"{self.path} holds {count} records in {self._end} bytes; at most "
                                   f"{MAX_RECORDS} records and {MAX_LOG_BYTES} bytes",
                                   extra={"max_records": MAX_RECORDS, "max_bytes": MAX_LOG_BYTES})
-                written = os.write(self._fd, blob)
-                if written != len(blob):
-                    os.ftruncate(self._fd, self._end)
-                    raise OSError(f"short write to {self.path}")
-                if self._sync:
-                    os.fdatasync(self._fd)
+                try:
+                    written = os.write(self._fd, blob)
+                    if written != len(blob):  # what a file system out of room does first
+                        raise OSError(errno.ENOSPC, f"short write to {self.path}")
+                    if self._sync:
+                        os.fdatasync(self._fd)
+                except OSError as exc:
+                    os.ftruncate(self._fd, self._end)  # not acknowledged: leave no part of it
+                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                        raise LogFull(f"no room on the file system for {len(blob)} more bytes of "
+                                      f"{self.path}") from None
+                    raise
                 self._offsets.append(self._end)
                 self._end += len(blob)
                 if isinstance(record, FenceRecord):

@@ -142,3 +142,34 @@ def test_a_log_holds_a_bounded_number_of_records(tmp_path, monkeypatch):
             log.append(record(3), etag)
         assert exc.value.status == 507
         assert len(log.read().records) == 3, "nothing was written"
+
+
+@pytest.mark.parametrize("short", [True, False])
+def test_a_full_file_system_is_507_and_leaves_no_part_of_the_record(tmp_path, monkeypatch, short):
+    import errno
+
+    from sdcp_fast.commitlog import LogFull
+
+    path = str(tmp_path / "full.log")
+    with FileCommitLog(path, sync=False) as log:
+        etag = log.append(record(0), None)
+        size = os.path.getsize(path)
+
+        class FullOs:
+            def __getattr__(self, name: str):
+                return getattr(os, name)
+
+            def write(self, fd: int, data: bytes) -> int:
+                if short:  # what fits, then ENOSPC on the next write
+                    return os.write(fd, data[: len(data) // 2])
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(file_log, "os", FullOs())
+        with pytest.raises(LogFull) as exc:
+            log.append(record(1), etag)
+        assert exc.value.status == 507
+        monkeypatch.undo()
+        assert os.path.getsize(path) == size
+        assert log.append(record(1), etag) == '"2"', "the log takes appends once there is room"
+    with FileCommitLog(path) as log:
+        assert log.read().records == [record(0), record(1)]
