@@ -269,6 +269,7 @@ class Router:
         self.client = SdcpClient(self.counted)
         self.stats = SdcpClient(_client(deployment.certs, "router"))  # the children's counters, not counted
         self.sessions = 0
+        self.open: set[bytes] = set()  # sessions opened and not yet final
 
     async def session(self, rule: int, max_new: int, on_output: Any = None) -> None:
         """One session from open to its last token (``on_output(committed)`` after each read)."""
@@ -278,6 +279,7 @@ class Router:
         c, v = contract(rule, max_new), self.d.verifier
         state = await self.client.open_session(v, SessionOpen(
             session=sid, epoch=1, contract=c, prompt=(1, 2, 3), commit_log=object_uri(SCOPE, sid, "commit_log")))
+        self.open.add(sid)
         assignment = Assignment(session=sid, epoch=1, contract=c, verifier=v, drafter=drafter, prompt=(1, 2, 3),
                                 round=0, committed=0, digest=state.digest, m_init=M,
                                 committed_tokens=object_uri(SCOPE, sid, "committed_tokens", 1))
@@ -290,7 +292,16 @@ class Router:
             if on_output is not None:
                 await on_output(start)
             if out.final:
+                self.open.discard(sid)
                 return
+
+    async def cancel_open(self) -> None:
+        """End the sessions still running (``DELETE sessions/{id}``): their drafters stop at
+        their next proposal, so the next level starts on an idle deployment."""
+        for sid in list(self.open):
+            with contextlib.suppress(Exception):
+                await self.client.cancel(self.d.verifier, sid)
+        self.open.clear()
 
     async def counters(self, drain: bool) -> dict[str, dict[str, Any]]:
         method = "POST" if drain else "GET"
@@ -305,11 +316,11 @@ class Router:
 
 
 async def throughput(router: Router, rule: int, concurrency: int, seconds: float) -> dict[str, Any]:
-    """``concurrency`` sessions at all times for a warm-up, then ``seconds`` measured."""
-    stop = time.perf_counter() + seconds + min(1.0, seconds / 3)
+    """``concurrency`` sessions at all times for a warm-up, then ``seconds`` measured; the
+    sessions still running then are cancelled."""
 
     async def keep_one() -> None:
-        while time.perf_counter() < stop:
+        while True:
             await router.session(rule, SESSION_TOKENS)
 
     tasks = [asyncio.create_task(keep_one()) for _ in range(concurrency)]
@@ -318,7 +329,11 @@ async def throughput(router: Router, rule: int, concurrency: int, seconds: float
     cpu0, t0 = router.d.cpu(), time.perf_counter()
     await asyncio.sleep(seconds)
     snap, cpu1, elapsed = await router.counters(drain=True), router.d.cpu(), time.perf_counter() - t0
-    await asyncio.gather(*tasks)
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await router.cancel_open()
+    await asyncio.sleep(0.2)  # the drafters' last proposals answered
     latencies = [x for name, s in snap.items() if name.startswith("drafter") for x in s["latencies"]]
     n = len(latencies)
     cuts = statistics.quantiles(latencies, n=100) if n >= 2 else (latencies or [0.0]) * 99
