@@ -33,6 +33,7 @@ from aiohttp import web
 from sdcp_fast.roles.frontend import Frontend
 from sdcp_fast.roles.frontend_requests import ApiError
 from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.http1 import stream_to_aiohttp, to_aiohttp
 
 log = logging.getLogger("sdcp_fast.frontend")
 
@@ -173,7 +174,7 @@ class FrontendServer:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         holder, refused = self._admit({k.lower(): v for k, v in request.headers.items()}, str(request.remote))
         if refused is not None:
-            return web.Response(status=refused.status, body=refused.body, headers=refused.headers)
+            return to_aiohttp(refused)
         try:
             return await self._serve(request)
         finally:
@@ -188,17 +189,8 @@ class FrontendServer:
         ours = Request(request.method, request.path, body=body, headers=headers, query=dict(request.query))
         answer = await self._forward(ours)
         if answer.stream is None:
-            return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
-        reply = web.StreamResponse(status=answer.status, headers=answer.headers)
-        stream = answer.stream
-        try:
-            await reply.prepare(request)
-            async for chunk in stream:
-                await reply.write(chunk)
-        finally:
-            await stream.aclose()  # type: ignore[attr-defined]
-        await reply.write_eof()
-        return reply
+            return to_aiohttp(answer)
+        return await stream_to_aiohttp(request, answer)
 
 
 class _Counted:
@@ -230,8 +222,7 @@ class _Counted:
 
 
 def _reply(error: ApiError) -> web.Response:
-    answer = error.response()
-    return web.Response(status=answer.status, body=answer.body, headers=answer.headers)
+    return to_aiohttp(error.response())
 
 
 def _with(error: ApiError, headers: Mapping[str, str]) -> Response:

@@ -42,7 +42,9 @@ def to_aiohttp(response: Response, *, keep_length: bool = False) -> web.Response
 _LEFT_CHECK = 0.25  # seconds between checks for a client that left a streamed response
 
 
-async def _stream_out(request: web.Request, response: Response) -> web.StreamResponse:
+async def stream_to_aiohttp(request: web.Request, response: Response) -> web.StreamResponse:
+    """``response``'s stream written to ``request``'s client; a client that leaves ends it, and the
+    stream is closed in every case."""
     assert response.stream is not None
     headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_BY_HOP | {"content-length"}}
     out = web.StreamResponse(status=response.status, headers=headers)
@@ -98,7 +100,7 @@ def make_app(handler: Handler, limits: Limits | None = None, base_path: str = "/
             log.exception("handler failed: %s /%s from %s", ours.method, ours.path, ours.peer)
             response = http_problem(500, INTERNAL_ERROR_DETAIL)
         if response.stream is not None:
-            return await _stream_out(request, response)
+            return await stream_to_aiohttp(request, response)
         return to_aiohttp(response)
 
     app = web.Application(client_max_size=limits.max_body)
