@@ -1,5 +1,6 @@
 """Kernel library: batched verification (rules 1 and 2 of §6.4), sampling profiles (§4.1),
-inverse-CDF sampling, paged-KV read/write and paged attention, with ``reference`` (torch), ``cpu`` (C++)
+inverse-CDF sampling, paged-KV read/write, paged attention and products with GGUF's quantized
+blocks (``quant``, its reference in ``quant_reference``), with ``reference`` (torch), ``cpu`` (C++)
 and ``triton`` backends.
 
 Stands alone: an engine that knows nothing else of sdcp_fast can import it; it imports
