@@ -62,13 +62,7 @@ from sdcp_fast.protocol.acceptance import RoundResult, greedy, profile_distribut
 from sdcp_fast.protocol.control import SpeculationControl  # noqa: E402
 from sdcp_fast.protocol.drafting import AcceptanceEstimator, DrafterSession, choose_m  # noqa: E402
 from sdcp_fast.protocol.registry import SessionRegistry  # noqa: E402
-from sdcp_fast.protocol.routing import (  # noqa: E402
-    RoutedSession,
-    StatusTable,
-    choose_drafter,
-    choose_verifier,
-    new_session_id,
-)
+from sdcp_fast.protocol.routing import RoutedSession, new_session_id  # noqa: E402
 from sdcp_fast.protocol.session import (  # noqa: E402
     AppendNeeded,
     Discarded,
@@ -80,6 +74,7 @@ from sdcp_fast.protocol.session import (  # noqa: E402
     Uniforms,
     VerifierSession,
 )
+from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier  # noqa: E402
 
 __all__ += [
     "RoundResult", "greedy", "profile_distribution", "speculative", "SpeculationControl",

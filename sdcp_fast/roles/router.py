@@ -43,12 +43,9 @@ from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.routing import (
     RoutedSession,
-    StatusTable,
     after_open,
     after_probe,
     assign,
-    choose_drafter,
-    choose_verifier,
     confirmed,
     expired_drafters,
     expired_verifiers,
@@ -61,6 +58,7 @@ from sdcp_fast.protocol.routing import (
     policy_update,
     stalled,
 )
+from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body

@@ -17,6 +17,7 @@ from sdcp_fast.protocol.messages import (
     Status,
 )
 from sdcp_fast.protocol.session import RoundDone, ScoreNeeded, VerifierSession
+from sdcp_fast.protocol.status_table import StatusTable
 
 TARGET = bytes(range(32))
 TOKENIZER = bytes(32)
@@ -81,3 +82,20 @@ def run_round(session: VerifierSession, tokens: Sequence[int], accepted: int, ne
     done = session.append_done(ok=True)
     assert isinstance(done, RoundDone)
     return done
+
+
+MODEL_A, MODEL_B = b"A" * 32, b"B" * 32
+
+
+def status(name: str, load: int = 10, queue: int = 0, accept: int | None = None, ttl_ms: int = 1000,
+           role: int = 1) -> Status:
+    return Status(instance=name, role=role, load=load, queue=queue, ttl_ms=ttl_ms, accept_milli=accept)
+
+
+def table_with(*statuses: Status, now: float = 0.0, models: dict[str, bytes] | None = None) -> StatusTable:
+    """A router's status table holding ``statuses`` (reported at ``now``), each with a model."""
+    table = StatusTable()
+    for s in statuses:
+        table.report(s, now)
+        table.register_model(s.instance, (models or {}).get(s.instance, MODEL_A))
+    return table

@@ -11,8 +11,9 @@ from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import prefix_digest
 from sdcp_fast.protocol.messages import SessionOpen, Status
 from sdcp_fast.protocol.problems import BadContract, NotAssigned
-from sdcp_fast.protocol.routing import RoutedSession, StatusTable, assign, choose_drafter
+from sdcp_fast.protocol.routing import RoutedSession, assign
 from sdcp_fast.protocol.session import ScoreNeeded, VerifierSession
+from sdcp_fast.protocol.status_table import StatusTable, choose_drafter
 
 OPEN = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log")
 
@@ -91,7 +92,8 @@ def test_router_chooses_a_live_verifier_and_a_random_session_id() -> None:
     comes from the caller's random bytes, not from a fixed value."""
     import os
 
-    from sdcp_fast.protocol.routing import choose_verifier, new_session_id, open_message
+    from sdcp_fast.protocol.routing import new_session_id, open_message
+    from sdcp_fast.protocol.status_table import choose_verifier
 
     table = StatusTable()
     table.report(Status(instance="https://v1/", role=2, load=40, queue=0, ttl_ms=1000), 0.0)

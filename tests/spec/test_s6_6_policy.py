@@ -7,8 +7,9 @@ from s6kit import DRAFTER, PROMPT, SID, VERIFIER, contract, open_session, propos
 
 from sdcp_fast.protocol.messages import Policy, Sampling, Status
 from sdcp_fast.protocol.problems import BadRequest
-from sdcp_fast.protocol.routing import RoutedSession, StatusTable, assign, policy_update
+from sdcp_fast.protocol.routing import RoutedSession, assign, policy_update
 from sdcp_fast.protocol.session import ScoreNeeded
+from sdcp_fast.protocol.status_table import StatusTable
 
 
 def test_policy_from_round_must_exceed_current_round() -> None:

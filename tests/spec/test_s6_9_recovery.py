@@ -21,8 +21,9 @@ from s6kit import (
 from sdcp_fast.protocol.commitlog import CommitRecord, append_allowed
 from sdcp_fast.protocol.messages import Status
 from sdcp_fast.protocol.problems import NotAssigned, StaleEpoch
-from sdcp_fast.protocol.routing import RoutedSession, StatusTable, after_open, plan_failover, reassign_expired
+from sdcp_fast.protocol.routing import RoutedSession, after_open, plan_failover, reassign_expired
 from sdcp_fast.protocol.session import ScoreNeeded, State, VerifierSession
+from sdcp_fast.protocol.status_table import StatusTable
 
 B = "https://drafter-b.example/"
 
@@ -108,7 +109,8 @@ def test_new_assignment_after_failover_names_the_session_state() -> None:
 def test_verifier_failure_is_detected_from_ttl_and_the_session_moves_to_a_live_verifier() -> None:
     """§6.9 Verifier failure, detected as §6.1 defines liveness: a verifier whose status outlived
     its ttl_ms has failed; its open sessions move (fence, then open) to a live verifier."""
-    from sdcp_fast.protocol.routing import choose_verifier, expired_verifiers
+    from sdcp_fast.protocol.routing import expired_verifiers
+    from sdcp_fast.protocol.status_table import choose_verifier
 
     table = _table()
     table.report(Status(instance=VERIFIER, role=2, load=0, queue=0, ttl_ms=1000), 0.0)
