@@ -29,7 +29,8 @@ from h2.errors import ErrorCodes
 from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.errors import TransportError, TransportTimeout
-from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack, header_dict, outbound_fields
+from sdcp_fast.transport.fields import header_dict, outbound_fields
+from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
 
 CLIENT_LIMITS = Limits(max_body=256 * (1 << 20), idle_timeout=60.0)
 

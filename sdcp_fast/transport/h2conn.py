@@ -44,10 +44,6 @@ def _short_data_repr(data: bytes | None) -> str:
 # 2.5 ms per MiB received. Same text, from the first 11 bytes only.
 hyperframe.frame._raw_data_repr = _short_data_repr
 
-# Connection-specific fields are forbidden in HTTP/2 (RFC 9113 §8.2.2); h2 rejects them.
-HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te"})
-
-
 @dataclass(frozen=True)
 class Limits:
     """Bounds of one side of a connection (each advertised to the peer where HTTP/2 can)."""
@@ -68,21 +64,6 @@ class Limits:
     stream_window: int = 4 * MiB  # SETTINGS_INITIAL_WINDOW_SIZE: per-stream receive window
     connection_window: int = 16 * MiB  # receive window of the whole connection
     max_frame: int = 1 * MiB - 1  # SETTINGS_MAX_FRAME_SIZE: fewer, larger DATA frames for big bodies
-
-
-def header_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
-    """Regular (non-pseudo) fields as a lower-case dict; repeated fields joined by ``, ``."""
-    out: dict[str, str] = {}
-    for raw_name, raw_value in headers:
-        if raw_name[:1] == b":":
-            continue
-        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
-        out[name] = f"{out[name]}, {value}" if name in out else value
-    return out
-
-
-def outbound_fields(headers: dict[str, str] | None) -> list[tuple[str, str]]:
-    return [(k.lower(), v) for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP]
 
 
 class StreamGone(Exception):

@@ -27,7 +27,8 @@ from h2.errors import ErrorCodes
 from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.transport.base import Handler, Request, Response
 from sdcp_fast.transport.binding import check_insecure
-from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack, header_dict, outbound_fields
+from sdcp_fast.transport.fields import header_dict, outbound_fields
+from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
 from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
 from sdcp_fast.transport.tls import peer_of
 

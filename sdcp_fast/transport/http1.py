@@ -25,7 +25,8 @@ from aiohttp import web
 from sdcp_fast.transport.base import Handler, Request, Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.errors import TransportError, TransportTimeout
-from sdcp_fast.transport.h2conn import HOP_BY_HOP, Limits
+from sdcp_fast.transport.fields import HOP_BY_HOP
+from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
 from sdcp_fast.transport.tls import peer_of
 

@@ -1,0 +1,24 @@
+"""HTTP header fields as the transports hand them to handlers and send them: lower-case
+names, repeated fields joined, and the connection-specific fields left out (RFC 9113 §8.2.2,
+RFC 9110 §7.6.1), for HTTP/2 and HTTP/1.1 alike.
+"""
+
+from __future__ import annotations
+
+# Connection-specific fields are forbidden in HTTP/2 (RFC 9113 §8.2.2); h2 rejects them.
+HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade", "te"})
+
+
+def header_dict(headers: list[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Regular (non-pseudo) fields as a lower-case dict; repeated fields joined by ``, ``."""
+    out: dict[str, str] = {}
+    for raw_name, raw_value in headers:
+        if raw_name[:1] == b":":
+            continue
+        name, value = raw_name.decode("latin-1").lower(), raw_value.decode("latin-1")
+        out[name] = f"{out[name]}, {value}" if name in out else value
+    return out
+
+
+def outbound_fields(headers: dict[str, str] | None) -> list[tuple[str, str]]:
+    return [(k.lower(), v) for k, v in (headers or {}).items() if k.lower() not in HOP_BY_HOP]

@@ -1,0 +1,17 @@
+"""Header fields as handlers see them and as the transports send them."""
+
+from __future__ import annotations
+
+from sdcp_fast.transport.fields import HOP_BY_HOP, header_dict, outbound_fields
+
+
+def test_received_fields_are_lower_case_without_pseudo_fields_and_repeats_joined() -> None:
+    got = header_dict([(b":path", b"/x"), (b"Accept", b"a"), (b"accept", b"b"), (b"X-One", b"1")])
+    assert got == {"accept": "a, b", "x-one": "1"}
+
+
+def test_sent_fields_leave_the_connection_specific_ones_out() -> None:
+    sent = outbound_fields({"Content-Type": "t", "Connection": "close", "TE": "trailers", "Upgrade": "h2c"})
+    assert sent == [("content-type", "t")]
+    assert outbound_fields(None) == []
+    assert {"connection", "transfer-encoding", "keep-alive"} <= HOP_BY_HOP
