@@ -15,6 +15,14 @@ Memory is bounded: object bytes by the tier capacities, the index by ``max_objec
 (:mod:`sdcp_fast.cache.stats`). Lease ids are 128 random bits. Callers that act for a
 remote peer pass ``owner``/``holder`` and a ``check`` that the store runs under its lock,
 so an authorization decision and the change it allows are one atomic step.
+
+Why one module of this length: :class:`MLC` is one object whose index, LRU order, leases,
+accounting and tier placement change together under its one lock (a put makes room by
+demoting and evicting, charges the index and its scope, and may grant a lease, in one step;
+a read promotes by swapping rooms between tiers). Split apart, each part would need the
+others' invariants and the lock; what stands alone is elsewhere already (the tiers in
+:mod:`sdcp_fast.cache.tiers`, accounting in :mod:`sdcp_fast.cache.stats`, names in
+:mod:`sdcp_fast.cache.uri`, authorization in :mod:`sdcp_fast.cache.policy`).
 """
 
 from __future__ import annotations
