@@ -548,6 +548,18 @@ class VerifierSession:
         self._move(Input.UNASSIGNED)
         return True
 
+    def drop_drafter(self, *, load: int) -> bool:
+        """The router found no live drafter for a stalled session (docs/interpretations.md,
+        "Taking the drafter away"): the drafter of record counts as told to stop, so that
+        :meth:`begin_self_decoding` applies now. Returns whether the session is self-decoded;
+        when the contract does not permit it at ``load``, nothing changes."""
+        if self.state is State.SELF_DECODING:
+            return True
+        if self.state is not State.READY or not self_decode_permitted(self.contract, load):
+            return False
+        self.revoked = self.drafter is not None
+        return self.begin_self_decoding(load=load)
+
     def self_decode(self) -> ScoreNeeded:
         """Start the next self-decoded round (M = 0, no proposal)."""
         self._check(Input.SELF_DECODE)

@@ -403,13 +403,28 @@ class RouterRole:
             if routed.self_decoding:
                 log.info("session %s: %s; the verifier decodes it itself", routed.session.hex(), why)
             elif state.state is None and choose_drafter(self.table, routed.contract, now) is None:
-                log.warning("session %s: %s at %d tokens; no live drafter may take it: it waits for one",
-                            routed.session.hex(), why, state.committed)
+                await self._drop_drafter(routed, why, state.committed)
             return
         log.warning("session %s: %s at %d tokens; assigning %s (was %s)", routed.session.hex(), why,
                     state.committed, assignment.drafter, before)
         with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
             await self._assign(routed, assignment)
+
+    async def _drop_drafter(self, routed: RoutedSession, why: str, committed: int) -> None:
+        """No live drafter may take a stalled session: the verifier decodes it itself
+        (docs/reliability.md, "Drafter death") until an assignment ends that."""
+        try:
+            state = await self.client.drop_drafter(routed.verifier, routed.session)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("session %s: %s at %d tokens; no live drafter, and verifier %s did not take it: %s",
+                        routed.session.hex(), why, committed, routed.verifier, exc)
+            return
+        if state.state is not None and Action.parse(int(state.state)) is Action.SELF_DECODE:
+            log.warning("session %s: %s at %d tokens; no live drafter: the verifier decodes it itself",
+                        routed.session.hex(), why, committed)
+        else:
+            log.warning("session %s: %s at %d tokens; no live drafter, and the contract does not let the "
+                        "verifier decode it: it waits for one", routed.session.hex(), why, committed)
 
     async def _lost(self, routed: RoutedSession, verifier: str) -> None:
         """The verifier of record no longer knows the session: it restarted before its status

@@ -131,6 +131,7 @@ class VerifierRole:
         self.routes.add("GET", r"sessions/(?P<sid>[^/]+)/output", self._get_output)
         self.routes.add("POST", r"sessions/(?P<sid>[^/]+)/policy", self._post_policy)
         self.routes.add("DELETE", r"sessions/(?P<sid>[^/]+)", self._delete_session)  # an extension
+        self.routes.add("DELETE", r"sessions/(?P<sid>[^/]+)/drafter", self._delete_drafter)  # an extension
 
     @property
     def handler(self) -> Routes:
@@ -305,6 +306,20 @@ class VerifierRole:
         live.fail_waiting(gone)
         log.info("session %s: cancelled by the router at %d output tokens", session.session.hex(), session.committed)
         return None
+
+    async def _delete_drafter(self, request: Request, sid: str) -> SessionState:
+        """Take the drafter away (docs/interpretations.md "Taking the drafter away"): the router
+        found no live drafter for a stalled session, so the verifier decodes it itself where
+        the contract permits; the router's next assignment ends that. Answers the session-state."""
+        peer = require_role(request.peer, PeerRole.ROUTER)
+        if self.router is not None and (peer.uri is None or not same_instance(peer.uri, self.router)):
+            raise Forbidden(f"{peer.uri} is not this verifier's router")
+        session = self.live(sid).session
+        if session.drop_drafter(load=self.load.percent()):
+            log.info("session %s: no live drafter; self-decoding from %d output tokens",
+                     session.session.hex(), session.committed)
+            self.batcher.wake.set()
+        return session.session_state()
 
     async def _get_output(self, request: Request, sid: str) -> Output:
         # The router's only (docs/security.md, "Who reads a session's output"): it hands the

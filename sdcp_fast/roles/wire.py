@@ -182,6 +182,13 @@ class SdcpClient:
         extension to Table 1, docs/interpretations.md "Cancelling a session")."""
         await self._call(verifier, "DELETE", f"sessions/{session_path_id(session)}")
 
+    async def drop_drafter(self, verifier: str, session: bytes) -> SessionState:
+        """``DELETE sessions/{id}/drafter``: the router found no live drafter for a stalled
+        session and the verifier decodes it itself (an extension to Table 1,
+        docs/interpretations.md "Taking the drafter away")."""
+        path = f"sessions/{session_path_id(session)}/drafter"
+        return await self._call(verifier, "DELETE", path, None, SessionState)  # type: ignore[return-value]
+
     # -- drafter -------------------------------------------------------------------------
     async def assign(self, drafter: str, assignment: Assignment) -> None:
         await self._call_again(drafter, "POST", "assignments", assignment)

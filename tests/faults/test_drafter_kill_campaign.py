@@ -14,6 +14,7 @@ in ``finish`` with the uninterrupted run's text, and never go a few ttl_ms witho
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import tempfile
 import time
@@ -85,8 +86,9 @@ CONFIGS = {"rule1": Config(RULE_GREEDY, False, 3), "rule1-rejected": Config(RULE
            "rule2": Config(RULE_SPECULATIVE, False, 1)}
 
 
-async def _run(config: Config, session: bytes, kill: tuple[int, int] | None, root: str) -> tuple[list[int], object, str]:
-    """The session's output, how it ended, and what happened; ``kill`` = (tokens, which drafter)."""
+async def _run(config: Config, session: bytes, kill: tuple[int, int | None] | None, root: str) -> tuple[list[int], object, str]:
+    """The session's output, how it ended, and what happened; ``kill`` = (tokens, which drafter,
+    None for every one)."""
     network = InProcessNetwork()
     store = embedded(root)
     target = ToyTarget()
@@ -131,10 +133,11 @@ async def _run(config: Config, session: bytes, kill: tuple[int, int] | None, roo
             if out.final:
                 finish = out.finish
             if kill is not None and note == "uninterrupted" and len(tokens) >= kill[0]:
-                victim = DRAFTERS[kill[1]]
-                network.unregister(victim)  # answers nobody from now on and reports no status
-                await drafters[victim].close()
-                note = f"killed {victim} at {len(tokens)}"
+                victims = DRAFTERS if kill[1] is None else (DRAFTERS[kill[1]],)
+                for victim in victims:
+                    network.unregister(victim)  # answers nobody from now on and reports no status
+                    await drafters[victim].close()
+                note = f"killed {', '.join(victims)} at {len(tokens)}"
     finally:
         for role in roles:
             await role.close()
@@ -163,3 +166,26 @@ def test_a_drafter_killed_at_any_point_neither_stalls_nor_fails_the_session(name
     tokens, finish, note = asyncio.run(asyncio.wait_for(_run(CONFIGS[name], sid(900), kill, str(tmp_path)), 60))
     assert finish == Action.FINISH, f"{name}: {note}: ended {finish}"
     assert tokens == expected, f"{name}: {note}: the text differs from the uninterrupted run's"
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_with_every_drafter_killed_the_verifier_decodes_the_session_itself(name: str, tmp_path, caplog) -> None:
+    """No live drafter may take the stalled session: the router takes the drafter away at the
+    verifier (DELETE sessions/{id}/drafter), which decodes the rest itself, and says so once.
+    Under rule 1 the text is the uninterrupted run's; under rule 2 a self-decoded round is one
+    token where a drafted one was up to two, so the rounds, and with them the seeded draws
+    (§6.4), differ: the session still ends in finish with max_new tokens."""
+    expected = _uninterrupted(name)
+    with caplog.at_level(logging.WARNING, logger="sdcp_fast.router"):
+        tokens, finish, note = asyncio.run(asyncio.wait_for(_run(CONFIGS[name], sid(900), (MAX_NEW // 3, None),
+                                                                 str(tmp_path)), 60))
+    assert finish == Action.FINISH, f"{name}: {note}: ended {finish}"
+    if CONFIGS[name].rule == RULE_GREEDY:
+        assert tokens == expected, f"{name}: {note}: the text differs from the uninterrupted run's"
+    assert len(tokens) == MAX_NEW, f"{name}: {note}"
+    said = [r.getMessage() for r in caplog.records
+            if r.name == "sdcp_fast.router" and "no live drafter" in r.getMessage()]
+    if CONFIGS[name].rejected:
+        assert len(said) <= 1, said  # the ladder may have chosen self_decode before the kill
+    else:
+        assert len(said) == 1 and "the verifier decodes it itself" in said[0], said
