@@ -296,13 +296,12 @@ class VerifierRole:
         live = self.live(sid)
         session = live.session
         gone = UnknownSession("the session was cancelled by its router")
+        self.sessions.remove(session.session)  # from now on no proposal reaches it
         self.batcher.withdraw(live, gone)
         deadline = self.clock() + CANCEL_WAIT
         while session.state in (State.SCORING, State.COMMITTING) and self.clock() < deadline:
             await asyncio.sleep(0.01)  # a round in a pass: its commit finishes first
-        if self.sessions.attached(session.session) is live:
-            self.sessions.remove(session.session)
-            self.scorer.release(session.session)
+        self.scorer.release(session.session)
         live.fail_waiting(gone)
         log.info("session %s: cancelled by the router at %d output tokens", session.session.hex(), session.committed)
         return None
