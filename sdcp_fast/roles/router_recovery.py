@@ -1,0 +1,230 @@
+"""The router's assignment and recovery (§6.1, §6.9): delivering assignments, the periodic
+sweep that reassigns sessions of expired drafters and fails over sessions of expired
+verifiers, and the watchdog that looks at sessions that committed nothing for a few ttl_ms
+(docs/reliability.md, "Drafter death"). The decisions are protocol/routing.py's (time passed
+in); this module carries them out. :class:`RouterRole` (roles/router.py) is the role itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.uri import writer_tag
+from sdcp_fast.protocol import Action, Assignment, SdcpProblem, SessionOpen
+from sdcp_fast.protocol.commitlog import CommitRecord
+from sdcp_fast.protocol.routing import (
+    RoutedSession,
+    after_open,
+    after_probe,
+    assign,
+    confirmed,
+    expired_drafters,
+    expired_verifiers,
+    fence_for,
+    plan_failover,
+    stalled,
+)
+from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier
+from sdcp_fast.roles.metrics import RouterMetrics
+from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store.interface import Store
+
+log = logging.getLogger("sdcp_fast.router")
+
+KV_PROBES = 4  # epochs looked back for target KV pages at a fail-over
+
+
+@dataclass
+class _Routed:
+    routed: RoutedSession
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    opened: SessionOpen | None = None  # the session-open its verifier holds: sent again, it says where it stands
+    writers: dict[int, str] = field(default_factory=dict)  # epoch -> its verifier, who names its committed_tokens
+
+
+class Recovery:
+    """The router's assignment and recovery half; :class:`~sdcp_fast.roles.router.RouterRole`
+    holds the state declared here."""
+
+    client: SdcpClient
+    mlc: Store
+    objects: Objects
+    metrics: RouterMetrics
+    table: StatusTable
+    sessions: dict[bytes, _Routed]
+    scope: bytes
+    sweep_interval: float
+    stall_ttls: float
+    clock: Callable[[], float]
+    _lock: asyncio.Lock
+    _undelivered: dict[bytes, Assignment]
+
+    async def _assign(self, routed: RoutedSession, assignment: Assignment) -> None:
+        """Inform the verifier, then the drafter, with the verifier's current state (§6.1)."""
+        state = await self.client.put_drafter(routed.verifier, assignment)
+        self.metrics.assignments.inc()
+        try:
+            # Bounded: a hung drafter would otherwise hold the lock, and with it every other
+            # reassignment and fail-over, for the transport's whole timeout. The verifier already
+            # knows the drafter; a late delivery is harmless, and its expiry reassigns the session.
+            await asyncio.wait_for(self.client.assign(assignment.drafter, confirmed(routed, state)),
+                                   max(4 * self.sweep_interval, 1.0))  # room for _call_again's tries
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("session %s: assignment to %s failed: %s", assignment.session.hex(), assignment.drafter, exc)
+            # A drafter that never got it never proposes, and its status stays fresh, so no
+            # expiry would ever reassign the session: the sweep delivers it again.
+            self._undelivered[assignment.session] = assignment
+        else:
+            self._undelivered.pop(assignment.session, None)
+
+    async def _sweeper(self) -> None:
+        while True:
+            await asyncio.sleep(self.sweep_interval)
+            try:
+                await self.sweep()
+            except Exception:
+                log.exception("router sweep failed")
+
+    async def sweep(self) -> None:
+        """Reassign sessions of expired drafters; fail over sessions of expired verifiers (§6.9)."""
+        now = self.clock()
+        open_ = [e.routed for e in self.sessions.values() if not e.routed.done]
+        async with self._lock:
+            for routed in expired_drafters(open_, self.table, now):
+                await self._look_at(routed, f"drafter {routed.drafter} expired")
+            for routed in stalled(open_, self.table, now, ttls=self.stall_ttls):
+                await self._look_at(routed, f"nothing committed for {now - (routed.progress or now):.1f} s")
+            for routed in open_:
+                # No drafter was live when it opened (§6.1): assign one once one reports.
+                late = assign(routed, self.table, now) if routed.drafter is None else None
+                if late is not None:
+                    with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+                        await self._assign(routed, late)
+            for session, assignment in list(self._undelivered.items()):
+                routed = self.sessions[session].routed
+                if routed.done or routed.drafter != assignment.drafter or routed.epoch != assignment.epoch:
+                    del self._undelivered[session]  # since replaced, or over
+                    continue
+                with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+                    await self._assign(routed, assignment)
+            for routed in expired_verifiers(open_, self.table, now):
+                await self._failover(routed)
+
+    async def _look_at(self, routed: RoutedSession, why: str) -> None:
+        """Ask the verifier where the session stands (its session-open again: idempotent,
+        §6.1), then give it a drafter unless it moved on or the verifier decodes it itself."""
+        entry = self.sessions[routed.session]
+        if routed.done or entry.opened is None or entry.opened.epoch != routed.epoch:
+            return  # ended (a cancel too) since the sweep began, or moved
+        try:
+            state = await self.client.open_session(routed.verifier, entry.opened)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("session %s: %s; verifier %s did not say where it stands: %s",
+                        routed.session.hex(), why, routed.verifier, exc)
+            return
+        if state.epoch == routed.epoch and state.committed < routed.seen:
+            # It knows less than was already committed: it lost the session (a restart) and the
+            # open made it afresh. As for an output reader told sdcp-unknown-session: fail over.
+            log.warning("session %s: verifier %s no longer had it", routed.session.hex(), routed.verifier)
+            await self._failover(routed)
+            return
+        before = routed.drafter
+        now = self.clock()
+        assignment = after_probe(routed, state, self.table, now)
+        if assignment is None:
+            if routed.self_decoding:
+                log.info("session %s: %s; the verifier decodes it itself", routed.session.hex(), why)
+            elif state.state is None and choose_drafter(self.table, routed.contract, now) is None:
+                await self._drop_drafter(routed, why, state.committed)
+            return
+        log.warning("session %s: %s at %d tokens; assigning %s (was %s)", routed.session.hex(), why,
+                    state.committed, assignment.drafter, before)
+        with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
+            await self._assign(routed, assignment)
+
+    async def _drop_drafter(self, routed: RoutedSession, why: str, committed: int) -> None:
+        """No live drafter may take a stalled session: the verifier decodes it itself
+        (docs/reliability.md, "Drafter death") until an assignment ends that."""
+        try:
+            state = await self.client.drop_drafter(routed.verifier, routed.session)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            log.warning("session %s: %s at %d tokens; no live drafter, and verifier %s did not take it: %s",
+                        routed.session.hex(), why, committed, routed.verifier, exc)
+            return
+        if state.state is not None and Action.parse(int(state.state)) is Action.SELF_DECODE:
+            log.warning("session %s: %s at %d tokens; no live drafter: the verifier decodes it itself",
+                        routed.session.hex(), why, committed)
+        else:
+            log.warning("session %s: %s at %d tokens; no live drafter, and the contract does not let the "
+                        "verifier decode it: it waits for one", routed.session.hex(), why, committed)
+
+    async def _lost(self, routed: RoutedSession, verifier: str) -> None:
+        """The verifier of record no longer knows the session: it restarted before its status
+        expired, so the sweep would never fail the session over (§6.9). Fail it over now,
+        unless that already happened."""
+        async with self._lock:
+            if not routed.done and routed.verifier == verifier:
+                log.warning("session %s: verifier %s no longer has it", routed.session.hex(), verifier)
+                await self._failover(routed)
+
+    async def _target_kv(self, session: bytes, epoch: int) -> str | None:
+        """The newest target KV pages in the MLC (§6.9 "if available"): each verifier publishes
+        its epoch's (roles/verifier.py); one that died before its first publish left none, and
+        an older epoch's still hold a prefix of the committed tokens, which the new verifier
+        checks. A few probes, then none: the new verifier computes the prefix itself."""
+        for e in range(epoch, max(0, epoch - KV_PROBES), -1):
+            ref = object_uri(self.scope, session, "target_kv", e)
+            try:
+                if await self.objects.exists(ref):
+                    return ref
+            except Exception as exc:  # the pages are an optimisation: never a reason not to fail over
+                log.warning("session %s: could not look for %s: %s", session.hex(), ref, exc)
+                return None
+        return None
+
+    def _tokens_ref(self, session: bytes, epoch: int) -> str:
+        """The committed_tokens object of ``epoch``: named for the verifier the session was
+        opened at for that epoch, so only it can have made it (docs/security.md, "Names
+        nobody can squat")."""
+        writer = self.sessions[session].writers.get(epoch)
+        return object_uri(self.scope, session, "committed_tokens", epoch,
+                          tag=None if writer is None else writer_tag(writer))
+
+    async def _failover(self, routed: RoutedSession) -> None:
+        """§6.9: fence the log at the next epoch, read the last commit record, open the
+        session at another verifier with ``resume`` and the current sampling, re-assign."""
+        old = routed.verifier
+        target = choose_verifier(self.table, self.clock(), exclude=(old,))
+        if target is None:
+            return
+        log_ = await self.mlc.commit_log(routed.commit_log)
+        await log_.append(fence_for(routed), None)
+        # Read after the fence: nothing the old verifier appends can follow it.
+        view = await log_.read()
+        last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
+        # The resumed prefix: the new verifier takes it from the log, which holds every emitted
+        # token, and from this object only where the log does not (roles/verifier_commit.py).
+        written = None if last is None else self._tokens_ref(routed.session, last.epoch)
+        pages = None if last is None else await self._target_kv(routed.session, last.epoch)
+        plan = plan_failover(routed, target, last, committed_tokens=written, target_kv=pages)
+        self.metrics.failovers.inc()
+        log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
+                    routed.session.hex(), old, target, routed.epoch)
+        state = await self.client.open_session(target, plan.open)
+        self.sessions[routed.session].opened = plan.open
+        # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
+        self.sessions[routed.session].writers[routed.epoch] = target
+        routed.committed_tokens = self._tokens_ref(routed.session, routed.epoch)
+        for policy in (plan.policy, *plan.later):
+            if policy is not None:
+                await self.client.policy(target, policy)
+        assignment = after_open(routed, state, self.table, self.clock())
+        if assignment is not None:
+            await self._assign(routed, assignment)
+        self.sessions[routed.session].changed.set()
