@@ -99,8 +99,11 @@ def _print_comparison(base: dict[str, Any], tokens: int, where: str) -> None:
           f"passes{accept}, each {base['pass_cost']}x the cost; the passes alone bound the speedup at "
           f"{base['bound']}x")
     if base["spread_as_large_as_effect"]:
-        print(f"  the spread ({base['speedup_min']}-{base['speedup_max']}x) is as large as the effect: on this "
-              f"machine, under its present load, the runs cannot tell speculation from noise")
+        lo, hi = base["speedup_min"], base["speedup_max"]
+        sure = "its sign is not (every pair agrees)" if lo > 1 or hi < 1 else \
+            "nor is its sign: the runs cannot tell speculation from noise"
+        print(f"  the spread ({lo}-{hi}x) is as large as the effect: on this machine, under its present load, "
+              f"the size of the speedup is not known; {sure}")
 
 
 def report(out: dict[str, Any], args: argparse.Namespace, details: Sequence[str], summary: str, *,

@@ -45,5 +45,15 @@ def test_a_range_as_wide_as_the_effect_is_said(capsys: pytest.CaptureFixture[str
     assert report(out, argparse.Namespace(json=False), [], "summary") == 0
     text = capsys.readouterr().out
     assert "speedup 1.15x (median of 2; range 0.9-1.4x)" in text
-    assert "is as large as the effect" in text
+    assert "is as large as the effect" in text and "cannot tell speculation from noise" in text
     assert "ms speculative" in text and "bound the speedup at 4.0x" in text
+
+
+def test_a_wide_range_that_never_crosses_one_keeps_the_sign(capsys: pytest.CaptureFixture[str]) -> None:
+    pairs = [(Timed(40, 1.0, 10), Timed(40, 1.56, 40)), (Timed(40, 1.0, 10), Timed(40, 2.16, 40)),
+             (Timed(40, 1.0, 10), Timed(40, 1.58, 40))]
+    got = comparison(pairs, None)
+    assert got["spread_as_large_as_effect"]
+    report({"sessions": [], "tokens": 40, "baseline": got}, argparse.Namespace(json=False), [], "summary")
+    text = capsys.readouterr().out
+    assert "its sign is not (every pair agrees)" in text and "noise" not in text
