@@ -392,5 +392,10 @@ class DrafterRole:
             return
         state = state_from_problem(problem)
         if state is not None and record.committed == state.committed and record.digest == state.digest:
-            # on_problem adopted the verifier's state (stale base, §6.3): learn the tokens behind it.
-            await self._learn(assigned, state.committed, state.digest, record.assignment.committed_tokens)
+            # on_problem adopted the verifier's state (stale base, §6.3): learn the tokens behind it,
+            # from the object of the epoch that answered (its verifier wrote it before answering).
+            scope = record.assignment.contract.scope
+            ref = record.assignment.committed_tokens if scope is None else \
+                object_uri(scope, record.session, "committed_tokens", state.epoch,
+                           tag=writer_tag(record.assignment.verifier))
+            await self._learn(assigned, state.committed, state.digest, ref)
