@@ -88,7 +88,7 @@ def add_weights_argument(p: Any) -> None:
     """``--weights`` (see ``model/quant_weights.py``): every process that loads the target
     (verifier, drafter, router) must use the same form, since the weights digest follows it."""
     p.add_argument("--weights", default="auto", choices=("auto", "f32", "bf16", "q8_0", "q4"),
-                   help="form of the linear layers: auto (a GGUF's own blocks on the CPU, else f32), f32, bf16, "
+                   help="form of the linear layers: auto (f32: rule-1 output equal to target-only decoding), f32, bf16, "
                         "q8_0 or q4 (quantized kernels, CPU only; see docs/kernels.md)")
 
 
