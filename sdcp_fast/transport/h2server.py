@@ -220,8 +220,8 @@ class _ServerProtocol(H2Protocol):
                     await self.send_body(stream_id, body)
                 else:
                     self.flush_stream_end()
-                if stop_reading and self.conn.streams.get(stream_id) is not None \
-                        and not self.conn.streams[stream_id].closed:
+                open_ = self.conn.streams.get(stream_id)  # h2's table, or the native one's .get
+                if stop_reading and open_ is not None and not open_.closed:
                     # Answered before the request ended: ask the client to stop sending
                     # without error (RFC 9113 §8.1).
                     self.conn.reset_stream(stream_id, ErrorCodes.NO_ERROR)
