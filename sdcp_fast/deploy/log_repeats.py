@@ -40,10 +40,3 @@ class RepeatLimiter(logging.Filter):
         if len(self._seen) > KINDS_KEPT:
             del self._seen[next(iter(self._seen))]
         return True
-
-
-def limit_repeats(logger: logging.Logger | None = None, window: float = 10.0) -> None:
-    """Put a :class:`RepeatLimiter` on each handler of ``logger`` (the root by default), once."""
-    for handler in (logger or logging.getLogger()).handlers:
-        if not any(isinstance(f, RepeatLimiter) for f in handler.filters):
-            handler.addFilter(RepeatLimiter(window))

@@ -147,11 +147,19 @@ def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
 
 
 def configure_logging(level: str) -> None:
-    from sdcp_fast.deploy.log_repeats import limit_repeats
+    """A service's log: stderr, the same warning at most once per 10 s (then with a count of
+    those not shown). Logging someone else set up (a host program, pytest) is left alone, its
+    handlers unfiltered, as ``logging.basicConfig`` leaves it."""
+    from sdcp_fast.deploy.log_repeats import RepeatLimiter
 
-    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    limit_repeats()  # the same warning at most once per 10 s, then with a count of those not shown
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
+    handler.addFilter(RepeatLimiter())
+    root.addHandler(handler)
+    root.setLevel(getattr(logging, level.upper(), logging.INFO))
 
 
 async def serve_role(role: Any, *, host: str, port: int, security: Security, base_path: str = "/",

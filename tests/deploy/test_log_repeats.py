@@ -33,3 +33,23 @@ def test_other_sessions_and_info_lines_are_never_hidden() -> None:
     assert limiter.filter(record("session %s: failing over", "b" * 32))
     assert not limiter.filter(record("session %s: failing over", "a" * 32))
     assert all(limiter.filter(record("session %s: opened", "a" * 32, level=logging.INFO)) for _ in range(5))
+
+
+def test_configure_logging_leaves_logging_someone_else_set_up_unfiltered() -> None:
+    """A host program's (or pytest's) handlers get no limiter: filtering them would hide its
+    records, e.g. every repeat of a warning a test looks for."""
+    from sdcp_fast.deploy.service import configure_logging
+
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    theirs = logging.NullHandler()
+    try:
+        root.handlers = [theirs]
+        configure_logging("info")
+        assert root.handlers == [theirs] and not theirs.filters
+        root.handlers = []
+        configure_logging("warning")
+        (ours,) = root.handlers
+        assert any(isinstance(f, RepeatLimiter) for f in ours.filters) and root.level == logging.WARNING
+    finally:
+        root.handlers, root.level = saved, level
