@@ -185,7 +185,10 @@ def test_with_every_drafter_killed_the_verifier_decodes_the_session_itself(name:
     assert len(tokens) == MAX_NEW, f"{name}: {note}"
     said = [r.getMessage() for r in caplog.records
             if r.name == "sdcp_fast.router" and "no live drafter" in r.getMessage()]
-    if CONFIGS[name].rejected:
-        assert len(said) <= 1, said  # the ladder may have chosen self_decode before the kill
+    if CONFIGS[name].rejected or CONFIGS[name].rule != RULE_GREEDY:
+        # The ladder may have chosen self_decode before the kill (every round is low when all are
+        # rejected; under rule 2 a run of low rounds can come by chance, and when it comes relative
+        # to the kill depends on timing): then nothing stalls and nothing is said.
+        assert len(said) <= 1, said
     else:
         assert len(said) == 1 and "the verifier decodes it itself" in said[0], said
