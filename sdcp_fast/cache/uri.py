@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from sdcp_fast.protocol.messages import session_path_id
 
 SCHEME = "mlc://"
-KINDS = frozenset({"q_rows", "draft_kv", "prompt_kv", "target_kv", "committed_tokens", "prompt", "commit_log"})
+KINDS = frozenset({"q_rows", "draft_kv", "prompt_kv", "target_kv", "committed_tokens", "prompt", "commit_log",
+                   "routing"})
 NO_SCOPE = "-"
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")

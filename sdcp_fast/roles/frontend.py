@@ -13,8 +13,16 @@ before the first), and a prompt that with ``max_tokens`` does not fit the model'
 400 ``context_length_exceeded``. Errors are OpenAI-style JSON bodies (``{"error": {...}}``)
 with their status; no input answers 5xx.
 
+Streamed events carry ids (:func:`~sdcp_fast.roles.sse.event_id`, ``<session>:<index>``: the
+text so far is that of the first ``index`` output tokens). The same request sent again with
+``Last-Event-ID`` resumes the stream after that event, at this router or at any router sharing
+its routing records, which adopts the session (:meth:`RouterRole.adopt`): the text comes from
+the committed output, read again from index 0 to rebuild the decoder, and only what follows
+the index is sent.
+
 A session whose reader goes away (a stream closed early, a cancelled request, a stop string
-reached) is cancelled at its verifier (:meth:`RouterRole.cancel`). :meth:`Frontend.handle`
+reached) is cancelled at its verifier (:meth:`RouterRole.cancel`); one whose router dies is not,
+so that its client can resume it elsewhere. :meth:`Frontend.handle`
 serves the routes; :mod:`sdcp_fast.roles.frontend_server` is the client-facing listener
 (HTTP/1.1, API keys), and :func:`mount_frontend` also puts them on the router's SDCP port for
 tools holding a client-role certificate. Requests are read into sessions by
@@ -38,7 +46,7 @@ from sdcp_fast.protocol.routing import RoutedSession
 from sdcp_fast.roles.frontend_requests import JSON, ApiError, CompletionRequests, Job, body_of, from_problem
 from sdcp_fast.roles.frontend_text import IncrementalDecoder, TextTokenizer
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
-from sdcp_fast.roles.sse import DONE_EVENT, event
+from sdcp_fast.roles.sse import DONE_EVENT, event, event_id, parse_event_id
 from sdcp_fast.transport.base import Request, Response
 
 log = logging.getLogger("sdcp_fast.frontend")
@@ -108,9 +116,13 @@ class Frontend:
     # -- one request ---------------------------------------------------------------------
 
     async def _serve(self, request: Request, *, chat: bool) -> Response:
+        resume = request.headers.get("last-event-id")
         try:
-            job = self.requests.job(body_of(request), chat)
-            routed = await self._open(job.spec)
+            body = body_of(request)
+            job = self.requests.job(body, chat, resuming=resume is not None)
+            if resume is not None:
+                return await self._resume(job, resume, chat)
+            routed = await self._open(job.spec, dict(body))
         except ApiError as error:
             return error.response()
         except SdcpProblem as problem:
@@ -120,13 +132,11 @@ class Frontend:
         log.info("session %s: %s, %d prompt tokens, max %d new, rule %d", session.hex(),
                  "chat" if chat else "completion", len(job.spec.prompt), job.spec.max_new, job.spec.rule)
         if job.stream:
-            return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
-                            stream=_Events(self._events(session, ident, job, chat),
-                                           lambda: self.cancel_later(session, "its reader went away before it began")))
+            return self._stream(session, ident, job, chat, 0)
         text, finish, count = [], "stop", 0
         try:
             async with contextlib.aclosing(self._pieces(session, job.stop_texts)) as pieces:
-                async for piece, finished, n in pieces:
+                async for piece, finished, n, _ in pieces:
                     text.append(piece)
                     count = n
                     finish = finished or finish
@@ -141,10 +151,41 @@ class Frontend:
                       "created": job.created, "model": self.model, "choices": [choice],
                       "usage": _usage(len(job.spec.prompt), count)})
 
-    async def _open(self, spec: SessionSpec) -> RoutedSession:
+    def _stream(self, session: bytes, ident: str, job: Job, chat: bool, start: int) -> Response:
+        return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
+                        stream=_Events(self._events(session, ident, job, chat, start),
+                                       lambda: self.cancel_later(session, "its reader went away before it began")))
+
+    async def _resume(self, job: Job, last: str, chat: bool) -> Response:
+        """The rest of the stream after the event ``last`` names (``Last-Event-ID``)."""
+        if not job.stream:
+            raise ApiError(400, "Last-Event-ID resumes a stream; this request has stream false", param="stream")
+        try:
+            session, index = parse_event_id(last)
+        except ValueError:
+            raise ApiError(400, "Last-Event-ID is not an event id of this API (<32 hex digits>:<index>)",
+                           code="invalid_last_event_id") from None
+        entry = await self.router.adopt(session)
+        if entry is None:
+            raise ApiError(404, f"no live session {session.hex()} to resume: it is unknown or it finished",
+                           code="session_not_found")
+        routed = entry.routed
+        if tuple(routed.prompt) != tuple(job.spec.prompt) or routed.contract.max_new != job.spec.max_new:
+            raise ApiError(409, "Last-Event-ID names a session of another request; send the same request again",
+                           code="last_event_id_mismatch")
+        ident = ("chatcmpl-" if chat else "cmpl-") + session.hex()
+        if index is None:  # the client has the whole text: only the close is left
+            return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"}, stream=_once(DONE_EVENT))
+        if routed.done:
+            raise ApiError(410, f"session {session.hex()} finished; its stream is no longer served",
+                           code="session_finished")
+        log.info("session %s: stream resumed after output token %d", session.hex(), index)
+        return self._stream(session, ident, job, chat, index)
+
+    async def _open(self, spec: SessionSpec, request: dict[str, Any] | None = None) -> RoutedSession:
         """Open the session in a task of its own: a client that goes away meanwhile leaves the
         open to finish, and the session it made is cancelled then, not left running."""
-        opening = asyncio.ensure_future(self.router.open(spec))
+        opening = asyncio.ensure_future(self.router.open(spec, request))
         try:
             return await asyncio.shield(opening)
         except asyncio.CancelledError:
@@ -155,26 +196,46 @@ class Frontend:
             opening.add_done_callback(opened)
             raise
 
-    async def _pieces(self, session: bytes, stops: Sequence[str] = ()) -> AsyncGenerator[tuple[str, str | None, int], None]:
-        """(text, finish_reason or None, tokens so far) as the session commits output. Text that
-        could be the start of a stop string is held back until it is known not to be one; the
-        output ends before the first stop string. Left before the session's last output (the
-        reader went away, or a stop string was reached), the session is cancelled."""
+    async def _pieces(self, session: bytes, stops: Sequence[str] = (), start: int = 0,
+                      ) -> AsyncGenerator[tuple[str, str | None, int, int | None], None]:
+        """(text, finish_reason or None, tokens so far, index) as the session commits output,
+        where the text given so far is exactly that of the first ``index`` output tokens (None
+        with the last piece). Text that could be the start of a stop string is held back, in
+        whole decoded pieces, until it is known not to be one; the output ends before the first
+        stop string. From ``start`` on: the output before it only feeds the decoder. Left
+        before the session's last output (the reader went away, or a stop string was
+        reached), the session is cancelled."""
         decoder = IncrementalDecoder(self.tokenizer, skip=self.stop)
-        count, last, pending, ended = 0, None, "", False
+        count, last, ended = 0, None, False
+        held: list[tuple[int, str]] = []  # decoded pieces not sent yet, with the index each ends at
         hold = max((len(s) for s in stops), default=1) - 1
         try:
             async with contextlib.aclosing(cast("AsyncGenerator[Output, None]", self.router.output(session))) as outputs:
                 async for out in outputs:
-                    count += len(out.tokens)
-                    if out.tokens:
-                        last = out.tokens[-1]
-                    pending += decoder.push(out.tokens)
+                    tokens = list(out.tokens)
+                    if count < start:  # already sent: the decoder learns them, nothing is given
+                        primed = tokens[:start - count]
+                        decoder.push(primed)
+                        count += len(primed)
+                        last = primed[-1] if primed else last
+                        tokens = tokens[len(primed):]
+                        if count < start:
+                            if out.final:
+                                raise ApiError(400, f"Last-Event-ID names output token {start}; the session has "
+                                                    f"{count}", code="invalid_last_event_id")
+                            continue
+                    count += len(tokens)
+                    if tokens:
+                        last = tokens[-1]
+                    piece = decoder.push(tokens)
                     if out.final:
-                        pending += decoder.flush()
+                        piece += decoder.flush()
+                    if piece:
+                        held.append((count, piece))
+                    pending = "".join(p for _, p in held)
                     cut = min((i for i in (pending.find(s) for s in stops) if i >= 0), default=-1)
                     if cut >= 0:
-                        yield pending[:cut], "stop", count
+                        yield pending[:cut], "stop", count, None
                         return
                     if out.final:
                         ended = True
@@ -182,24 +243,29 @@ class Frontend:
                             log.warning("session %s: failed at %d output tokens (the contract's escalation ladder "
                                         "ended in fail)", session.hex(), count)
                             if pending:
-                                yield pending, None, count
+                                yield pending, None, count, count
                             raise ApiError(500, "the session failed (its contract's escalation ladder ended in "
                                                 "fail)", kind="server_error", code="sdcp-session-failed")
-                        yield pending, "stop" if last in self.stop else "length", count
+                        yield pending, "stop" if last in self.stop else "length", count, None
                         return
-                    ready = len(pending) - hold
-                    if ready > 0:
-                        piece, pending = pending[:ready], pending[ready:]
-                        yield piece, None, count
+                    sent, index, left = [], None, len(pending)
+                    while held and left - len(held[0][1]) >= hold:
+                        index, piece = held.pop(0)
+                        sent.append(piece)
+                        left -= len(piece)
+                    if sent:
+                        yield "".join(sent), None, count, index
         finally:
             if not ended:
                 self.cancel_later(session, "its reader went away before its end")
 
-    async def _events(self, session: bytes, ident: str, job: Job, chat: bool) -> AsyncGenerator[bytes, None]:
+    async def _events(self, session: bytes, ident: str, job: Job, chat: bool,
+                      start: int = 0) -> AsyncGenerator[bytes, None]:
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": job.created, "model": self.model}
+        end = event_id(session, None)
 
-        def chunk(text: str | None, finish: str | None, first: bool = False) -> bytes:
+        def chunk(text: str | None, finish: str | None, id: str, first: bool = False) -> bytes:
             choice: dict[str, Any] = {"index": 0, "finish_reason": finish}
             if chat:
                 delta: dict[str, str] = {"role": "assistant"} if first else {}
@@ -208,21 +274,21 @@ class Frontend:
                 choice["delta"] = delta
             else:
                 choice.update(text=text or "", logprobs=None)
-            return event({**head, "choices": [choice]})
+            return event({**head, "choices": [choice]}, id)
 
         count = 0
         try:
-            if chat:
-                yield chunk("", None, first=True)
-            async with contextlib.aclosing(self._pieces(session, job.stop_texts)) as pieces:
-                async for piece, finish, so_far in pieces:
+            if chat and not start:
+                yield chunk("", None, event_id(session, 0), first=True)
+            async with contextlib.aclosing(self._pieces(session, job.stop_texts, start)) as pieces:
+                async for piece, finish, so_far, index in pieces:
                     count = so_far
                     if piece:
-                        yield chunk(piece, None)
+                        yield chunk(piece, None, end if index is None else event_id(session, index))
                     if finish is not None:
-                        yield chunk(None if chat else "", finish)
+                        yield chunk(None if chat else "", finish, end)
             if job.usage_in_stream:
-                yield event({**head, "choices": [], "usage": _usage(len(job.spec.prompt), count)})
+                yield event({**head, "choices": [], "usage": _usage(len(job.spec.prompt), count)}, end)
         except ApiError as error:
             yield event(error.body())
         except SdcpProblem as problem:
@@ -275,6 +341,10 @@ def mount_frontend(router: RouterRole, tokenizer: TextTokenizer, *, stop: Sequen
     for method in ("GET", "POST", "PUT", "DELETE"):
         router.routes.add(method, r"(?P<rest>v1/.*)", client_only)
     return frontend
+
+
+async def _once(data: bytes) -> AsyncGenerator[bytes, None]:
+    yield data
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:

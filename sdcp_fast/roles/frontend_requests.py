@@ -69,7 +69,9 @@ class CompletionRequests:
         self.vocab = vocab
         self.taken = taken  # whether a session id is already in use
 
-    def job(self, body: Mapping[str, Any], chat: bool) -> Job:
+    def job(self, body: Mapping[str, Any], chat: bool, *, resuming: bool = False) -> Job:
+        """The job of ``body``; ``resuming``: a request sent again to resume its stream, whose
+        ``sdcp_session`` names the session it made (taken, then, by design)."""
         model = body.get("model", self.model)
         if model != self.model:
             raise ApiError(404, f"the model {model!r} does not exist; this server serves {self.model!r}",
@@ -111,10 +113,10 @@ class CompletionRequests:
             raise ApiError(400, "stream_options must be an object", param="stream_options")
         stops, texts = self._stops(body.get("stop"))
         spec = replace(self.defaults, prompt=tuple(prompt), max_new=max_new, stop=stops,
-                       session=self._session(body.get("sdcp_session")), **self._rule(body))
+                       session=self._session(body.get("sdcp_session"), resuming), **self._rule(body))
         return Job(spec, stream, options.get("include_usage") is True, int(time.time()), texts)
 
-    def _session(self, value: Any) -> bytes | None:
+    def _session(self, value: Any, resuming: bool = False) -> bytes | None:
         """``sdcp_session`` (ours, 32 hex digits): the session id, so that a seeded rule-2
         request repeats exactly (§6.4's randoms depend on it); absent: 128 random bits."""
         if value is None:
@@ -125,7 +127,7 @@ class CompletionRequests:
             session = b""
         if len(session) != 16:
             raise ApiError(400, "sdcp_session must be 32 hex digits", param="sdcp_session")
-        if self.taken(session):
+        if not resuming and self.taken(session):
             raise ApiError(409, "sdcp_session names a session this router already has", param="sdcp_session")
         return session
 

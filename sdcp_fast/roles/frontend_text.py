@@ -84,6 +84,11 @@ class IncrementalDecoder:
     def flush(self) -> str:
         return self._advance(final=True)
 
+    @property
+    def caught_up(self) -> bool:
+        """Whether the text given so far is that of every token pushed (none held back)."""
+        return self._read == len(self.ids)
+
     def _advance(self, final: bool) -> str:
         if self._read == len(self.ids):
             return ""

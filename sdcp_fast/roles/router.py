@@ -42,16 +42,19 @@ from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.routing import (
     RoutedSession,
+    adoption,
     after_open,
     new_session_id,
     note_progress,
     on_event,
     open_message,
     policy_update,
+    routed_from,
 )
 from sdcp_fast.protocol.status_table import StatusTable, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.router_records import RecordStore
 from sdcp_fast.roles.router_recovery import Recovery, _Routed
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.store.interface import Store
@@ -125,6 +128,7 @@ class RouterRole(Recovery):
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # one reassignment or fail-over at a time
         self._undelivered: dict[bytes, Assignment] = {}  # assignments whose drafter did not get them
+        self.records = RecordStore(mlc, self.scope, uri)
         self.routes = Routes()
         self.metrics = RouterMetrics.mount(self.routes)
         self.routes.add("PUT", r"instances/(?P<iid>[^/]+)/status", self._put_status)
@@ -137,6 +141,7 @@ class RouterRole(Recovery):
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self._sweeper(), name="router-sweep"))
+        self._tasks.append(asyncio.create_task(self.adopt_listed(), name="router-adopt"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -188,6 +193,8 @@ class RouterRole(Recovery):
             assignment = on_event(entry.routed, event, self.table, self.clock())
             if assignment is not None:
                 await self._assign(entry.routed, assignment)
+            elif entry.routed.done:
+                await self._persist(entry.routed)
         entry.changed.set()
         return None
 
@@ -201,8 +208,9 @@ class RouterRole(Recovery):
             low_ratio=spec.low_ratio, self_load=spec.self_load, self_max=spec.self_max, scope=self.scope,
         )
 
-    async def open(self, spec: SessionSpec) -> RoutedSession:
-        """Create a session (§6.1): POST sessions at a live verifier, then assign a drafter."""
+    async def open(self, spec: SessionSpec, request: dict[str, Any] | None = None) -> RoutedSession:
+        """Create a session (§6.1): POST sessions at a live verifier, then assign a drafter.
+        Its routing record (with the client's ``request``) is in the MLC before this returns."""
         session = spec.session if spec.session is not None else new_session_id(os.urandom(16))
         contract = self.contract(spec)
         unreachable: list[str] = []
@@ -226,14 +234,63 @@ class RouterRole(Recovery):
                 # open): its status has not expired yet, but another verifier can take the session.
                 log.warning("session %s: verifier %s unreachable at open: %s", session.hex(), verifier, exc)
                 unreachable.append(verifier)
-        self.sessions[session] = _Routed(routed, opened=opened, writers={1: verifier})
+        self.sessions[session] = _Routed(routed, opened=opened, writers={1: verifier}, request=request)
         note_progress(routed, state.committed, self.clock())
         self.metrics.sessions.inc()
         async with self._lock:
             assignment = after_open(routed, state, self.table, self.clock())
             if assignment is not None:
                 await self._assign(routed, assignment)
+            else:
+                await self._persist(routed)
         return routed
+
+    # -- adoption (docs/interpretations.md, "Routing records") ----------------------------
+
+    async def adopt(self, session: bytes, *, claim: bool = True) -> _Routed | None:
+        """Take over ``session`` from its routing record: at a restart (``claim`` False: only
+        if the record still names this router) or for a client resuming its stream here
+        (``claim``: whichever router routed it). None when there is no live session to take.
+        The verifier is sent the session-open it holds again (idempotent, §6.1) and its
+        answer says where the session stands."""
+        entry = self.sessions.get(session)
+        if entry is not None:
+            return entry
+        record = await self.records.read(session)
+        if record is None:
+            return None
+        why = adoption(record, self.uri, claim=claim)
+        if why is not None:
+            log.info("session %s: not adopted: %s", session.hex(), why)
+            await self.records.forget({session})
+            return None
+        entry = self.sessions.get(session)  # adopted meanwhile by a concurrent call
+        if entry is not None:
+            return entry
+        routed = routed_from(record)
+        entry = _Routed(routed, opened=record.opened, writers=dict(record.writers), request=record.request)
+        self.sessions[session] = entry
+        note_progress(routed, routed.committed, self.clock())
+        log.info("session %s: adopted at epoch %d (verifier %s, drafter %s; was routed by %s)", session.hex(),
+                 routed.epoch, routed.verifier, routed.drafter, record.router)
+        await self._persist(routed)
+        try:
+            state = await self.client.open_session(routed.verifier, record.opened)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            # Its verifier is away: the output reader and the sweep fail the session over.
+            log.warning("session %s: verifier %s did not say where it stands: %s", session.hex(), routed.verifier, exc)
+            return entry
+        routed.follow(state)
+        note_progress(routed, state.committed, self.clock())
+        return entry
+
+    async def adopt_listed(self) -> None:
+        """At start: adopt the live sessions this router's index names."""
+        for session in await self.records.listed():
+            try:
+                await self.adopt(session, claim=False)
+            except Exception:
+                log.exception("session %s: adoption failed", session.hex())
 
     async def policy(self, session: bytes, from_round: int, sampling: Sampling) -> None:
         """A sampling update from ``from_round`` on (§6.6)."""
@@ -245,13 +302,14 @@ class RouterRole(Recovery):
             if problem.status < 500:  # refused, so never in effect: later assignments and a fail-over must not carry it
                 routed.sampling, routed.policies = before
             raise
+        await self._persist(routed)
 
-    async def output(self, session: bytes, *, poll: float | None = None) -> AsyncIterator[Output]:
-        """The session's committed output as it grows, by index, across fail-overs: output of
-        an epoch lower than one already seen is discarded, so nothing repeats or goes
-        missing (§6.7)."""
+    async def output(self, session: bytes, *, poll: float | None = None, start: int = 0) -> AsyncIterator[Output]:
+        """The session's committed output as it grows, by index from ``start``, across
+        fail-overs: output of an epoch lower than one already seen is discarded, so nothing
+        repeats or goes missing (§6.7)."""
         entry = self.sessions[session]
-        index, epoch = 0, 0
+        index, epoch = start, 0
         while True:
             routed = entry.routed
             verifier = routed.verifier
@@ -278,7 +336,9 @@ class RouterRole(Recovery):
             if out.final:
                 if not out.tokens:
                     yield out
-                entry.routed.done = True
+                if not entry.routed.done:
+                    entry.routed.done = True
+                    await self._persist(entry.routed)
                 return
 
     async def text(self, session: bytes) -> tuple[list[int], Action | None]:
@@ -302,6 +362,7 @@ class RouterRole(Recovery):
         routed.done = True
         self._undelivered.pop(session, None)
         entry.changed.set()
+        await self._persist(routed)
         log.info("session %s: cancelled (%s) at verifier %s", session.hex(), why, routed.verifier)
         try:
             await self.client.cancel(routed.verifier, session)

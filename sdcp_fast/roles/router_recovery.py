@@ -12,6 +12,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
@@ -27,11 +28,13 @@ from sdcp_fast.protocol.routing import (
     expired_verifiers,
     fence_for,
     plan_failover,
+    record_of,
     stalled,
 )
 from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
+from sdcp_fast.roles.router_records import RecordStore
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store.interface import Store
 
@@ -46,6 +49,7 @@ class _Routed:
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     opened: SessionOpen | None = None  # the session-open its verifier holds: sent again, it says where it stands
     writers: dict[int, str] = field(default_factory=dict)  # epoch -> its verifier, who names its committed_tokens
+    request: dict[str, Any] | None = None  # the client's request, kept in the routing record
 
 
 class Recovery:
@@ -53,6 +57,8 @@ class Recovery:
     holds the state declared here."""
 
     client: SdcpClient
+    uri: str
+    records: RecordStore
     mlc: Store
     objects: Objects
     metrics: RouterMetrics
@@ -82,6 +88,27 @@ class Recovery:
             self._undelivered[assignment.session] = assignment
         else:
             self._undelivered.pop(assignment.session, None)
+        await self._persist(routed)
+
+    async def _persist(self, routed: RoutedSession) -> None:
+        """Write the session's routing record (roles/router_records.py)."""
+        entry = self.sessions.get(routed.session)
+        if entry is None or entry.opened is None:
+            return
+        await self.records.write(record_of(routed, router=self.uri, opened=entry.opened, writers=entry.writers,
+                                           request=entry.request))
+
+    async def _still_ours(self, routed: RoutedSession) -> bool:
+        """Whether no other router took the session over (a client resumed its stream there):
+        one that did routes it from now on, so this router lets it go."""
+        record = await self.records.read(routed.session)
+        if record is None or record.router.rstrip("/") == self.uri.rstrip("/"):
+            return True
+        log.info("session %s: router %s routes it now; letting it go", routed.session.hex(), record.router)
+        self.sessions.pop(routed.session, None)
+        self._undelivered.pop(routed.session, None)
+        await self.records.forget({routed.session})
+        return False
 
     async def _sweeper(self) -> None:
         while True:
@@ -107,8 +134,10 @@ class Recovery:
                     with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                         await self._assign(routed, late)
             for session, assignment in list(self._undelivered.items()):
-                routed = self.sessions[session].routed
-                if routed.done or routed.drafter != assignment.drafter or routed.epoch != assignment.epoch:
+                held = self.sessions.get(session)
+                routed = held.routed if held is not None else None
+                if (routed is None or routed.done or routed.drafter != assignment.drafter
+                        or routed.epoch != assignment.epoch):
                     del self._undelivered[session]  # since replaced, or over
                     continue
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
@@ -119,9 +148,11 @@ class Recovery:
     async def _look_at(self, routed: RoutedSession, why: str) -> None:
         """Ask the verifier where the session stands (its session-open again: idempotent,
         §6.1), then give it a drafter unless it moved on or the verifier decodes it itself."""
-        entry = self.sessions[routed.session]
-        if routed.done or entry.opened is None or entry.opened.epoch != routed.epoch:
+        entry = self.sessions.get(routed.session)
+        if entry is None or routed.done or entry.opened is None or entry.opened.epoch != routed.epoch:
             return  # ended (a cancel too) since the sweep began, or moved
+        if not await self._still_ours(routed):
+            return
         try:
             state = await self.client.open_session(routed.verifier, entry.opened)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
@@ -201,7 +232,7 @@ class Recovery:
         session at another verifier with ``resume`` and the current sampling, re-assign."""
         old = routed.verifier
         target = choose_verifier(self.table, self.clock(), exclude=(old,))
-        if target is None:
+        if target is None or routed.session not in self.sessions or not await self._still_ours(routed):
             return
         log_ = await self.mlc.commit_log(routed.commit_log)
         await log_.append(fence_for(routed), None)
@@ -227,4 +258,6 @@ class Recovery:
         assignment = after_open(routed, state, self.table, self.clock())
         if assignment is not None:
             await self._assign(routed, assignment)
+        else:
+            await self._persist(routed)
         self.sessions[routed.session].changed.set()
