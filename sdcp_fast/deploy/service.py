@@ -79,7 +79,9 @@ def add_service_arguments(p: argparse.ArgumentParser, *, name: str, port: int, r
                    help=f"this instance's base URI, as its certificate names it (default https://127.0.0.1:{port}/)")
     p.add_argument("--listen", metavar="HOST:PORT", help="address to bind (default: the base URI's host and port)")
     if router:
-        p.add_argument("--router", default="https://127.0.0.1:8500/", help="the router's base URI")
+        p.add_argument("--router", default="https://127.0.0.1:8500/",
+                       help="the router's base URI; several routers that share their routing records: "
+                            "comma-separated (each gets this instance's status and events)")
     p.add_argument("--mlc", default="https://127.0.0.1:8470", help="the MLC server (sdcp-fast mlc) base URL")
     p.add_argument("--certs", metavar="DIR", help="a `sdcp-fast certs` folder; the certificate used is --name's")
     p.add_argument("--name", default=name, help=f"instance name in --certs (default {name})")

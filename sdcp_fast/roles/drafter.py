@@ -45,7 +45,7 @@ from sdcp_fast.roles.load import BusyMeter
 from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.retry import retrying
-from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever
+from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever, to_every_router
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Transport
 
@@ -159,8 +159,8 @@ class DrafterRole:
                       accept_milli=self.acceptance.accept_milli, ttl_ms=self.status_ttl_ms)
 
     async def report_status(self) -> None:
-        if self.router is not None:
-            await self.client.status(self.router, self.status())
+        status = self.status()
+        await to_every_router(self.router, lambda router: self.client.status(router, status))
 
     async def _report_status(self) -> None:
         await report_status_forever(self.report_status, self.status_ttl_ms, self.router)

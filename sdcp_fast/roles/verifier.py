@@ -53,7 +53,14 @@ from sdcp_fast.roles.verifier_batch import Batcher
 from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_kv import KvPublisher
 from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
-from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever
+from sdcp_fast.roles.wire import (
+    Routes,
+    SdcpClient,
+    decode_body,
+    report_status_forever,
+    routers_of,
+    to_every_router,
+)
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Transport
 
@@ -176,8 +183,13 @@ class VerifierRole:
                       ttl_ms=self.status_ttl_ms)
 
     async def report_status(self) -> None:
-        if self.router is not None:
-            await self.client.status(self.router, self.status())
+        status = self.status()
+        await to_every_router(self.router, lambda router: self.client.status(router, status))
+
+    def _is_router(self, peer: Peer) -> bool:
+        """Whether ``peer`` is one of the routers this verifier serves (any router if none is set)."""
+        routers = routers_of(self.router)
+        return not routers or (peer.uri is not None and any(same_instance(peer.uri, r) for r in routers))
 
     async def _report_status(self) -> None:
         await report_status_forever(self.report_status, self.status_ttl_ms, self.router)
@@ -291,7 +303,7 @@ class VerifierRole:
         round in a pass ends with it, then the session and its KV cache are freed; its
         drafter's next proposal gets sdcp-unknown-session."""
         peer = require_role(request.peer, PeerRole.ROUTER)
-        if self.router is not None and (peer.uri is None or not same_instance(peer.uri, self.router)):
+        if not self._is_router(peer):
             raise Forbidden(f"{peer.uri} is not this verifier's router")
         live = self.live(sid)
         session = live.session
@@ -311,7 +323,7 @@ class VerifierRole:
         found no live drafter for a stalled session, so the verifier decodes it itself where
         the contract permits; the router's next assignment ends that. Answers the session-state."""
         peer = require_role(request.peer, PeerRole.ROUTER)
-        if self.router is not None and (peer.uri is None or not same_instance(peer.uri, self.router)):
+        if not self._is_router(peer):
             raise Forbidden(f"{peer.uri} is not this verifier's router")
         session = self.live(sid).session
         if session.drop_drafter(load=self.load.percent()):

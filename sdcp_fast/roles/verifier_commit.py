@@ -13,6 +13,7 @@ the session ends here. A resumed open reads its prefix from the log (:func:`outp
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Iterable, Sequence
 
@@ -29,7 +30,7 @@ from sdcp_fast.roles.objects import Objects, pack_tokens
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.roles.verifier_kv import KvPublisher, kv_object
 from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
-from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.roles.wire import SdcpClient, routers_of
 from sdcp_fast.store.interface import Store
 
 log = logging.getLogger("sdcp_fast.verifier")
@@ -171,10 +172,12 @@ class Committer:
                 action=verdict.action, m_cap=verdict.m_cap, digest=verdict.digest, batch=batch))
 
     async def send_event(self, event: Event) -> None:
-        """Tell the router (§6.5); no answer or a 5xx is tried again, a 4xx is final."""
-        router = self.router
-        if router is None:
-            return
+        """Tell the router (§6.5), each of them when there are several (roles/wire.py
+        ``routers_of``: the one routing the session acts on it); no answer or a 5xx is tried
+        again, a 4xx is final."""
+        await asyncio.gather(*(self._send_event(router, event) for router in routers_of(self.router)))
+
+    async def _send_event(self, router: str, event: Event) -> None:
         sid = event.session.hex()
 
         def failed(_attempt: int, exc: BaseException) -> None:

@@ -100,6 +100,21 @@ class Routes:
             raise NotFound(path) from None
 
 
+def routers_of(router: str | None) -> tuple[str, ...]:
+    """The routers an instance serves: ``--router`` names one, or several, comma-separated,
+    that share their routing records (docs/interpretations.md, "Routing records"); each gets
+    its status and events."""
+    return () if router is None else tuple(r.strip() for r in router.split(",") if r.strip())
+
+
+async def to_every_router(router: str | None, call: Callable[[str], Awaitable[Any]]) -> None:
+    """``call`` for each router at once; the first failure is raised after all were tried."""
+    results = await asyncio.gather(*(call(r) for r in routers_of(router)), return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+
+
 async def report_status_forever(report: Callable[[], Awaitable[None]], ttl_ms: int, router: str | None) -> None:
     """Report status more often than ``ttl_ms`` (§6.1); after a failed report (the router is
     starting or restarting) again soon, so that it learns of this instance at once."""
