@@ -22,6 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the drafters' fixed M (default: each chooses M by §6.2 from measured acceptance and costs)")
     p.add_argument("--max-batch", type=int, default=None,
                    help="sessions per scoring pass at most, of each verifier (default: the verifier's own, 64)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens per scoring pass at most, of each verifier (default: the verifier's own, 512)")
     p.add_argument("--device", default=None,
                    help="where the verifiers and drafters run their models: cpu, cuda, cuda:N (default: the "
                         "services' own, the CPU)")
@@ -47,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     drafters = tuple(d.strip() for d in args.drafters.split(",")) if args.drafters else None
     up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
             status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device,
+            prefill_chunk=args.prefill_chunk,
             weights=args.weights)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))

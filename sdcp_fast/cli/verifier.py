@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=64, help="sessions per scoring pass at most (default 64)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long a batch waits for the sessions that owe a proposal (default 5 ms)")
+    p.add_argument("--prefill-chunk", type=int, default=512,
+                   help="prompt tokens one scoring pass feeds at most, beside its decoding rounds; a longer "
+                        "prompt is fed in chunks over several passes (default 512; 0: in one pass)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_device_argument(p)
     add_service_arguments(p, name="verifier", port=8501)
@@ -47,4 +50,4 @@ def _role(args: argparse.Namespace, target: Target, store: Store, transport: Tra
     return VerifierRole(target.scorer, uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
                         router=args.router, backend=args.backend, max_batch=args.max_batch,
                         batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms,
-                        max_prompt=target.context)
+                        max_prompt=target.context, prefill_chunk=args.prefill_chunk)

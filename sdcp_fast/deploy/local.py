@@ -21,6 +21,7 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
+from sdcp_fast.roles.verifier_batch import DEFAULT_PREFILL_CHUNK
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -84,6 +85,7 @@ class Engine:
         on_round: Callable[[RoundInfo], None] | None = None,
         batch_wait: float = 0.005,
         clock: Callable[[], float] = time.monotonic,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.scorer = scorer
         self.drafters = list(drafters)
@@ -98,6 +100,7 @@ class Engine:
         # Each committed round, its drafter named by the drafter's name (not its URI).
         self.on_round = on_round
         self.batch_wait = batch_wait
+        self.prefill_chunk = prefill_chunk
         self.clock = clock
         self.target_passes = 0
         self.index_of: dict[bytes, int] = {}  # each session of the last run: its index in the specs
@@ -200,7 +203,7 @@ class Deployment:
             e.scorer, uri=VERIFIER, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
             target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
             clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0,
-            status_ttl_ms=STATUS_TTL_MS,
+            status_ttl_ms=STATUS_TTL_MS, prefill_chunk=e.prefill_chunk,
             target_kv=None)  # one verifier: no other one could resume from published pages
         self.drafters = {
             d.name: DrafterRole(d, uri=drafter_uri(d.name), mlc=e.mlc, router=ROUTER, seed=e.seed,

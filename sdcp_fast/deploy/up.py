@@ -61,6 +61,7 @@ class Up:
     # §6.2's adaptive M; verifiers: their batch limit; both: the CPU).
     fixed_m: int | None = None
     max_batch: int | None = None
+    prefill_chunk: int | None = None
     device: str | None = None
     weights: str | None = None  # --weights of the router, verifiers and drafters (one form: one digest)
     services: dict[str, Service] = field(default_factory=dict)
@@ -115,6 +116,7 @@ class Up:
             s[name] = Service(name, "verifier", ports[name], [
                 *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
                 "--model", model, *common, *self._option("--max-batch", self.max_batch),
+                *self._option("--prefill-chunk", self.prefill_chunk),
                 *self._option("--device", self.device), *self._option("--weights", self.weights)])
         for name, spec in zip(drafter_uris, drafters, strict=True):
             s[name] = Service(name, "drafter", ports[name], [

@@ -49,7 +49,7 @@ from sdcp_fast.protocol.session import Pending, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.verifier_batch import Batcher
+from sdcp_fast.roles.verifier_batch import DEFAULT_PREFILL_CHUNK, Batcher
 from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_kv import KvPublisher
 from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
@@ -95,6 +95,7 @@ class VerifierRole:
         target_kv: TargetKV | None | str = "auto",
         kv_publish_tokens: int = 32,
         kv_publish_growth: float = 0.25,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.scorer = scorer
         self.uri = uri
@@ -131,7 +132,7 @@ class VerifierRole:
         self.batcher = Batcher(
             scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
             metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,
-            self_decode_idle=self_decode_idle)
+            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         self.routes.add("POST", r"proposals", self._post_proposal)
@@ -311,8 +312,8 @@ class VerifierRole:
         self.sessions.remove(session.session)  # from now on no proposal reaches it
         self.batcher.withdraw(live, gone)
         deadline = self.clock() + CANCEL_WAIT
-        while session.state in (State.SCORING, State.COMMITTING) and self.clock() < deadline:
-            await asyncio.sleep(0.01)  # a round in a pass: its commit finishes first
+        while (session.state in (State.SCORING, State.COMMITTING) or live.prefilling) and self.clock() < deadline:
+            await asyncio.sleep(0.01)  # a round or a prefill chunk in a pass: it finishes first
         self.scorer.release(session.session)
         live.fail_waiting(gone)
         log.info("session %s: cancelled by the router at %d output tokens", session.session.hex(), session.committed)

@@ -6,6 +6,13 @@ A batch opens with the first waiting round and closes when every session that ow
 proposal has sent it, or ``batch_wait`` seconds later, whichever is first
 (docs/interpretations.md, "Verifier batching"); sessions that are self-decoding join every
 batch. Rule 2's q rows are fetched and checked before a round joins the queue.
+
+Prefill is chunked: one pass feeds at most ``prefill_chunk`` context tokens that are not yet
+in the model's cache, beside its decoding rounds. A session whose context is longer gets it
+fed in chunks from its opening on (a chunk is a request with no proposal and a prefix of the
+context: the scorer keeps what it computed and computes what is missing), and its first round
+joins a pass once the rest fits, so a long prompt never holds the other sessions' rounds for
+longer than one chunk's work per pass.
 """
 
 from __future__ import annotations
@@ -13,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -34,7 +41,8 @@ from sdcp_fast.roles.verifier_state import LiveSession, Round
 
 log = logging.getLogger("sdcp_fast.verifier")
 
-LONG_PREFILL = 1024  # tokens: a pass feeding a session this many is logged with the session id
+LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with the session id
+DEFAULT_PREFILL_CHUNK = 512  # context tokens one pass feeds at most, beside its decoding rounds
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
 
 
@@ -42,7 +50,7 @@ class Batcher:
     def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], *, objects: Objects,
                  committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
                  clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
-                 self_decode_idle: float | None) -> None:
+                 self_decode_idle: float | None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
         self.scorer = scorer
         self.sessions = sessions
         self.objects = objects
@@ -56,6 +64,9 @@ class Batcher:
         # Local policy (docs/interpretations.md): a session no drafter was assigned to for
         # this many seconds is decoded by the target itself, where its contract permits it.
         self.self_decode_idle = self_decode_idle
+        if prefill_chunk < 0:
+            raise ValueError("prefill_chunk must be >= 0 (0: a context in one pass)")
+        self.prefill_chunk = prefill_chunk
         self.target_passes = 0
         self.progress = clock()  # when a scoring pass last started or a round was committed
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
@@ -140,10 +151,62 @@ class Batcher:
                     s.begin_self_decoding(load=self.load.percent())
         return [live for live in lives if live.session.state is State.SELF_DECODING]
 
+    @staticmethod
+    def _unfed(live: LiveSession) -> int:
+        """Context tokens a pass of ``live``'s first round would feed besides its proposal
+        (the scorer recomputes at least the last one)."""
+        n = len(live.session.prompt) + live.session.committed
+        return n - min(live.fed, n - 1)
+
+    def _chunked(self, live: LiveSession) -> bool:
+        """Whether ``live`` still needs prefill chunks before its first round's pass."""
+        s = live.session
+        return (bool(self.prefill_chunk) and not live.prefilled and not s.closed and s.state is not State.COMMITTING
+                and self._unfed(live) > self.prefill_chunk)
+
+    def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]]]:
+        """The next pass: queued rounds (up to ``max_batch``), then self-decoding sessions, whose
+        context fits what is left of the prefill budget, then prefill chunks of the sessions
+        whose context does not, in the order they were opened: ``(session, context end)``."""
+        budget = self.prefill_chunk or None
+        batch: list[Round] = []
+        left: list[Round] = []
+
+        def fits(live: LiveSession) -> bool:
+            nonlocal budget
+            cost = 0 if live.prefilled else self._unfed(live)
+            if len(batch) >= self.max_batch or (budget is not None and cost > budget):
+                return False
+            if budget is not None:
+                budget -= cost
+            return True
+
+        for item in self._queue:
+            (batch if fits(item.live) else left).append(item)
+        self._queue = left  # rounds left wait, in their order, for a later pass
+        for live in self._self_decoding():
+            if len(batch) >= self.max_batch:
+                break
+            if fits(live):
+                batch.append(Round(live.session.self_decode(), live=live))
+        chunks: list[tuple[LiveSession, int]] = []
+        if budget:
+            in_pass = {id(item.live) for item in batch}
+            for live in self.sessions.records():
+                if budget <= 0:
+                    break
+                if id(live) in in_pass or not self._chunked(live):
+                    continue
+                n = min(budget, len(live.session.prompt) + live.session.committed - 1 - live.fed)
+                chunks.append((live, live.fed + n))
+                budget -= n
+        return batch, chunks
+
     async def run(self) -> None:
         """Form and score batches until cancelled."""
         while True:
-            if not self._queue and not self._self_decoding():
+            if not self._queue and not self._self_decoding() and not any(
+                    self._chunked(live) for live in self.sessions.records()):
                 self.wake.clear()
                 # Unassigned sessions are looked at again while self-decoding them is enabled.
                 idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)
@@ -151,15 +214,10 @@ class Batcher:
                     await asyncio.wait_for(self.wake.wait(), idle)
             if self._queue:
                 await self._gather()
-            batch = self._queue[: self.max_batch]
-            del self._queue[: len(batch)]
-            for live in self._self_decoding():
-                if len(batch) >= self.max_batch:
-                    break
-                batch.append(Round(live.session.self_decode(), live=live))
-            if batch:
+            batch, chunks = self._compose()
+            if batch or chunks:
                 try:
-                    await self._pass(batch)
+                    await self._pass(batch, chunks)
                 except Exception:  # a scorer or kernel failure: drop the rounds, keep serving
                     log.exception("scoring pass failed")
                     for item in batch:
@@ -180,41 +238,64 @@ class Batcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), remaining)
 
-    async def _pass(self, batch: list[Round]) -> None:
-        """One scoring pass over ``batch``, then its commits in batch order."""
+    async def _pass(self, batch: list[Round], chunks: Sequence[tuple[LiveSession, int]] = ()) -> None:
+        """One scoring pass over ``batch`` and the prefill ``chunks``, then the rounds' commits
+        in batch order."""
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
-        fed = [len(r.proposal) + (1 if item.live.prefilled else len(r.committed))
+        fed = [len(r.proposal) + (1 if item.live.prefilled else self._unfed(item.live))
                for item, r in zip(batch, requests, strict=True)]
+        for live, end in chunks:
+            requests.append(ScoreRequest(live.session.session, _context(live, end), ()))
+            fed.append(end - live.fed)
         self.progress = started = self.clock()
         self.load.batch(len(batch), sum(fed))
-        self.metrics.batch(len(batch))
-        for item, n in zip(batch, fed, strict=True):
-            if n >= LONG_PREFILL:
-                log.info("session %s: prefill of %d tokens in a pass of %d rounds", item.work.session.hex(), n,
-                         len(batch))
+        if batch:
+            self.metrics.batch(len(batch))
+        starting = [item.live for item in batch if not item.live.prefilled] + [live for live, _ in chunks]
+        for live in starting:
+            if live.prefill_started is None and self._unfed(live) >= LONG_PREFILL:
+                live.prefill_started = started
+                log.info("session %s: prefill of %d tokens starts (at most %s a pass)", live.session.session.hex(),
+                         self._unfed(live), self.prefill_chunk or "all")
+        for live, _ in chunks:
+            live.prefilling = True  # a cancel releases its cache only after this pass
         try:
             logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
         finally:
             self.load.done()
+            for live, _ in chunks:
+                live.prefilling = False
+        for live in starting:
+            live.prefill_passes += 1
+        for live, end in chunks:
+            live.fed = end
         for item in batch:
-            item.live.prefilled = True
+            live = item.live
+            if not live.prefilled and live.prefill_started is not None:
+                log.info("session %s: prefill of %d tokens done in %.2f s (%d passes)", live.session.session.hex(),
+                         len(item.work.context), self.clock() - live.prefill_started, live.prefill_passes)
+            live.prefilled = True
         took = self.clock() - started
         if took >= LONG_PASS:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
                         sum(fed), ", ".join(item.work.session.hex() for item in batch))
         self.target_passes += 1
-        results = verify_batch(batch, logits, backend=self.backend)
-        for item, (accepted, token) in zip(batch, results, strict=True):
-            try:
-                if await self.committer.commit(item, accepted, token, len(batch)):
-                    self.progress = self.clock()
-            except Exception as exc:  # one session's trouble (e.g. re-opened meanwhile) is not the batch's
-                log.warning("session %s: round not committed: %s", item.work.session.hex(), exc)
-                if item.live.session.state is State.COMMITTING:  # never left half-done
-                    item.live.session.append_done(ok=False)
-                item.settle(InternalError("the round could not be committed"))
+        results = verify_batch(batch, logits, backend=self.backend)  # the rounds come first; prefill chunks after
+        # One group commit for the pass; each round answered by its own append's outcome.
+        scored = [(item, accepted, token) for item, (accepted, token) in zip(batch, results, strict=True)]
+        if any(await self.committer.commit_batch(scored, len(batch))):
+            self.progress = self.clock()
         if self._self_decoding():
             self.wake.set()
+
+
+def _context(live: LiveSession, end: int) -> tuple[int, ...]:
+    """The first ``end`` tokens of the session's prompt followed by its committed output."""
+    s = live.session
+    prompt = s.prompt
+    if end <= len(prompt):
+        return tuple(prompt[:end])
+    return (*prompt, *s.output(0).tokens[: end - len(prompt)])
 
 
 def _drop(item: Round) -> None:

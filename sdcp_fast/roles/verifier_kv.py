@@ -84,6 +84,7 @@ class KvPublisher:
             log.warning("session %s: target KV %s unavailable: %s", session.session.hex(), ref, exc)
             self.metrics.resume("cold", "unavailable")
             return
+        live.fed = n  # the first pass, or prefill chunks, compute only what follows
         self.metrics.resume("pages" if n else "cold", "" if n else "refused", positions=n)
 
     def after_commit(self, live: LiveSession) -> None:

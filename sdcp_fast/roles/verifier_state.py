@@ -53,6 +53,12 @@ class LiveSession:
     kv_published: int = 0
     kv_busy: bool = False  # a publish is in flight (never two at once per session)
     prefilled: bool = False  # a pass here has fed its context to the model (later passes feed the new tokens)
+    # Context positions already in the scorer's cache before the first round's pass (from
+    # prefill chunks or imported pages), and the prefill's progress for its log lines.
+    fed: int = 0
+    prefilling: bool = False  # a prefill chunk of it is in the pass running now
+    prefill_started: float | None = None
+    prefill_passes: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
 

@@ -90,3 +90,30 @@ def test_dense_training_path_matches_reference(small_model) -> None:
     a, b = seq(7, 13), seq(7, 14)
     hidden = small_model.forward_dense(torch.tensor([a, b]))  # [2, 7, dim]
     torch.testing.assert_close(small_model.logits(hidden[1]), dense_logits(small_model, b), atol=ATOL, rtol=0)
+
+
+def _kv(r: ModelRunner, session: bytes, n: int) -> list[torch.Tensor]:
+    """The session's first ``n`` cached positions, K and V of every layer."""
+    table = r.cache.block_table([session])
+    lens = torch.tensor([n], dtype=torch.int32)
+    return [t for layer in range(r.n_layers) for t in r.cache.gather(layer, table, lens)]
+
+
+def test_a_prompt_fed_in_chunks_equals_one_pass(small_model) -> None:
+    """Prefill chunks (requests with no proposal and a longer prefix of the prompt each time,
+    as the verifier's batcher sends them beside other sessions' rounds) leave the same KV
+    pages and give the same logits as the prompt in one pass; odd chunks, a prompt that is not
+    a multiple of them, both attention paths."""
+    prompt, proposal, other = seq(61, 15), seq(3, 16), seq(9, 17)
+    for attention in ("sdpa", "reference"):
+        one = ModelRunner(small_model, block_size=4, attention=attention)
+        want = one.score([ScoreRequest(b"a", prompt, proposal)])[0]
+        for chunk in (5, 13, 60):
+            r = ModelRunner(small_model, block_size=4, attention=attention)
+            for end in range(chunk, len(prompt), chunk):
+                r.score([ScoreRequest(b"a", prompt[:end], []), ScoreRequest(b"b", other, [])])
+                assert len(r.cache.seq(b"a").tokens) == end  # only the new positions were computed
+            got = r.score([ScoreRequest(b"a", prompt, proposal)])[0]
+            torch.testing.assert_close(got, want, atol=ATOL, rtol=0)
+            for a, b in zip(_kv(r, b"a", len(prompt) + 3), _kv(one, b"a", len(prompt) + 3), strict=True):
+                torch.testing.assert_close(a, b, atol=ATOL, rtol=1e-4)

@@ -6,11 +6,21 @@ scoring pass per batch, and a failed pass drops only its rounds (docs/interpreta
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections.abc import Sequence
 
 import pytest
+import torch
 
+from sdcp_fast.deploy.local import Engine, model_digest, spec_for
+from sdcp_fast.model.drafters import NgramDrafter
+from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.protocol import SdcpProblem
+from sdcp_fast.roles import verifier_batch
+from sdcp_fast.store import embedded
+from tests.model.conftest import random_model
 
 from .rolekit import VERIFIER, Rig, contract, proposal, run, sid
 
@@ -97,3 +107,69 @@ def test_a_failed_pass_drops_its_rounds_and_the_next_pass_serves_them(tmp_path):
     assert all(f.received_type.endswith("sdcp-internal-error") for f in failed)  # not a type the draft lists
     assert committed == [0, 0, 0]
     assert [v.round for v in verdicts] == [1, 1, 1] and [r.batch for r in rounds] == [3, 3, 3]
+
+
+class FedRunner(ModelRunner):
+    """Records, per pass, the positions each request made the model compute."""
+
+    def __init__(self, *a, **kw) -> None:
+        super().__init__(*a, **kw)
+        self.fed: list[list[int]] = []
+
+    def score(self, batch: Sequence[ScoreRequest]) -> list[torch.Tensor]:
+        self.fed.append([len(r.committed) - self.cache.reconcile(r.session, r.committed, keep_last=1) + len(r.proposal)
+                         for r in batch])
+        return super().score(batch)
+
+
+def _prompt(n: int, seed: int) -> list[int]:
+    return torch.randint(1, 97, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+PROMPTS = [_prompt(45, 1), _prompt(29, 2), [7], _prompt(6, 3)]
+
+
+def _decode(tmp_path, chunk: int, ngram: bool) -> tuple[list[list[int]], FedRunner]:
+    runner = FedRunner(random_model(), block_size=4)
+    mlc = embedded(str(tmp_path / f"mlc-{chunk}-{ngram}"))
+    try:
+        engine = Engine(runner, [NgramDrafter(97)] if ngram else [], mlc, target_digest=model_digest("small"),
+                        tokenizer_digest=model_digest("tokenizer"), fixed_m=3, adaptive_m=False, prefill_chunk=chunk)
+        results = engine.run([spec_for(p, max_new=10, m=3) for p in PROMPTS])
+    finally:
+        mlc.close()
+    assert all(r.chain_ok and not r.problems for r in results)
+    return [r.tokens for r in results], runner
+
+
+@pytest.mark.parametrize("ngram", [False, True], ids=["self-decoding", "drafter"])
+def test_chunked_prefill_decodes_what_one_pass_does(tmp_path, ngram):
+    """Rule 1 with prompts fed in chunks of 7 or 13 tokens (45 and 29 tokens: not multiples)
+    equals the prompts fed in one pass, target-only and with a drafter, whose first round waits
+    for its session's prefill; no pass feeds more than one chunk of prompt tokens besides one
+    token per round."""
+    whole, one = _decode(tmp_path, 0, ngram)
+    assert max(sum(f) - len(f) for f in one.fed) >= 44  # the 45-token prompt in one pass
+    for chunk in (7, 13):
+        tokens, runner = _decode(tmp_path, chunk, ngram)
+        assert tokens == whole, chunk
+        assert max(sum(f) - len(f) for f in runner.fed) <= chunk + 3 * len(PROMPTS)  # + M per round
+        assert len(runner.fed) > len(one.fed)
+
+
+def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(verifier_batch, "LONG_PREFILL", 40)
+    runner = FedRunner(random_model(), block_size=4)
+    mlc = embedded(str(tmp_path / "mlc"))
+    try:
+        engine = Engine(runner, [], mlc, target_digest=model_digest("small"),
+                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=16)
+        with caplog.at_level(logging.INFO, logger="sdcp_fast.verifier"):
+            results = engine.run([spec_for(p, max_new=2) for p in PROMPTS[:2]])
+    finally:
+        mlc.close()
+    long = results[0].session.hex()
+    lines = [r.getMessage() for r in caplog.records if "prefill" in r.getMessage()]
+    assert lines[0] == f"session {long}: prefill of 45 tokens starts (at most 16 a pass)"
+    assert lines[1].startswith(f"session {long}: prefill of 45 tokens done in ") and lines[1].endswith(" (3 passes)")
+    assert len(lines) == 2  # the 29-token prompt is below the line
