@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import ClassVar
 
 from sdcp_fast.commitlog.backend import LogView, PreconditionFailed, UnknownLog, etag_of, length_of
-from sdcp_fast.commitlog.file import FileCommitLog, frame, log_path
+from sdcp_fast.commitlog.file import FileCommitLog, append_group, frame, log_path
 from sdcp_fast.protocol.commitlog import LogRecord
 
 MAX_OPEN = 64
@@ -98,11 +98,52 @@ class LogDirectory:
             if name not in self._users:
                 self._open.pop(name).close()
 
+    def append_many(self, entries: Sequence[tuple[str, LogRecord, str | None]]) -> list[str | Exception]:
+        """Group commit over the logs named in ``entries`` (``(name, record, if_match)``): each
+        answered on its own, as :meth:`DirectoryLog.append` would answer it (the new tag, or
+        its exception), with one flush for all (:func:`~sdcp_fast.commitlog.file.append_group`)."""
+        results: list[str | Exception] = [ValueError("not appended")] * len(entries)
+        framed: dict[int, bytes] = {}
+        for i, (name, record, if_match) in enumerate(entries):
+            try:
+                framed[i] = _checked_frame(self, name, record, if_match)
+            except Exception as exc:
+                results[i] = exc
+        with ExitStack() as using:
+            opened: dict[str, FileCommitLog | Exception] = {}
+            group: list[tuple[FileCommitLog, LogRecord, str | None, bytes]] = []
+            where: list[int] = []
+            for i, blob in framed.items():
+                name, record, if_match = entries[i]
+                if name not in opened:
+                    try:
+                        opened[name] = using.enter_context(self.using(name, create=True))
+                    except Exception as exc:  # e.g. a corrupt log: its entries fail, the others go on
+                        opened[name] = exc
+                log = opened[name]
+                if isinstance(log, Exception):
+                    results[i] = log
+                    continue
+                group.append((log, record, if_match, blob))
+                where.append(i)
+            for i, result in zip(where, append_group(group), strict=True):
+                results[i] = result
+        return results
+
     def close(self) -> None:
         with self._lock:
             for log in self._open.values():
                 log.close()
             self._open.clear()
+
+
+def _checked_frame(directory: LogDirectory, name: str, record: LogRecord, if_match: str | None) -> bytes:
+    """The record's frame, refusing what cannot be stored before a file exists for it, and a
+    tag no log that was never written can match (it holds no fence either: create nothing)."""
+    framed = frame(record)
+    if if_match is not None and not directory.exists(name) and length_of(if_match) != 0:
+        raise PreconditionFailed(f"log has 0 records, not {if_match}")
+    return framed
 
 
 class DirectoryLog:
@@ -130,9 +171,7 @@ class DirectoryLog:
             return etag_of(0), b""
 
     def append(self, record: LogRecord, if_match: str | None) -> str:
-        framed = frame(record)  # refuse what cannot be stored before a file exists for it
-        if if_match is not None and not self.directory.exists(self.ref) and length_of(if_match) != 0:
-            raise PreconditionFailed(f"log has 0 records, not {if_match}")  # and no fence: create nothing
+        framed = _checked_frame(self.directory, self.ref, record, if_match)
         with self.directory.using(self.ref, create=True) as log:
             return log.append(record, if_match, framed=framed)
 

@@ -18,11 +18,14 @@ unacknowledged frame ever follows the last whole record; what follows it is:
   acknowledged records, a fence among them.
 
 Writers in several threads and processes take ``flock`` on the file around check-and-append,
-so the tag check and the fence check are atomic with the write.
+so the tag check and the fence check are atomic with the write. :func:`append_group` is group
+commit: the appends to several logs checked and written, then flushed together (one
+``syncfs`` where that is cheaper than a ``fdatasync`` per log), each answered on its own.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import hashlib
@@ -31,7 +34,9 @@ import struct
 import threading
 import zlib
 from array import array
-from typing import ClassVar
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from typing import ClassVar, cast
 
 from sdcp_fast.commitlog.backend import (
     LogCorrupt,
@@ -201,41 +206,65 @@ class FileCommitLog:
         """``framed``: ``frame(record)`` where the caller has it already (encoding a large
         record takes seconds)."""
         blob = frame(record) if framed is None else framed
+        result = append_group([(self, record, if_match, blob)])[0]
+        if isinstance(result, Exception):
+            raise result
+        return result
+
+    @contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """This log held against every other writer, in this process (its lock) and in others
+        (``flock``)."""
         with self._lock:
             if self._fd < 0:
                 raise ValueError(f"{self.path} is closed")
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                self._refresh(truncate=True)
-                # Fencing first: a fenced writer must stop, not re-read and retry.
-                if record.epoch < self._fence:
-                    raise fence_error(self._fence, record)
-                count = len(self._offsets)
-                if if_match is not None and length_of(if_match) != count:
-                    raise PreconditionFailed(f"log has {count} records, not {if_match}")
-                if count >= MAX_RECORDS or self._end + len(blob) > MAX_LOG_BYTES:
-                    raise LogFull(f"{self.path} holds {count} records in {self._end} bytes; at most "
-                                  f"{MAX_RECORDS} records and {MAX_LOG_BYTES} bytes",
-                                  extra={"max_records": MAX_RECORDS, "max_bytes": MAX_LOG_BYTES})
-                try:
-                    written = os.write(self._fd, blob)
-                    if written != len(blob):  # what a file system out of room does first
-                        raise OSError(errno.ENOSPC, f"short write to {self.path}")
-                    if self._sync:
-                        os.fdatasync(self._fd)
-                except OSError as exc:
-                    os.ftruncate(self._fd, self._end)  # not acknowledged: leave no part of it
-                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        raise LogFull(f"no room on the file system for {len(blob)} more bytes of "
-                                      f"{self.path}") from None
-                    raise
-                self._offsets.append(self._end)
-                self._end += len(blob)
-                if isinstance(record, FenceRecord):
-                    self._fence = max(self._fence, record.epoch)
-                return etag_of(len(self._offsets))
+                yield
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def _write(self, record: LogRecord, if_match: str | None, blob: bytes) -> str:
+        """Check ``record`` against the log as it is now (under :meth:`_exclusive`) and write
+        its frame, not yet flushed: the caller flushes before anyone learns of it."""
+        self._refresh(truncate=True)
+        # Fencing first: a fenced writer must stop, not re-read and retry.
+        if record.epoch < self._fence:
+            raise fence_error(self._fence, record)
+        count = len(self._offsets)
+        if if_match is not None and length_of(if_match) != count:
+            raise PreconditionFailed(f"log has {count} records, not {if_match}")
+        if count >= MAX_RECORDS or self._end + len(blob) > MAX_LOG_BYTES:
+            raise LogFull(f"{self.path} holds {count} records in {self._end} bytes; at most "
+                          f"{MAX_RECORDS} records and {MAX_LOG_BYTES} bytes",
+                          extra={"max_records": MAX_RECORDS, "max_bytes": MAX_LOG_BYTES})
+        try:
+            written = os.write(self._fd, blob)
+            if written != len(blob):  # what a file system out of room does first
+                raise OSError(errno.ENOSPC, f"short write to {self.path}")
+        except OSError as exc:
+            os.ftruncate(self._fd, self._end)  # not acknowledged: leave no part of it
+            raise self._write_error(exc, f"{len(blob)} more bytes of") from None
+        self._offsets.append(self._end)
+        self._end += len(blob)
+        if isinstance(record, FenceRecord):
+            self._fence = max(self._fence, record.epoch)
+        return etag_of(len(self._offsets))
+
+    def _write_error(self, exc: OSError, what: str) -> Exception:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return LogFull(f"no room on the file system for {what} {self.path}")
+        return exc
+
+    def _mark(self) -> tuple[int, int, int]:
+        return len(self._offsets), self._end, self._fence
+
+    def _undo(self, mark: tuple[int, int, int]) -> None:
+        """Forget the frames written since ``mark``: their flush failed, so none is acknowledged."""
+        count, end, fence = mark
+        os.ftruncate(self._fd, end)
+        del self._offsets[count:]
+        self._end, self._fence = end, fence
 
     def close(self) -> None:
         with self._lock:
@@ -248,3 +277,85 @@ class FileCommitLog:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# From this many logs in one group, one syncfs(2) of their file system costs less than a
+# fdatasync of each (ext4 here: ~0.8-2.5 ms for 64 logs against ~0.3-1.5 ms per fdatasync).
+SYNCFS_FROM = 4
+
+
+def _syncfs() -> Callable[[int], int] | None:
+    """libc's ``syncfs`` where the kernel reports writeback errors through it (Linux 5.8+)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+        fn = ctypes.CDLL(None, use_errno=True).syncfs
+    except (AttributeError, OSError, ValueError):
+        return None
+    if (major, minor) < (5, 8):
+        return None  # before 5.8 syncfs answered 0 even when writeback failed
+    fn.argtypes = [ctypes.c_int]
+    return cast(Callable[[int], int], fn)
+
+
+_SYNCFS = _syncfs()
+
+
+def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, bytes]]) -> list[str | Exception]:
+    """Group commit: each ``(log, record, if_match, frame)`` checked and written as
+    :meth:`FileCommitLog.append` would, then one flush for all of them, then the answers.
+
+    Each entry is answered on its own: its log's new tag, or the exception its append would
+    raise (a fence, a stale tag, a full log), whatever the other entries got. Entries on one
+    log are applied in their order (the second sees the first). Every log of the group is held
+    (:meth:`FileCommitLog._exclusive`, taken in path order so two groups cannot deadlock) from
+    its check until its frames are flushed, so no reader sees a record that is not durable.
+    The flush is a ``fdatasync`` per log, or from ``SYNCFS_FROM`` logs on one file system a
+    single ``syncfs``; a log whose flush fails has its frames of this group cut back and its
+    entries answered with the failure."""
+    results: list[str | Exception] = [ValueError("not appended")] * len(entries)
+    logs = sorted({id(log): log for log, *_ in entries}.values(), key=lambda log: log.path)
+    with ExitStack() as held:
+        marks: dict[int, tuple[int, int, int]] = {}
+        for log in logs:
+            try:
+                held.enter_context(log._exclusive())
+                marks[id(log)] = log._mark()
+            except Exception as exc:  # closed: its entries fail, the others go on
+                for i, (other, *_) in enumerate(entries):
+                    if other is log:
+                        results[i] = exc
+        written: list[int] = []
+        for i, (log, record, if_match, blob) in enumerate(entries):
+            if id(log) not in marks:
+                continue
+            try:
+                results[i] = log._write(record, if_match, blob)
+                written.append(i)
+            except Exception as exc:
+                results[i] = exc
+        failed = _flush([log for log in logs if id(log) in marks and log._mark() != marks[id(log)]])
+        for log in failed:
+            log._undo(marks[id(log)])
+        for i in written:
+            if entries[i][0] in failed:
+                results[i] = failed[entries[i][0]]
+    return results
+
+
+def _flush(logs: list[FileCommitLog]) -> dict[FileCommitLog, Exception]:
+    """Make the frames written to ``logs`` durable; the logs whose flush failed, with why."""
+    synced = [log for log in logs if log._sync]
+    if not synced:
+        return {}
+    if _SYNCFS is not None and len(synced) >= SYNCFS_FROM:
+        if len({os.fstat(log._fd).st_dev for log in synced}) == 1 and _SYNCFS(synced[0]._fd) == 0:
+            return {}
+        # Another file system among them, or syncfs failed: flush each, so that each log
+        # learns its own outcome.
+    failed: dict[FileCommitLog, Exception] = {}
+    for log in synced:
+        try:
+            os.fdatasync(log._fd)
+        except OSError as exc:
+            failed[log] = log._write_error(exc, "the frames just written to")
+    return failed

@@ -5,6 +5,9 @@ with ``If-Match``, over the project's transport (HTTP/2 with mutual TLS by defau
 (the roles share one with their MLC client); :class:`HttpCommitLog` is the same log for
 blocking callers, run on an event loop of its own in a background thread.
 
+:func:`append_batch` sends appends to several logs of one server as one request (``POST
+/logs``, group commit), each entry answered on its own.
+
 The server's answers map to the backend contract of :mod:`sdcp_fast.commitlog.backend`: 412 is
 ``PreconditionFailed``, 409 ``sdcp-stale-epoch`` is ``Fenced``, 413 ``RecordTooLarge``; a log
 nobody appended to yet (404 ``mlc-unknown-log``) reads as empty with tag ``"0"``. No answer at
@@ -13,8 +16,9 @@ all is a ConnectionError.
 
 from __future__ import annotations
 
+import asyncio
 import ssl
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Sequence
 from typing import Any, ClassVar, TypeVar
 from urllib.parse import quote, unquote, urlsplit
 
@@ -28,13 +32,15 @@ from sdcp_fast.commitlog.backend import (
     UnknownLog,
     etag_of,
 )
+from sdcp_fast.commitlog.file import MAX_RECORD
+from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import LogRecord, decode_log, encode_record
 from sdcp_fast.protocol.problems import SdcpProblem, StaleEpoch
 from sdcp_fast.transport import http_transport
 from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
 from sdcp_fast.transport.loop import LoopThread
-from sdcp_fast.transport.problem import problem_of
+from sdcp_fast.transport.problem import problem_in, problem_of
 
 T = TypeVar("T")
 
@@ -44,6 +50,12 @@ _OURS: dict[str, type[SdcpProblem]] = {
 _OURS[StaleEpoch.suffix] = Fenced
 # Whatever the body says, these statuses mean only this on a log.
 _BY_STATUS: dict[int, type[SdcpProblem]] = {412: PreconditionFailed, 413: RecordTooLarge}
+
+
+# One POST /logs carries at most this many appends, and records of at most MAX_RECORD bytes
+# in all (the body's limit leaves room for the entries' framing).
+MAX_BATCH = 1024
+MAX_BATCH_BODY = MAX_RECORD + (1 << 20)
 
 
 class LogUnreachable(ConnectionError):
@@ -108,6 +120,71 @@ class AsyncHttpCommitLog:
 
     async def close(self) -> None:
         pass  # the transport belongs to whoever gave it
+
+
+async def append_batch(entries: Sequence[tuple[AsyncHttpCommitLog, LogRecord, str | None]]) -> list[str | Exception]:
+    """Each ``(log, record, if_match)`` appended as ``log.append`` would, answered on its own
+    (the new tag, or the exception that append raises); the logs are on one server, reached
+    through the first one's transport: ``POST /logs`` requests of up to ``MAX_BATCH`` entries
+    and ``MAX_RECORD`` record bytes each, sent concurrently. A request that gets no answer
+    fails each of its entries with LogUnreachable."""
+    results: list[str | Exception] = [ValueError("not appended")] * len(entries)
+    chunks: list[list[tuple[int, bytes]]] = [[]]
+    size = 0
+    for i, (_, record, _) in enumerate(entries):
+        body = encode_record(record)
+        if len(body) > MAX_RECORD:
+            results[i] = RecordTooLarge(f"record of {len(body)} bytes; a served log holds records up to "
+                                        f"{MAX_RECORD}", extra={"limit": MAX_RECORD})
+            continue
+        if len(chunks[-1]) >= MAX_BATCH or size + len(body) > MAX_RECORD:
+            chunks.append([])
+            size = 0
+        chunks[-1].append((i, body))
+        size += len(body)
+
+    async def send(chunk: list[tuple[int, bytes]]) -> None:
+        first = entries[chunk[0][0]][0]
+        appends = []
+        for i, body in chunk:
+            log, _, if_match = entries[i]
+            entry: dict[str, Any] = {"log": log._path[len("logs/"):], "record": body}
+            if if_match is not None:
+                entry["if_match"] = if_match
+            appends.append(entry)
+        try:
+            response = await first.transport.request(
+                first._base, "POST", "logs", body=cbor.deterministic_cbor({"appends": appends}),
+                headers={"content-type": "application/cbor"}, timeout=first.timeout)
+            if response.status >= 400:
+                raise problem_of(response, _OURS, _BY_STATUS)
+            decoded = cbor.decode(response.body)
+            answers = decoded.get("results") if isinstance(decoded, dict) else None
+            if not isinstance(answers, list) or len(answers) != len(chunk):
+                raise LogUnreachable(f"the batch append's answer holds no result for each of {len(chunk)} appends")
+        except TransportError as exc:
+            for i, _ in chunk:
+                results[i] = LogUnreachable(str(exc))
+            return
+        except Exception as exc:
+            for i, _ in chunk:
+                results[i] = exc
+            return
+        for (i, _), answer in zip(chunk, answers, strict=True):
+            results[i] = _entry_result(answer)
+
+    await asyncio.gather(*(send(chunk) for chunk in chunks if chunk))
+    return results
+
+
+def _entry_result(answer: Any) -> str | Exception:
+    """One entry of a ``POST /logs`` answer: its new tag, or the exception its problem means."""
+    if not isinstance(answer, dict):
+        return LogUnreachable("a batch append's result is not a map")
+    status, etag = answer.get("status"), answer.get("etag")
+    if status == 201 and isinstance(etag, str):
+        return etag
+    return problem_in(status if isinstance(status, int) else 500, answer, _OURS, _BY_STATUS)
 
 
 class HttpCommitLog:

@@ -2,7 +2,9 @@
 session's commit log, then the verdict, the released tokens and the events.
 
 Nothing is released before the append: a failed append leaves the round to the drafter's
-retry, and a fenced one ends this verifier's service of the session.
+retry, and a fenced one ends this verifier's service of the session. The records of one
+scoring pass are appended together (:meth:`Committer.commit_batch`, the store's group commit),
+each round then answered by its own append's outcome.
 
 The ``committed_tokens`` object is not rewritten each round (that would write bytes that grow
 with the session's length, every round): the log holds every emitted token, and the object is
@@ -31,7 +33,7 @@ from sdcp_fast.roles.retry import retrying
 from sdcp_fast.roles.verifier_kv import KvPublisher, kv_object
 from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
 from sdcp_fast.roles.wire import SdcpClient, routers_of
-from sdcp_fast.store.interface import Store
+from sdcp_fast.store.interface import LogAppend, Store
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -109,10 +111,43 @@ class Committer:
 
     async def commit(self, item: Round, accepted: int, token: int, batch: int) -> bool:
         """Commit the scored ``item``; whether its record was appended."""
-        live, session = item.live, item.live.session
-        append = session.complete_scoring(accepted, token, load=self.load.percent())
+        return (await self.commit_batch([(item, accepted, token)], batch))[0]
+
+    async def commit_batch(self, scored: Sequence[tuple[Round, int, int]], batch: int) -> list[bool]:
+        """Commit the rounds of one scoring pass (``(round, accepted, token)`` each): their
+        records appended with one store call (group commit: one request and one flush for the
+        records on the store's own logs), then each round answered by its own append, in
+        batch order. Nothing of a pass is released before the call returns, so every released
+        round's record is durable. Whether each round's record was appended; one round's
+        trouble (a fence, another writer, a failure) is not the others'."""
+        done = [False] * len(scored)
+        pending: list[tuple[int, Round, CommitRecord]] = []
+        for k, (item, accepted, token) in enumerate(scored):
+            try:
+                append = item.live.session.complete_scoring(accepted, token, load=self.load.percent())
+            except Exception as exc:
+                _not_committed(item, exc)
+                continue
+            pending.append((k, item, append.record))
+        if not pending:
+            return done
+        entries = [LogAppend(item.live.log, record, item.live.etag) for _, item, record in pending]
         try:
-            etag = await self._append(live, append.record)
+            results = await self.store.append_batch(entries)
+        except Exception as exc:  # the store did not answer for any of them: each as unanswered
+            results = [exc] * len(entries)
+        for (k, item, record), result in zip(pending, results, strict=True):
+            try:
+                done[k] = await self._answer(item, record, result, batch)
+            except Exception as exc:  # e.g. the session re-opened meanwhile
+                _not_committed(item, exc)
+        return done
+
+    async def _answer(self, item: Round, record: CommitRecord, result: str | Exception, batch: int) -> bool:
+        """The round after its append's ``result`` (the log's new tag, or why it failed)."""
+        live, session = item.live, item.live.session
+        try:
+            etag = await self._outcome(live, record, result)
         except Exception:
             # Nothing is known to be appended: release nothing (§6.3), and leave the round so
             # that the drafter's retry (a 5xx) scores it again; if the record did land, that
@@ -136,19 +171,17 @@ class Committer:
         self._release(item, done, batch)
         return True
 
-    async def _append(self, live: LiveSession, record: CommitRecord) -> str | None:
+    async def _outcome(self, live: LiveSession, record: CommitRecord, result: str | Exception) -> str | None:
         """The log's new etag; None if a fence or another writer owns the log now; raises if
         nothing is known to be appended."""
-        try:
-            return await live.log.append(record, live.etag)
-        except Fenced:
+        if isinstance(result, str):
+            return result
+        if isinstance(result, Fenced):
             return None
-        except PreconditionFailed:
-            pass
-        except Exception as exc:  # no answer: the log read again says what happened (§6.8)
-            log.warning("session %s: commit-log append failed: %s", live.session.session.hex(), exc)
+        if not isinstance(result, PreconditionFailed):  # no answer: the log read again says what happened (§6.8)
+            log.warning("session %s: commit-log append failed: %s", live.session.session.hex(), result)
             if str((await live.log.read()).etag) == str(live.etag):
-                raise ConnectionError("the log is as we left it: nothing was appended") from exc
+                raise ConnectionError("the log is as we left it: nothing was appended") from result
         # A 412 (§6.8): our record already there means only the answer was lost; a fence or
         # another writer means the session is no longer ours.
         view = await live.log.read()
@@ -193,6 +226,15 @@ class Committer:
                 failed(EVENT_ATTEMPTS - 1, problem)
         except Exception as exc:
             failed(EVENT_ATTEMPTS - 1, exc)
+
+
+def _not_committed(item: Round, exc: Exception) -> None:
+    """A round whose commit step failed outright: never left half-done, answered with a 5xx
+    (the drafter sends it again)."""
+    log.warning("session %s: round not committed: %s", item.work.session.hex(), exc)
+    if item.live.session.state is State.COMMITTING:
+        item.live.session.append_done(ok=False)
+    item.settle(InternalError("the round could not be committed"))
 
 
 def _not_refused(exc: BaseException) -> bool:

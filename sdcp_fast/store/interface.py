@@ -15,7 +15,8 @@ ConnectionError.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Sequence
+from typing import Any, NamedTuple, Protocol
 
 from sdcp_fast.cache.store import Head
 from sdcp_fast.commitlog.backend import LogView
@@ -37,6 +38,15 @@ class Log(Protocol):
         backend cannot, by reading back), PreconditionFailed on a stale tag, RecordTooLarge.
         Returns the log's new tag."""
         ...
+
+
+class LogAppend(NamedTuple):
+    """One entry of :meth:`Store.append_batch`: ``record`` to ``log`` (a log this store's
+    :meth:`Store.commit_log` gave) if its tag is still ``if_match``; fenced as every append."""
+
+    log: Log
+    record: LogRecord
+    if_match: str | None
 
 
 class Store(Protocol):
@@ -65,6 +75,15 @@ class Store(Protocol):
     async def commit_log(self, ref: str) -> Log:
         """The commit log ``ref`` names: an ``mlc://`` name is the store's own; ``file://``,
         ``etcd://`` and ``http(s)://`` references are opened with their backend."""
+        ...
+
+    async def append_batch(self, entries: Sequence[LogAppend]) -> list[str | Exception]:
+        """Group commit: every entry appended as ``entry.log.append`` would, each checked
+        (fence, then tag) and answered on its own, in order: the log's new tag, or the
+        exception that append would raise (one entry's fence or stale tag fails only that
+        entry). The entries on this store's own logs travel together (one request, one flush
+        where the backend can); the others are appended concurrently. Never raises for an
+        entry's failure."""
         ...
 
     async def aclose(self) -> None:

@@ -12,16 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sdcp_fast.cache import MiB
 from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.cache.store import MLC, Clock, Head
 from sdcp_fast.cache.tiers.tier import Tier
-from sdcp_fast.commitlog.directory import MAX_OPEN, LogDirectory
-from sdcp_fast.store.interface import Log
-from sdcp_fast.store.logs import ThreadedLog, open_backend
+from sdcp_fast.commitlog.directory import MAX_OPEN, DirectoryLog, LogDirectory
+from sdcp_fast.store.interface import Log, LogAppend
+from sdcp_fast.store.logs import ThreadedLog, append_split, open_backend
 
 T = TypeVar("T")
 
@@ -87,6 +87,22 @@ class LocalStore:
         if ref.startswith("mlc://"):
             return ThreadedLog(self.logs.log(ref))
         return await open_backend(ref)
+
+    async def append_batch(self, entries: Sequence[LogAppend]) -> list[str | Exception]:
+        """The entries on this store's own logs in one worker-thread call (group commit, one
+        flush: :meth:`~sdcp_fast.commitlog.directory.LogDirectory.append_many`), the others
+        with their backends (:func:`~sdcp_fast.store.logs.append_each`), concurrently."""
+        logs = self.logs
+
+        async def together(mine: list[LogAppend]) -> list[str | Exception]:
+            return await asyncio.to_thread(logs.append_many, [(e.log.ref, e.record, e.if_match) for e in mine])
+
+        return await append_split(entries, self._own, together)
+
+    def _own(self, log: Log) -> bool:
+        """Whether ``log`` is one of this store's file logs, as :meth:`commit_log` opened it."""
+        return (isinstance(log, ThreadedLog) and isinstance(log.log, DirectoryLog)
+                and log.log.directory is self.logs)
 
     def close(self) -> None:
         self.logs.close()

@@ -6,13 +6,14 @@ this service's client certificate: one connection, a stream per call, no thread)
 from __future__ import annotations
 
 import ssl
+from collections.abc import Sequence
 from typing import Any
 
 from sdcp_fast.cache.http_client import AsyncMLC, mlc_transport
 from sdcp_fast.cache.store import Head
-from sdcp_fast.commitlog.http import AsyncHttpCommitLog
-from sdcp_fast.store.interface import Log
-from sdcp_fast.store.logs import open_backend
+from sdcp_fast.commitlog.http import AsyncHttpCommitLog, append_batch
+from sdcp_fast.store.interface import Log, LogAppend
+from sdcp_fast.store.logs import append_split, open_backend
 from sdcp_fast.transport.base import Transport
 
 
@@ -48,6 +49,21 @@ class RemoteStore:
         if ref.startswith(("http://", "https://")):
             return AsyncHttpCommitLog(ref, self.transport)
         return await open_backend(ref)
+
+    async def append_batch(self, entries: Sequence[LogAppend]) -> list[str | Exception]:
+        """The entries on this server's logs as one ``POST /logs`` (group commit:
+        :func:`~sdcp_fast.commitlog.http.append_batch`), the others with their backends
+        (:func:`~sdcp_fast.store.logs.append_each`), concurrently."""
+
+        async def together(mine: list[LogAppend]) -> list[str | Exception]:
+            return await append_batch([(e.log, e.record, e.if_match) for e in mine])  # type: ignore[misc]
+
+        return await append_split(entries, self._own, together)
+
+    def _own(self, log: Log) -> bool:
+        """Whether ``log`` is a log of this server reached on this store's transport."""
+        return (isinstance(log, AsyncHttpCommitLog) and log.transport is self.transport
+                and log._base.rstrip("/") == self.base_url)
 
     async def aclose(self) -> None:
         await self.transport.close()

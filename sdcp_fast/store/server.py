@@ -10,7 +10,9 @@ Objects (``<name>`` is an ``mlc://<scope>/<session>/<kind>[/<round>]`` URI witho
 Leases: POST /leases {uri, ttl_ms} -> {lease}; PUT /leases/<id> {ttl_ms}; DELETE /leases/<id>
 Commit logs: GET /logs/<name>?from=n (application/cbor-seq of records, ETag of the log; 404
   for a log never appended to); POST /logs/<name> with one CBOR record and If-Match (412 on
-  a stale tag, 409 sdcp-stale-epoch when fenced, 413 over the record limit).
+  a stale tag, 409 sdcp-stale-epoch when fenced, 413 over the record limit); POST /logs
+  (group commit) with CBOR {appends: [{log, record, ? if_match}]}: every entry checked and
+  answered on its own, one flush for all, 200 CBOR {results: [{status, etag} or a problem]}.
 Metrics: GET /stats (JSON), GET /metrics (Prometheus text).
 
 :class:`MLCService` holds the routes; each runs on a :class:`~.server_requests.Call` (a
@@ -42,12 +44,20 @@ from sdcp_fast.cache.uri import SCHEME, ObjectName, served_name
 from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
+from sdcp_fast.commitlog.http import MAX_BATCH, MAX_BATCH_BODY
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record
-from sdcp_fast.protocol.problems import BadRequest
+from sdcp_fast.protocol.problems import BadRequest, InternalError, SdcpProblem
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.store.server_metrics import prometheus_text
-from sdcp_fast.store.server_requests import BodyTooLarge, Call, UploadBudget, answer_for, release_body
+from sdcp_fast.store.server_requests import (
+    BodyTooLarge,
+    Call,
+    TooManyAppends,
+    UploadBudget,
+    answer_for,
+    release_body,
+)
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.problem import http_problem
 from sdcp_fast.transport.routes import NoRoute, RouteTable
@@ -115,6 +125,37 @@ def _span(spec: str) -> Callable[[int], tuple[int, int]]:
     return span
 
 
+def _appends(msg: Any) -> list[tuple[str, bytes, str | None]]:
+    """The entries of a ``POST /logs`` body, or BadRequest / TooManyAppends for the whole."""
+    appends = msg.get("appends") if isinstance(msg, dict) else None
+    if not isinstance(appends, list):
+        raise BadRequest("batch append body is {appends: [{log: tstr, record: bstr, ? if_match: tstr}]}")
+    if len(appends) > MAX_BATCH:
+        raise TooManyAppends(f"{len(appends)} appends; one request carries at most {MAX_BATCH}",
+                             extra={"limit": MAX_BATCH})
+    out = []
+    for i, entry in enumerate(appends):
+        if not isinstance(entry, dict):
+            raise BadRequest(f"append {i} is not a map")
+        name, record, if_match = entry.get("log"), entry.get("record"), entry.get("if_match")
+        if not isinstance(name, str) or not isinstance(record, bytes) or not isinstance(if_match, (str, type(None))):
+            raise BadRequest(f"append {i} is not {{log: tstr, record: bstr, ? if_match: tstr}}")
+        out.append((name, record, if_match))
+    return out
+
+
+def _entry_answer(result: str | Exception) -> dict[str, Any]:
+    """One entry's answer in a ``POST /logs`` reply: its new tag, or its problem's members."""
+    if isinstance(result, str):
+        return {"status": 201, "etag": result}
+    if isinstance(result, SdcpProblem):
+        return result.to_dict()
+    if isinstance(result, ValueError):
+        return BadRequest(str(result)).to_dict()
+    log.error("MLC batch append entry failed", exc_info=result)
+    return InternalError().to_dict()
+
+
 def _cbor_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(status, cbor.deterministic_cbor(doc), {"content-type": CBOR, **(headers or {})})
 
@@ -128,6 +169,7 @@ for _method, _pattern, _route in [
     ("POST", r"leases", "create_lease"),
     ("PUT", r"leases/(?P<lease>[^/]+)", "renew_lease"), ("DELETE", r"leases/(?P<lease>[^/]+)", "release_lease"),
     ("GET", r"logs/(?P<name>.+)", "read_log"), ("POST", r"logs/(?P<name>.+)", "append_log"),
+    ("POST", r"logs", "append_logs"),
     ("GET", r"stats", "stats"), ("GET", r"metrics", "metrics"),
 ]:
     ROUTES.add(_method, _pattern, _route)
@@ -313,6 +355,41 @@ class MLCService:
         finally:
             release_body(body)
         return Response(201, b"", {"etag": etag})
+
+    async def append_logs(self, call: Call) -> Response:
+        """Group commit: CBOR ``{appends: [{log, record, ? if_match}]}`` (``log`` as in the
+        path of ``POST /logs/<name>``, ``record`` one CBOR record as that route's body); each
+        entry is authorized, checked (fence, then tag) and answered on its own, and all are
+        flushed once (:meth:`~sdcp_fast.commitlog.directory.LogDirectory.append_many`). A body
+        that is not that shape is 400 as a whole; more than ``MAX_BATCH`` entries 413."""
+        peer = call.peer
+        policy.may_append_some(peer)  # refused before the body is read
+        logs = self._logs()
+        body = await call.body(MAX_BATCH_BODY)
+
+        def append() -> list[dict[str, Any]]:
+            # Decoding untrusted CBOR and the flush both run here, off the event loop.
+            entries = _appends(cbor.decode(bytes(body)))
+            results: list[str | Exception] = [ValueError("not appended")] * len(entries)
+            todo: list[tuple[int, str, Any, str | None]] = []
+            for i, (name, raw, if_match) in enumerate(entries):
+                try:
+                    uri, _ = _name(name, log=True)
+                    record = decode_record(raw)
+                    policy.may_append(peer, record)
+                    todo.append((i, uri, record, if_match))
+                except Exception as exc:
+                    results[i] = exc
+            done = logs.append_many([(uri, record, if_match) for _, uri, record, if_match in todo])
+            for (i, *_), result in zip(todo, done, strict=True):
+                results[i] = result
+            return [_entry_answer(result) for result in results]
+
+        try:
+            answers = await asyncio.get_running_loop().run_in_executor(None, append)
+        finally:
+            release_body(body)
+        return _cbor_response({"results": answers})
 
     # -- accounting ---------------------------------------------------------------------------
 

@@ -24,6 +24,14 @@ class BodyTooLarge(SdcpProblem):
     title = "Request body over the server's limit"
 
 
+class TooManyAppends(SdcpProblem):
+    """A batch append (``POST /logs``) carrying more entries than one request may."""
+
+    suffix = "mlc-too-many-appends"
+    status = 413
+    title = "More appends than one request may carry"
+
+
 class Incomplete(SdcpProblem):
     suffix = "mlc-incomplete-body"
     status = 400

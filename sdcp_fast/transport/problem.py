@@ -47,10 +47,17 @@ def problem_of(response: Response, ours: Mapping[str, type[SdcpProblem]],
     """The problem a client received, as the class ``ours`` gives its type suffix, else the
     class ``by_status`` gives its status, else the project-wide mapping of
     :func:`~sdcp_fast.protocol.problems.problem_from_response`."""
-    generic = problem_from_response(response.status, problem_body(response))
+    return problem_in(response.status, problem_body(response), ours, by_status)
+
+
+def problem_in(status: int, body: Mapping[str, Any] | None, ours: Mapping[str, type[SdcpProblem]],
+               by_status: Mapping[int, type[SdcpProblem]] | None = None) -> SdcpProblem:
+    """:func:`problem_of` for a problem object that came inside another body (an entry of a
+    batch's answer): ``status`` and the decoded RFC 9457 members."""
+    generic = problem_from_response(status, body)
     cls = ours.get(type_suffix(generic.type_uri))
     if cls is None and by_status is not None:
-        cls = by_status.get(response.status)
+        cls = by_status.get(status)
     if cls is None:
         return generic
     return cls(generic.detail if generic.detail != generic.title else "", extra=generic.extra)
