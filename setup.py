@@ -9,6 +9,10 @@ A second optional extension, ``sdcp_fast._h2`` (HTTP/2 framing and HPACK in nght
 ``csrc/nghttp2/``), is built only where pkg-config finds libnghttp2 (Debian: libnghttp2-dev);
 without it the transport uses the pure-Python h2 (``sdcp_fast.transport.h2native.status()``
 says why). SDCP_REQUIRE_NATIVE_H2=1 makes its absence an error (CI sets it).
+
+A third, ``sdcp_fast.protocol._cbor_native`` (the strict CBOR codec, from ``csrc/cbor/``), is
+optional like ``_C``: without it ``sdcp_fast.protocol.cbor`` uses its Python codec
+(``cbor.status()`` says why); SDCP_REQUIRE_NATIVE=1 makes a failed build an error.
 """
 
 import glob
@@ -41,6 +45,11 @@ class OptionalBuildExt(build_ext):
                     raise
                 sys.stderr.write(f"warning: sdcp_fast._h2 not built ({exc}); HTTP/2 uses the pure-Python h2\n")
                 return
+            if ext.name == CBOR_EXT:
+                if os.environ.get("SDCP_REQUIRE_NATIVE") == "1":
+                    raise
+                sys.stderr.write(f"warning: {CBOR_EXT} not built ({exc}); CBOR uses the Python codec\n")
+                return
             self._skip(exc)
 
     def _skip(self, exc):
@@ -50,6 +59,7 @@ class OptionalBuildExt(build_ext):
                          "the torch reference backend will be used\n")
 
 
+CBOR_EXT = "sdcp_fast.protocol._cbor_native"
 ext_modules = []
 if Pybind11Extension is not None:
     ext_modules.append(
@@ -63,6 +73,16 @@ if Pybind11Extension is not None:
             # carry AVX2 variants and pick one at run time from what the CPU reports.
             extra_compile_args=["-O3", "-fopenmp"],
             extra_link_args=["-fopenmp"],
+            cxx_std=17,
+        )
+    )
+    # The strict CBOR codec of sdcp_fast/protocol/cbor.py, inside the protocol package (which
+    # imports nothing else of ours); needs no library, so it is built wherever _C is.
+    ext_modules.append(
+        Pybind11Extension(
+            CBOR_EXT,
+            sorted(glob.glob("csrc/cbor/*.cpp")),
+            extra_compile_args=["-O2"],
             cxx_std=17,
         )
     )

@@ -9,11 +9,21 @@ exception. It accepts definite and indefinite lengths and non-shortest heads (a 
 need not insist on the deterministic form), and rejects what no SDCP message holds: tags,
 floating-point numbers, simple values other than false/true/null, duplicate or composite
 map keys, and bytes after the top-level item (see docs/interpretations.md).
+
+Two codecs do exactly this, check for check and detail for detail: the Python one written
+out below (the reference, and the fallback) and ``sdcp_fast.protocol._cbor_native``, its
+C++ twin from ``csrc/cbor/`` (one memcpy per byte string, no Python work per byte), built
+where the C++ extensions are. Which one runs (:func:`implementation`): ``SDCP_CBOR=py`` the
+Python codec, ``SDCP_CBOR=c`` the native one (an error when it is not built), unset: the
+native one when built (:func:`status` says why not), else Python. Tests pin one with :func:`use`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import importlib
+import os
+from collections.abc import Callable, Iterator, Mapping
+from types import ModuleType
 from typing import Any
 
 from sdcp_fast.protocol.problems import BadRequest
@@ -45,6 +55,107 @@ def deterministic_cbor(value: Any) -> bytes:
     Accepts int (-2**64 .. 2**64-1), bool, None, bytes, str, list/tuple and dict (any
     Mapping). Anything else, an out-of-range integer included, is :class:`BadRequest`.
     """
+    return _encoder(value)
+
+
+def decode(data: bytes | bytearray | memoryview) -> Any:
+    """The single CBOR data item in ``data``; :class:`BadRequest` for anything else."""
+    return _decoder(data)
+
+
+def decode_sequence(data: bytes | bytearray | memoryview) -> Iterator[Any]:
+    """The items of a CBOR sequence (RFC 8742): zero or more items back to back."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise BadRequest("CBOR input must be bytes")
+    buf = bytes(data)
+    pos = 0
+    while pos < len(buf):
+        value, pos = _item_at(buf, pos)
+        yield value
+
+
+# -- which codec -------------------------------------------------------------------------------
+
+PY, C = "py", "c"
+_native: tuple[ModuleType | None, str] | None = None
+_chosen: str | None = None  # use(); None: from the environment
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    global _native
+    if _native is None:
+        try:
+            _native = importlib.import_module("sdcp_fast.protocol._cbor_native"), "loaded"
+        except ImportError as exc:
+            _native = None, (f"native CBOR (sdcp_fast.protocol._cbor_native) is missing ({exc}); build it with "
+                             "`make native` (needs a C++17 compiler) - using the Python codec meanwhile")
+    return _native
+
+
+def available() -> bool:
+    return _load()[0] is not None
+
+
+def status() -> str:
+    """One line: 'loaded' or why the native codec is missing."""
+    return _load()[1]
+
+
+def implementation() -> str:
+    """``c`` or ``py``: the codec the module's functions run now."""
+    return _select()
+
+
+def use(name: str | None) -> None:
+    """Pin the codec (``py``, ``c``, or None for the environment's choice); ``c`` when it is
+    not built is :class:`ImportError` with :func:`status`'s reason."""
+    global _chosen
+    if name not in (None, PY, C):
+        raise ValueError(f"unknown CBOR codec {name!r}")
+    _chosen = name
+    _select()
+
+
+def _select() -> str:
+    global _encoder, _decoder, _item_at
+    wanted = _chosen if _chosen is not None else os.environ.get("SDCP_CBOR", "").strip().lower()
+    if wanted not in ("", PY, C):
+        raise ValueError(f"SDCP_CBOR={wanted!r}: use py or c")
+    mod = None if wanted == PY else _load()[0]
+    if mod is None:
+        if wanted == C:
+            raise ImportError(status())
+        _encoder, _decoder, _item_at = py_deterministic_cbor, py_decode, _py_item_at
+        return PY
+    _encoder, _decoder, _item_at = mod.encode, mod.decode, mod.decode_at
+    return C
+
+
+def _first_encode(value: Any) -> bytes:
+    _select()
+    return _encoder(value)
+
+
+def _first_decode(data: bytes | bytearray | memoryview) -> Any:
+    _select()
+    return _decoder(data)
+
+
+def _first_item_at(buf: bytes, pos: int) -> tuple[Any, int]:
+    _select()
+    return _item_at(buf, pos)
+
+
+# Chosen at the first call (the native module loads then, not at import).
+_encoder: Callable[[Any], bytes] = _first_encode
+_decoder: Callable[[bytes | bytearray | memoryview], Any] = _first_decode
+_item_at: Callable[[bytes, int], tuple[Any, int]] = _first_item_at
+
+
+# -- the Python codec (the reference) ----------------------------------------------------------
+
+def py_deterministic_cbor(value: Any) -> bytes:
+    """:func:`deterministic_cbor` in Python."""
     out: list[bytes] = []
     _encode(value, out, 0)
     return b"".join(out)
@@ -106,8 +217,8 @@ def _encode(value: Any, out: list[bytes], depth: int) -> None:
         raise BadRequest(f"{type(value).__name__} has no SDCP CBOR encoding")
 
 
-def decode(data: bytes | bytearray | memoryview) -> Any:
-    """The single CBOR data item in ``data``; :class:`BadRequest` for anything else."""
+def py_decode(data: bytes | bytearray | memoryview) -> Any:
+    """:func:`decode` in Python."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise BadRequest("CBOR input must be bytes")
     buf = bytes(data)
@@ -118,13 +229,11 @@ def decode(data: bytes | bytearray | memoryview) -> Any:
     return value
 
 
-def decode_sequence(data: bytes | bytearray | memoryview) -> Iterator[Any]:
-    """The items of a CBOR sequence (RFC 8742): zero or more items back to back."""
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise BadRequest("CBOR input must be bytes")
-    reader = _Reader(bytes(data))
-    while reader.pos < len(reader.buf):
-        yield reader.item(0)
+def _py_item_at(buf: bytes, pos: int) -> tuple[Any, int]:
+    """The item of a sequence that starts at ``pos``, and where the next one starts."""
+    reader = _Reader(buf)
+    reader.pos = pos
+    return reader.item(0), reader.pos
 
 
 class _Break:

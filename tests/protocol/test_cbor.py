@@ -1,4 +1,5 @@
-"""Deterministic CBOR encoder and strict decoder (sdcp_fast.protocol.cbor)."""
+"""Deterministic CBOR encoder and strict decoder (sdcp_fast.protocol.cbor), on both codecs
+(tests/protocol/conftest.py); test_cbor_parity.py holds them to each other."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from hypothesis import strategies as st
 
 from sdcp_fast.protocol.cbor import MAX_DEPTH, decode, decode_sequence, deterministic_cbor
 from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
+
+pytestmark = pytest.mark.usefixtures("cbor_codec")
 
 # RFC 8949 Appendix A, the entries SDCP's subset can hold (no floats, tags, undefined).
 APPENDIX_A: list[tuple[Any, str]] = [

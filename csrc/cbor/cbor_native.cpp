@@ -1,0 +1,535 @@
+// The SDCP CBOR codec of sdcp_fast/protocol/cbor.py, in C++: the same deterministic encoding
+// (RFC 8949 §4.2.1) and the same strict, bounded decoding, check for check and message for
+// message, so that either can stand in for the other (tests/protocol/test_cbor*.py run both on
+// the same inputs). The Python module stays the reference: a rule changes there first.
+//
+// Every failure is sdcp_fast.protocol.problems.BadRequest (the protocol's problem), as there,
+// raised with the Python codec's detail text. Byte and text strings are copied once, straight
+// from the input buffer into their Python objects: no per-byte work in Python.
+#include <pybind11/pybind11.h>
+
+#include <Python.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr int MAX_DEPTH = 32;  // protocol/cbor.py MAX_DEPTH
+enum Major { UINT = 0, NINT = 1, BSTR = 2, TSTR = 3, ARRAY = 4, MAP = 5, TAG = 6, SIMPLE = 7 };
+
+PyObject* g_bad_request = nullptr;  // sdcp_fast.protocol.problems.BadRequest
+PyObject* g_mapping = nullptr;      // collections.abc.Mapping
+
+struct Failed {};  // a Python error is set; unwinds to the entry point
+
+[[noreturn]] void fail(const std::string& detail) {
+    PyObject* text = PyUnicode_FromStringAndSize(detail.data(), (Py_ssize_t)detail.size());
+    if (text == nullptr) throw Failed{};
+    PyObject* exc = PyObject_CallOneArg(g_bad_request, text);
+    Py_DECREF(text);
+    if (exc != nullptr) {
+        PyErr_SetObject((PyObject*)Py_TYPE(exc), exc);
+        Py_DECREF(exc);
+    }
+    throw Failed{};
+}
+
+[[noreturn]] void fail_with(const char* prefix, PyObject* obj, const char* suffix, bool repr) {
+    PyObject* text = repr ? PyObject_Repr(obj) : PyObject_Format(obj, nullptr);
+    if (text == nullptr) throw Failed{};
+    Py_ssize_t n = 0;
+    const char* s = PyUnicode_AsUTF8AndSize(text, &n);
+    if (s == nullptr) {
+        Py_DECREF(text);
+        throw Failed{};
+    }
+    std::string detail = std::string(prefix) + std::string(s, (size_t)n) + suffix;
+    Py_DECREF(text);
+    fail(detail);
+}
+
+// An owned reference that is released on unwinding.
+struct Ref {
+    PyObject* p;
+    explicit Ref(PyObject* obj) : p(obj) {
+        if (p == nullptr) throw Failed{};
+    }
+    Ref(const Ref&) = delete;
+    Ref& operator=(const Ref&) = delete;
+    ~Ref() { Py_XDECREF(p); }
+    PyObject* release() {
+        PyObject* out = p;
+        p = nullptr;
+        return out;
+    }
+};
+
+// -- encoding ----------------------------------------------------------------------------------
+
+void put_head(std::string& out, int major, uint64_t arg) {
+    const char mt = (char)(major << 5);
+    if (arg < 24) {
+        out.push_back((char)(mt | (char)arg));
+    } else if (arg < 0x100) {
+        out.push_back((char)(mt | 24));
+        out.push_back((char)arg);
+    } else if (arg < 0x10000) {
+        char b[3] = {(char)(mt | 25), (char)(arg >> 8), (char)arg};
+        out.append(b, 3);
+    } else if (arg < 0x100000000ULL) {
+        char b[5] = {(char)(mt | 26), (char)(arg >> 24), (char)(arg >> 16), (char)(arg >> 8), (char)arg};
+        out.append(b, 5);
+    } else {
+        char b[9];
+        b[0] = (char)(mt | 27);
+        for (int i = 0; i < 8; ++i) b[1 + i] = (char)(arg >> (56 - 8 * i));
+        out.append(b, 9);
+    }
+}
+
+// Appends an int's head; false (no error set) when it is outside [-2**64, 2**64 - 1].
+bool put_int(std::string& out, PyObject* value) {
+    int overflow = 0;
+    long long small = PyLong_AsLongLongAndOverflow(value, &overflow);
+    if (overflow == 0) {
+        if (small == -1 && PyErr_Occurred()) throw Failed{};
+        if (small >= 0) put_head(out, UINT, (uint64_t)small);
+        else put_head(out, NINT, (uint64_t)(-1 - small));
+        return true;
+    }
+    if (overflow > 0) {
+        unsigned long long big = PyLong_AsUnsignedLongLong(value);
+        if (big == (unsigned long long)-1 && PyErr_Occurred()) {
+            if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw Failed{};
+            PyErr_Clear();
+            return false;
+        }
+        put_head(out, UINT, big);
+        return true;
+    }
+    Ref inverted(PyNumber_Invert(value));  // -1 - value, >= 0 here
+    unsigned long long arg = PyLong_AsUnsignedLongLong(inverted.p);
+    if (arg == (unsigned long long)-1 && PyErr_Occurred()) {
+        if (!PyErr_ExceptionMatches(PyExc_OverflowError)) throw Failed{};
+        PyErr_Clear();
+        return false;
+    }
+    put_head(out, NINT, arg);
+    return true;
+}
+
+void put_bytes(std::string& out, int major, const char* data, size_t n) {
+    put_head(out, major, n);
+    out.append(data, n);
+}
+
+void encode(PyObject* value, std::string& out, int depth);
+
+// A plain non-negative int below 2**64 inside an array: appended without the depth check, as
+// the Python encoder's token-list fast path does. False when the item needs the general path.
+bool put_plain_uint(std::string& out, PyObject* item) {
+    if (!PyLong_CheckExact(item)) return false;
+    int overflow = 0;
+    long long small = PyLong_AsLongLongAndOverflow(item, &overflow);
+    if (overflow == 0 && small >= 0) {
+        put_head(out, UINT, (uint64_t)small);
+        return true;
+    }
+    if (overflow > 0) {
+        unsigned long long big = PyLong_AsUnsignedLongLong(item);
+        if (big == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return false;
+        }
+        put_head(out, UINT, big);
+        return true;
+    }
+    return false;
+}
+
+struct Entry {
+    size_t key_at, key_len, end;  // offsets into the scratch copy
+};
+
+void encode_map(PyObject* items, Py_ssize_t count, PyObject* (*get)(PyObject*, Py_ssize_t, int),
+                std::string& out, int depth) {
+    // Entries are written after a head for their count, then put in key order if they are not.
+    put_head(out, MAP, (uint64_t)count);
+    const size_t base = out.size();
+    std::vector<Entry> entries;
+    entries.reserve((size_t)count);
+    for (Py_ssize_t i = 0; i < count; ++i) {
+        const size_t key_at = out.size() - base;
+        encode(get(items, i, 0), out, depth + 1);
+        const size_t key_len = out.size() - base - key_at;
+        encode(get(items, i, 1), out, depth + 1);
+        entries.push_back({key_at, key_len, out.size() - base});
+    }
+    const char* region = out.data() + base;
+    auto key_less = [region](const Entry& a, const Entry& b) {
+        int c = std::memcmp(region + a.key_at, region + b.key_at, std::min(a.key_len, b.key_len));
+        return c != 0 ? c < 0 : a.key_len < b.key_len;
+    };
+    bool sorted = true;
+    for (size_t i = 1; i < entries.size(); ++i) {
+        if (!key_less(entries[i - 1], entries[i])) {
+            sorted = false;
+            break;
+        }
+    }
+    if (sorted) return;
+    std::string scratch(out, base);
+    const char* src = scratch.data();
+    auto less = [src](const Entry& a, const Entry& b) {
+        int c = std::memcmp(src + a.key_at, src + b.key_at, std::min(a.key_len, b.key_len));
+        return c != 0 ? c < 0 : a.key_len < b.key_len;
+    };
+    std::stable_sort(entries.begin(), entries.end(), less);
+    for (size_t i = 1; i < entries.size(); ++i) {
+        const Entry& a = entries[i - 1];
+        const Entry& b = entries[i];
+        if (a.key_len == b.key_len && std::memcmp(src + a.key_at, src + b.key_at, a.key_len) == 0)
+            fail("map has two keys with the same encoding");
+    }
+    out.resize(base);
+    for (const Entry& e : entries) out.append(src + e.key_at, e.end - e.key_at);
+}
+
+PyObject* dict_pair(PyObject* pairs, Py_ssize_t i, int which) {
+    return PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, i), which);
+}
+
+PyObject* mapping_pair(PyObject* pairs, Py_ssize_t i, int which) {
+    PyObject* pair = PyList_GET_ITEM(pairs, i);
+    if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_ValueError, "items() must give (key, value) pairs");
+        throw Failed{};
+    }
+    return PyTuple_GET_ITEM(pair, which);
+}
+
+void encode(PyObject* value, std::string& out, int depth) {
+    if (depth > MAX_DEPTH) fail("value nested too deeply to encode");
+    if (value == Py_False) {
+        out.push_back((char)0xf4);
+    } else if (value == Py_True) {
+        out.push_back((char)0xf5);
+    } else if (value == Py_None) {
+        out.push_back((char)0xf6);
+    } else if (PyLong_Check(value)) {
+        if (!put_int(out, value)) fail_with("integer ", value, " is outside the CBOR 64-bit range", false);
+    } else if (PyBytes_Check(value)) {
+        put_bytes(out, BSTR, PyBytes_AS_STRING(value), (size_t)PyBytes_GET_SIZE(value));
+    } else if (PyByteArray_Check(value)) {
+        put_bytes(out, BSTR, PyByteArray_AS_STRING(value), (size_t)PyByteArray_GET_SIZE(value));
+    } else if (PyMemoryView_Check(value)) {
+        Py_buffer view;
+        if (PyObject_GetBuffer(value, &view, PyBUF_SIMPLE) == 0) {
+            put_bytes(out, BSTR, (const char*)view.buf, (size_t)view.len);
+            PyBuffer_Release(&view);
+        } else {  // not contiguous: bytes() gathers it, as the Python encoder does
+            PyErr_Clear();
+            Ref raw(PyBytes_FromObject(value));
+            put_bytes(out, BSTR, PyBytes_AS_STRING(raw.p), (size_t)PyBytes_GET_SIZE(raw.p));
+        }
+    } else if (PyUnicode_Check(value)) {
+        Py_ssize_t n = 0;
+        const char* s = PyUnicode_AsUTF8AndSize(value, &n);
+        if (s == nullptr) {  // lone surrogates have no UTF-8 form
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeEncodeError)) throw Failed{};
+            PyErr_Clear();
+            fail("text is not valid Unicode");
+        }
+        put_bytes(out, TSTR, s, (size_t)n);
+    } else if (PyList_Check(value) || PyTuple_Check(value)) {
+        Ref items(PySequence_Fast(value, "not a sequence"));  // the list or tuple itself
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(items.p);
+        put_head(out, ARRAY, (uint64_t)n);
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* item = PySequence_Fast_GET_ITEM(items.p, i);
+            if (!put_plain_uint(out, item)) encode(item, out, depth + 1);
+        }
+    } else if (PyDict_Check(value)) {
+        Ref pairs(PyDict_Items(value));
+        encode_map(pairs.p, PyList_GET_SIZE(pairs.p), dict_pair, out, depth);
+    } else {
+        int is_mapping = PyObject_IsInstance(value, g_mapping);
+        if (is_mapping < 0) throw Failed{};
+        if (is_mapping) {
+            Ref pairs(PyMapping_Items(value));
+            encode_map(pairs.p, PyList_GET_SIZE(pairs.p), mapping_pair, out, depth);
+        } else {
+            Ref name(PyObject_GetAttrString((PyObject*)Py_TYPE(value), "__name__"));
+            fail_with("", name.p, " has no SDCP CBOR encoding", false);
+        }
+    }
+}
+
+// -- decoding ----------------------------------------------------------------------------------
+
+struct Head {
+    int major, info;
+    uint64_t arg;
+    bool indefinite;
+};
+
+char break_marker;
+PyObject* const BREAK = reinterpret_cast<PyObject*>(&break_marker);  // a marker, never a real object
+
+struct Reader {
+    const unsigned char* buf;
+    size_t len, pos;
+
+    const unsigned char* take(uint64_t n) {
+        if (n > len - pos) fail("CBOR input ends inside a data item");
+        const unsigned char* at = buf + pos;
+        pos += (size_t)n;
+        return at;
+    }
+
+    Head head() {
+        if (pos >= len) fail("CBOR input ends before a data item");
+        const unsigned char initial = buf[pos++];
+        Head h{initial >> 5, initial & 0x1f, 0, false};
+        if (h.info < 24) {
+            h.arg = (uint64_t)h.info;
+        } else if (h.info <= 27) {
+            const unsigned char* b = take(1ULL << (h.info - 24));
+            for (int i = 0; i < (1 << (h.info - 24)); ++i) h.arg = h.arg << 8 | b[i];
+        } else if (h.info == 31) {
+            h.indefinite = true;
+        } else {
+            fail("reserved additional information " + std::to_string(h.info) + " in CBOR head");
+        }
+        return h;
+    }
+
+    uint64_t length(uint64_t arg, uint64_t unit) {
+        // Each element needs at least ``unit`` more input bytes: refuse before allocating.
+        if (arg > (len - pos) / unit) fail("CBOR length exceeds the input");
+        return arg;
+    }
+
+    PyObject* item(int depth) {
+        PyObject* value = item_or_break(depth);
+        if (value == BREAK) fail("CBOR break code outside an indefinite-length item");
+        return value;
+    }
+
+    static PyObject* text(const unsigned char* s, size_t n, const char* detail) {
+        PyObject* out = PyUnicode_DecodeUTF8((const char*)s, (Py_ssize_t)n, "strict");
+        if (out == nullptr) {
+            if (!PyErr_ExceptionMatches(PyExc_UnicodeDecodeError)) throw Failed{};
+            PyErr_Clear();
+            fail(detail);
+        }
+        return out;
+    }
+
+    // A new reference, or BREAK.
+    PyObject* item_or_break(int depth) {
+        if (depth > MAX_DEPTH) fail("CBOR nesting too deep");
+        const Head h = head();
+        switch (h.major) {
+            case UINT:
+            case NINT:
+                if (h.indefinite) fail("indefinite length on an integer");
+                if (h.major == UINT) return check(PyLong_FromUnsignedLongLong(h.arg));
+                if (h.arg <= (uint64_t)INT64_MAX) return check(PyLong_FromLongLong(-1 - (long long)h.arg));
+                {
+                    Ref arg(PyLong_FromUnsignedLongLong(h.arg));
+                    return check(PyNumber_Invert(arg.p));
+                }
+            case BSTR:
+            case TSTR: {
+                if (h.indefinite) return chunks(h.major);
+                const unsigned char* s = take(h.arg);
+                if (h.major == BSTR) return check(PyBytes_FromStringAndSize((const char*)s, (Py_ssize_t)h.arg));
+                return text(s, (size_t)h.arg, "CBOR text string is not valid UTF-8");
+            }
+            case ARRAY:
+                return h.indefinite ? indefinite_array(depth) : array(length(h.arg, 1), depth);
+            case MAP:
+                return map(h, depth);
+            case TAG:
+                fail("CBOR tags are not used by SDCP");
+            default:
+                break;
+        }
+        switch (h.info) {
+            case 20: Py_RETURN_FALSE;
+            case 21: Py_RETURN_TRUE;
+            case 22: Py_RETURN_NONE;
+            case 31: return BREAK;
+            case 25: case 26: case 27: fail("floating-point numbers are not used by SDCP");
+            default: fail("CBOR simple value " + std::to_string(h.arg) + " is not used by SDCP");
+        }
+    }
+
+    static PyObject* check(PyObject* obj) {
+        if (obj == nullptr) throw Failed{};
+        return obj;
+    }
+
+    PyObject* array(uint64_t count, int depth) {
+        if (count && depth >= MAX_DEPTH) fail("CBOR nesting too deep");
+        Ref items(PyList_New((Py_ssize_t)count));
+        for (uint64_t i = 0; i < count; ++i) {
+            // Token lists dominate message size: small uints skip the general path.
+            if (pos < len && buf[pos] < 24) {
+                PyList_SET_ITEM(items.p, (Py_ssize_t)i, check(PyLong_FromLong(buf[pos])));
+                ++pos;
+                continue;
+            }
+            PyList_SET_ITEM(items.p, (Py_ssize_t)i, item(depth + 1));
+        }
+        return items.release();
+    }
+
+    PyObject* indefinite_array(int depth) {
+        Ref items(PyList_New(0));
+        for (;;) {
+            PyObject* value = item_or_break(depth + 1);
+            if (value == BREAK) return items.release();
+            int rc = PyList_Append(items.p, value);
+            Py_DECREF(value);
+            if (rc < 0) throw Failed{};
+        }
+    }
+
+    void entry(PyObject* result, PyObject* key_owned, int depth) {
+        Ref key(key_owned);
+        if (!(PyLong_CheckExact(key.p) || PyUnicode_CheckExact(key.p) || PyBytes_CheckExact(key.p)))
+            fail("CBOR map key must be an integer, text or byte string");
+        int present = PyDict_Contains(result, key.p);
+        if (present < 0) throw Failed{};
+        if (present) fail_with("duplicate CBOR map key ", key.p, "", true);
+        Ref value(item(depth + 1));
+        if (PyDict_SetItem(result, key.p, value.p) < 0) throw Failed{};
+    }
+
+    PyObject* map(const Head& h, int depth) {
+        Ref result(PyDict_New());
+        if (!h.indefinite) {
+            const uint64_t count = length(h.arg, 2);
+            for (uint64_t i = 0; i < count; ++i) entry(result.p, item(depth + 1), depth);
+        } else {
+            for (;;) {
+                PyObject* key = item_or_break(depth + 1);
+                if (key == BREAK) break;
+                entry(result.p, key, depth);
+            }
+        }
+        return result.release();
+    }
+
+    // An indefinite-length string: definite chunks of the same major type, then break.
+    PyObject* chunks(int major) {
+        std::string joined;
+        for (;;) {
+            if (pos < len && buf[pos] == 0xff) {
+                ++pos;
+                if (major == BSTR) return check(PyBytes_FromStringAndSize(joined.data(), (Py_ssize_t)joined.size()));
+                return text((const unsigned char*)joined.data(), joined.size(), "CBOR text string is not valid UTF-8");
+            }
+            const Head c = head();
+            if (c.major != major || c.indefinite) fail("bad chunk inside an indefinite-length string");
+            const unsigned char* s = take(c.arg);
+            if (major == TSTR) {
+                // RFC 8949 §3.2.3: each chunk is valid UTF-8 on its own.
+                Ref chunk(text(s, (size_t)c.arg, "CBOR text chunk is not valid UTF-8"));
+            }
+            joined.append((const char*)s, (size_t)c.arg);
+        }
+    }
+};
+
+// The input's bytes for the length of a call: a buffer of bytes/bytearray/memoryview, or a
+// gathered copy of a memoryview that is not contiguous. Decoding runs no Python code, so the
+// bytes cannot change under the reader.
+struct Input {
+    Py_buffer view{};
+    bool held = false;
+    PyObject* copy = nullptr;
+
+    explicit Input(PyObject* data) {
+        if (!(PyBytes_Check(data) || PyByteArray_Check(data) || PyMemoryView_Check(data)))
+            fail("CBOR input must be bytes");
+        if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) == 0) {
+            held = true;
+            return;
+        }
+        PyErr_Clear();
+        copy = PyBytes_FromObject(data);
+        if (copy == nullptr) throw Failed{};
+    }
+    ~Input() {
+        if (held) PyBuffer_Release(&view);
+        Py_XDECREF(copy);
+    }
+    Reader reader(size_t pos) const {
+        if (held) return Reader{(const unsigned char*)view.buf, (size_t)view.len, pos};
+        return Reader{(const unsigned char*)PyBytes_AS_STRING(copy), (size_t)PyBytes_GET_SIZE(copy), pos};
+    }
+};
+
+py::object steal(PyObject* obj) { return py::reinterpret_steal<py::object>(obj); }
+
+py::object py_encode(py::handle value) {
+    try {
+        std::string out;
+        encode(value.ptr(), out, 0);
+        PyObject* result = PyBytes_FromStringAndSize(out.data(), (Py_ssize_t)out.size());
+        if (result == nullptr) throw Failed{};
+        return steal(result);
+    } catch (const Failed&) {
+        throw py::error_already_set();
+    }
+}
+
+py::object py_decode(py::handle data) {
+    try {
+        Input input(data.ptr());
+        Reader reader = input.reader(0);
+        Ref value(reader.item(0));
+        if (reader.pos != reader.len)
+            fail(std::to_string(reader.len - reader.pos) + " bytes after the CBOR data item");
+        return steal(value.release());
+    } catch (const Failed&) {
+        throw py::error_already_set();
+    }
+}
+
+// One item of a sequence at ``pos``: (item, where the next one starts).
+py::tuple py_decode_at(py::handle data, size_t pos) {
+    try {
+        Input input(data.ptr());
+        Reader reader = input.reader(pos);
+        if (pos > reader.len) fail("CBOR input ends before a data item");
+        Ref value(reader.item(0));
+        return py::make_tuple(steal(value.release()), reader.pos);
+    } catch (const Failed&) {
+        throw py::error_already_set();
+    }
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_cbor_native, m) {
+    m.doc() = "SDCP's strict CBOR codec (sdcp_fast/protocol/cbor.py) in C++";
+    py::object mapping = py::module_::import("collections.abc").attr("Mapping");
+    g_mapping = mapping.release().ptr();
+    // The protocol's problem for bad input; loaded by then (protocol/cbor.py imports it first).
+    g_bad_request = py::object(py::module_::import("sdcp_fast.protocol.problems").attr("BadRequest")).release().ptr();
+    m.attr("MAX_DEPTH") = MAX_DEPTH;
+    m.def("encode", &py_encode, py::arg("value"), "Deterministic CBOR of value (RFC 8949 §4.2.1).");
+    m.def("decode", &py_decode, py::arg("data"), "The single CBOR data item in data.");
+    m.def("decode_at", &py_decode_at, py::arg("data"), py::arg("pos"),
+          "(item, end): the CBOR data item starting at pos.");
+}
