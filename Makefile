@@ -4,7 +4,7 @@
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.sdcp-ready
-SOURCES := pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/nghttp2/*.cpp)
+SOURCES := pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/nghttp2/*.cpp csrc/cbor/*.cpp)
 
 .PHONY: demo test check lint typecheck pytest bench vectors clean native fuzz
 
@@ -49,7 +49,7 @@ bench: $(STAMP)
 	$(BIN)/sdcp-fast bench --embedded --out bench/results/latest
 
 clean:
-	rm -rf build *.egg-info sdcp_fast/_C*.so .pytest_cache .mypy_cache .ruff_cache
+	rm -rf build *.egg-info sdcp_fast/_C*.so sdcp_fast/protocol/_cbor_native*.so .pytest_cache .mypy_cache .ruff_cache
 
 # Rebuild only the C++ extension in place (serialised: several builders may share a tree).
 native: $(STAMP)
