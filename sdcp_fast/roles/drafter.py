@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
+from sdcp_fast.cache.tiers.tier import as_bytes_view
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.model.interfaces import Drafter
 from sdcp_fast.protocol import (
@@ -53,6 +54,17 @@ log = logging.getLogger("sdcp_fast.drafter")
 
 LEASE_TTL = 30.0  # seconds a q-rows object is held for the verifier; released at the verdict
 PROPOSAL_BACKOFF = 0.02  # seconds before the second try of a proposal or a q-row put; doubling, at most 1 s
+
+
+def q_row_object(rows: torch.Tensor) -> Any:
+    """What is put as the q_rows object: the rows' binary32 octets and nothing else (§5.2).
+
+    Rows in host memory go as a flat byte view of the tensor (no copy): a remote MLC then gets
+    them as a raw body, not wrapped in a CBOR map with their layout (built, copied and parsed
+    again on both sides); the verifier knows the layout (M x V) already. Rows on a GPU stay a
+    tensor, so that a store in the same process can keep them there."""
+    rows = rows.to(torch.float32).contiguous()
+    return as_bytes_view(rows) if rows.device.type == "cpu" else rows
 
 
 class Resync(Exception):
@@ -339,7 +351,7 @@ class DrafterRole:
             # Tagged with our name: the rows a dead predecessor left under this round are its own.
             q_ref = object_uri(record.assignment.contract.scope or bytes(16), record.session, "q_rows",
                                record.round + 1, tag=self._tag)
-            lease = await self._put_retrying(q_ref, q_rows[: len(tokens)].contiguous())
+            lease = await self._put_retrying(q_ref, q_row_object(q_rows[: len(tokens)]))
         return record.propose(tokens, self.status(), q_rows=q_ref), lease
 
     async def _put_retrying(self, uri: str, data: Any) -> str | None:
