@@ -458,12 +458,15 @@ def routed_from(record: RoutingRecord) -> RoutedSession:
 
 def adoption(record: RoutingRecord, me: str, *, claim: bool) -> str | None:
     """Whether router ``me`` takes the session of ``record``: None if it does; else why not.
-    A finished session is nobody's to route. ``claim``: a client asks ``me`` for the session
-    (a resume), so it takes it from whichever router held it; otherwise (a restart reading
-    its own index) only a session the record still gives to ``me`` is taken."""
+    ``claim``: a client asks ``me`` for the session (a resume), so it takes it from whichever
+    router held it, a finished one too (for its output only: nothing is left to route).
+    Otherwise (a restart reading its own index) only a live session the record still gives
+    to ``me`` is taken."""
+    if claim:
+        return None
     if record.done:
         return "it finished"
-    if not claim and record.router.rstrip("/") != me.rstrip("/"):
+    if record.router.rstrip("/") != me.rstrip("/"):
         return f"router {record.router} routes it now"
     return None
 

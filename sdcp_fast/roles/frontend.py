@@ -52,6 +52,7 @@ from sdcp_fast.transport.base import Request, Response
 log = logging.getLogger("sdcp_fast.frontend")
 
 SSE = "text/event-stream"
+RESUME_PROBE_S = 5.0  # how long a resume waits to learn whether an ended session's output is still served
 
 
 class Frontend:
@@ -176,9 +177,12 @@ class Frontend:
         ident = ("chatcmpl-" if chat else "cmpl-") + session.hex()
         if index is None:  # the client has the whole text: only the close is left
             return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"}, stream=_once(DONE_EVENT))
-        if routed.done:
-            raise ApiError(410, f"session {session.hex()} finished; its stream is no longer served",
-                           code="session_finished")
+        if routed.done:  # ended: resumable while its verifier still serves the output
+            try:
+                await self.router.client.output(routed.verifier, session, index, timeout=RESUME_PROBE_S)
+            except (SdcpProblem, ConnectionError, TimeoutError, OSError):
+                raise ApiError(410, f"session {session.hex()} ended and its output is no longer served",
+                               code="session_finished") from None
         log.info("session %s: stream resumed after output token %d", session.hex(), index)
         return self._stream(session, ident, job, chat, index)
 

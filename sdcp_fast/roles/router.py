@@ -274,6 +274,8 @@ class RouterRole(Recovery):
         log.info("session %s: adopted at epoch %d (verifier %s, drafter %s; was routed by %s)", session.hex(),
                  routed.epoch, routed.verifier, routed.drafter, record.router)
         await self._persist(routed)
+        if routed.done:
+            return entry  # ended: adopted for its output only, which its verifier may still serve
         try:
             state = await self.client.open_session(routed.verifier, record.opened)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
@@ -317,6 +319,8 @@ class RouterRole(Recovery):
                 out = await self.client.output(verifier, session, index, timeout=poll)
             except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
                 if isinstance(exc, SdcpProblem) and exc.suffix == "sdcp-unknown-session":
+                    if routed.done:
+                        raise  # ended (cancelled) and gone: nothing is left to read
                     await self._lost(routed, verifier)
                 elif isinstance(exc, SdcpProblem) and exc.status < 500 and exc.suffix != "sdcp-stale-epoch":
                     raise
@@ -328,6 +332,9 @@ class RouterRole(Recovery):
             if out.epoch < epoch:
                 continue
             epoch = out.epoch
+            if out.final and not entry.routed.done:  # before the last yield: its reader may stop there
+                entry.routed.done = True
+                await self._persist(entry.routed)
             if out.from_ == index and out.tokens:
                 index += len(out.tokens)
                 if out.epoch == entry.routed.epoch:
@@ -336,9 +343,6 @@ class RouterRole(Recovery):
             if out.final:
                 if not out.tokens:
                     yield out
-                if not entry.routed.done:
-                    entry.routed.done = True
-                    await self._persist(entry.routed)
                 return
 
     async def text(self, session: bytes) -> tuple[list[int], Action | None]:

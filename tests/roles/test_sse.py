@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from sdcp_fast.roles.sse import DONE, DONE_EVENT, event, messages
+from sdcp_fast.roles.sse import DONE, DONE_EVENT, event, event_id, events, messages, parse_event_id
 
 BODIES = [{"choices": [{"text": "the", "finish_reason": None}]}, {"choices": [], "usage": {"total_tokens": 3}},
           {"error": {"message": "a\n\nb"}}]
@@ -42,3 +42,27 @@ def test_other_writers_lines_comments_and_empty_events() -> None:
 
 def test_an_unfinished_event_is_not_read() -> None:
     assert read(event({"a": 1}) + b'data: {"b"', 4) == [{"a": 1}]
+
+
+def test_event_ids_name_the_session_and_the_output_index() -> None:
+    session = bytes(range(16))
+    assert event_id(session, 12) == session.hex() + ":12"
+    assert event_id(session, None) == session.hex() + ":end"
+    assert parse_event_id(event_id(session, 12)) == (session, 12)
+    assert parse_event_id(event_id(session, None)) == (session, None)
+    assert parse_event_id(" " + event_id(session, 0) + "\n") == (session, 0)
+    for bad in ("", "12", session.hex(), session.hex() + ":", session.hex() + ":-1", session.hex() + ":x",
+                "zz" * 16 + ":1", session.hex()[:-2] + ":1", session.hex() + ":1:2", session.hex() + ":１"):
+        with pytest.raises(ValueError):
+            parse_event_id(bad)
+
+
+def test_ids_are_written_before_the_data_and_read_back() -> None:
+    async def read() -> list[tuple[str | None, object]]:
+        async def chunks() -> AsyncIterator[bytes]:
+            yield event({"a": 1}, "s:1") + event({"b": 2}) + DONE_EVENT
+
+        return [pair async for pair in events(chunks())]
+
+    assert event({"a": 1}, "s:1") == b'id: s:1\ndata: {"a":1}\n\n'
+    assert asyncio.run(read()) == [("s:1", {"a": 1}), (None, {"b": 2}), (None, DONE)]
