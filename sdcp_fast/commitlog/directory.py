@@ -104,9 +104,11 @@ class LogDirectory:
         its exception), with one flush for all (:func:`~sdcp_fast.commitlog.file.append_group`)."""
         results: list[str | Exception] = [ValueError("not appended")] * len(entries)
         framed: dict[int, bytes] = {}
+        taken: set[str] = set()  # names an earlier entry goes on to append to
         for i, (name, record, if_match) in enumerate(entries):
             try:
-                framed[i] = _checked_frame(self, name, record, if_match)
+                framed[i] = frame(record) if name in taken else _checked_frame(self, name, record, if_match)
+                taken.add(name)
             except Exception as exc:
                 results[i] = exc
         with ExitStack() as using:

@@ -154,3 +154,89 @@ def test_output_of_log_follows_each_record_to_its_committed_length() -> None:
                CommitRecord(epoch=2, round=3, emitted=(4, 5), committed=5, digest=d)]
     assert output_of_log(records) == [1, 2, 3, 4, 5]
     assert output_of_log([]) == []
+
+
+# -- group commit: one append call per scoring pass, each round answered by its own outcome --------
+
+
+async def _verdict_or_problem(call: Any) -> Any:
+    from sdcp_fast.protocol import SdcpProblem
+
+    try:
+        return await call
+    except SdcpProblem as problem:
+        return problem.suffix, problem.status
+
+
+def test_a_pass_appends_its_records_together_and_answers_each_round_by_its_own_append(tmp_path):
+    """Three sessions scored in one pass: a fence lands on the first one's log and another
+    writer's record on the second's while the pass runs. The pass's three records go to the
+    store in one append_batch call, before any of the three rounds is released; the first two
+    get sdcp-stale-epoch, as a single append does, and the third is committed and released."""
+    sessions = [sid(11), sid(12), sid(13)]
+
+    async def scenario():
+        async with Rig(str(tmp_path), batch_wait=5.0) as rig:
+            states = {s: (await rig.open(s, contract(max_new=40)))[1] for s in sessions}
+            logs = {s: rig.store.logs.log(object_uri(SCOPE, s, "commit_log")) for s in sessions}
+            calls: list[tuple[list[bytes], dict[bytes, list[int]]]] = []
+            real = rig.store.append_batch
+
+            async def append_batch(entries):
+                calls.append(([s for s in sessions for e in entries if e.log.ref == logs[s].ref],
+                              {s: rig.output_of(s) for s in sessions}))
+                return await real(entries)
+
+            rig.store.append_batch = append_batch
+
+            def on_score(_batch: Any) -> None:
+                logs[sessions[0]].append(FenceRecord(epoch=2), None)
+                logs[sessions[1]].append(CommitRecord(epoch=1, round=1, emitted=(9,), committed=1, digest=bytes(32)),
+                                         None)
+
+            rig.scorer.on_score = on_score
+            answers = await asyncio.gather(*(
+                _verdict_or_problem(rig.drafter.propose(VERIFIER, proposal(states[s], rig.greedy_after(states[s], 2))))
+                for s in sessions))
+            fenced = [await _verdict_or_problem(rig.router.output(VERIFIER, s, 0)) for s in sessions[:2]]
+            return calls, answers, fenced, rig.output_of(sessions[2]), [r.batch for r in rig.rounds]
+
+    calls, answers, fenced, output, batches = run(scenario())
+    assert len(calls) == 1 and calls[0][0] == sessions, "one group append for the pass"
+    assert calls[0][1] == {s: [] for s in sessions}, "nothing of the pass released before it"
+    assert answers[0] == answers[1] == ("sdcp-stale-epoch", 409)
+    assert answers[2].round == 1 and list(answers[2].emitted) == output != []
+    assert fenced == [("sdcp-stale-epoch", 409)] * 2, "the fenced sessions release nothing"
+    assert batches == [3]
+
+
+def test_a_failed_group_append_releases_nothing_and_the_retry_commits(tmp_path):
+    """The store gives no answer for the pass: each round is a 5xx with nothing released, and
+    the drafters' retries commit them (a record that did land is found by the log read)."""
+    sessions = [sid(21), sid(22)]
+
+    async def scenario():
+        async with Rig(str(tmp_path), batch_wait=5.0) as rig:
+            states = {s: (await rig.open(s, contract(max_new=40)))[1] for s in sessions}
+            real = rig.store.append_batch
+            failing = [True]
+
+            async def append_batch(entries):
+                if failing[0]:
+                    failing[0] = False
+                    raise ConnectionError("the MLC is restarting")
+                return await real(entries)
+
+            rig.store.append_batch = append_batch
+            props = {s: proposal(states[s], rig.greedy_after(states[s], 2)) for s in sessions}
+            first = await asyncio.gather(*(_verdict_or_problem(rig.drafter.propose(VERIFIER, props[s]))
+                                           for s in sessions))
+            released = {s: rig.output_of(s) for s in sessions}
+            second = await asyncio.gather(*(_verdict_or_problem(rig.drafter.propose(VERIFIER, props[s]))
+                                            for s in sessions))
+            return first, released, second
+
+    first, released, second = run(scenario())
+    assert all(answer[1] >= 500 for answer in first)
+    assert released == {s: [] for s in sessions}
+    assert [v.round for v in second] == [1, 1]

@@ -131,3 +131,27 @@ def test_stats_are_for_operators(site):
     assert "tiers" in as_("router").stats()
     forbidden(as_("client").stats)
     forbidden(as_("norole").stats)
+
+
+def test_a_batch_append_is_authorized_entry_by_entry(site):
+    """POST /logs: who may append at all is checked before the body; then each entry on its
+    own, as its single append would be (verifiers commit, routers fence)."""
+    from sdcp_fast.commitlog.http import append_batch
+
+    _, log_as, _ = site
+    rec = CommitRecord(1, 1, (5,), 1, bytes(32))
+
+    def batch(who: str, entries):
+        log = log_as(who)
+        try:
+            return log._run(append_batch([(log.aio, record, tag) for record, tag in entries]))
+        finally:
+            log.close()
+
+    by_verifier = batch("verifier", [(FenceRecord(2), None), (rec, '"0"')])
+    assert isinstance(by_verifier[0], Forbidden) and by_verifier[1] == '"1"'
+    by_router = batch("router", [(CommitRecord(1, 2, (6,), 2, bytes(32)), '"1"'), (FenceRecord(2), None)])
+    assert isinstance(by_router[0], Forbidden) and by_router[1] == '"2"'
+    for who in ("client", "reader", "norole"):
+        assert all(isinstance(r, Forbidden) and r.status == 403 for r in batch(who, [(rec, '"2"')]))
+    assert log_as("verifier").read().records == [rec, FenceRecord(2)]
