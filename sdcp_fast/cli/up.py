@@ -24,6 +24,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sessions per scoring pass at most, of each verifier (default: the verifier's own, 64)")
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens per scoring pass at most, of each verifier (default: the verifier's own, 512)")
+    p.add_argument("--routers", type=int, default=1, metavar="N",
+                   help="routers over the same routing records, each with its own front end; a client "
+                        "resumes its stream at any of them (default 1)")
     p.add_argument("--device", default=None,
                    help="where the verifiers and drafters run their models: cpu, cuda, cuda:N (default: the "
                         "services' own, the CPU)")
@@ -50,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
     up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
             status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device,
             prefill_chunk=args.prefill_chunk,
-            weights=args.weights)
+            weights=args.weights, routers=max(1, args.routers))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
@@ -59,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         endpoints = up.endpoints()
         for name, svc in endpoints["services"].items():
             print(f"  {name:<17} {svc['role']:<9} {svc['url']}  (pid {svc['pid']})", flush=True)
-        print(f"  front end         {endpoints['frontend']}  (OpenAI-compatible; API key "
-              f"{endpoints['api_key']})", flush=True)
+        for url in endpoints["frontends"]:
+            print(f"  front end         {url}  (OpenAI-compatible; API key {endpoints['api_key']})", flush=True)
         print(f"sdcp-fast up: all healthy; endpoints in {Path(args.dir) / 'endpoints.json'}; Ctrl-C to stop",
               flush=True)
         while not stopping:

@@ -1,6 +1,9 @@
 """The embedded default deployment on one machine: an MLC, a router, an active and a standby
 verifier and two drafters of different kinds, each its own process, on loopback, with
-development certificates (mutual TLS), supervised until interrupted.
+development certificates (mutual TLS), supervised until interrupted. ``routers`` > 1 starts
+that many routers over the same routing records (one scope, kept in ``DIR/scope``; each its
+own SDCP port and client-facing port); every verifier and drafter reports to each, and a
+client resumes its stream at any of them (docs/frontend.md, "Resuming a stream").
 
 ``Up.start()`` writes the certificates, starts every process and waits until each answers;
 ``Up.endpoints()`` is what ``DIR/endpoints.json`` holds; ``Up.supervise()`` restarts any
@@ -64,8 +67,10 @@ class Up:
     prefill_chunk: int | None = None
     device: str | None = None
     weights: str | None = None  # --weights of the router, verifiers and drafters (one form: one digest)
+    routers: int = 1
     services: dict[str, Service] = field(default_factory=dict)
     api_port: int = 0
+    api_ports: list[int] = field(default_factory=list)  # one per router, the first is api_port
 
     def api_key_file(self) -> Path:
         return self.directory / "certs" / "api-key"
@@ -81,6 +86,17 @@ class Up:
             path.write_text("sk-sdcp-" + secrets.token_hex(16) + "\n")
         return path.read_text().strip()
 
+    def scope(self) -> str:
+        """The routers' scope, made once per directory: their routing records are named in it."""
+        path = self.directory / "scope"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(os.urandom(16).hex() + "\n")
+        return path.read_text().strip()
+
+    def router_names(self) -> list[str]:
+        return ["router"] + [f"router-{i}" for i in range(2, self.routers + 1)]
+
     def _ports(self, n: int) -> list[int]:
         if self.base_port is None:
             return [free_port() for _ in range(n)]
@@ -92,26 +108,30 @@ class Up:
         model = resolve(self.model)
         self.model = model
         drafters = self.drafters or (TOY_DRAFTERS if model == "toy" else REAL_DRAFTERS)
+        routers = self.router_names()
         names = ["mlc", "router", "verifier", "verifier-standby"] + [f"drafter-{c}" for c in "ab"[: len(drafters)]]
         names.append("api")  # the front end's client-facing port (the router serves it)
+        names += [n for r in routers[1:] for n in (r, f"api-{r}")]  # after the default's ports: those stay
         ports = dict(zip(names, self._ports(len(names)), strict=True))
         certs = str(self.directory / "certs")
         py = [sys.executable, "-m", "sdcp_fast"]
         mlc_url = f"https://127.0.0.1:{ports['mlc']}"
-        router = f"https://127.0.0.1:{ports['router']}/"
+        router = ",".join(f"https://127.0.0.1:{ports[r]}/" for r in routers)  # verifiers and drafters: each
         common = ["--certs", certs, "--mlc", mlc_url, "--status-ttl-ms", str(self.status_ttl_ms)]
         s = self.services
         self.api_port = ports["api"]
+        self.api_ports = [ports["api"], *(ports[f"api-{r}"] for r in routers[1:])]
         s["mlc"] = Service("mlc", "mlc", ports["mlc"], [
             *py, "mlc", "--port", str(ports["mlc"]), "--root", str(self.directory / "mlc"),
             "--certs", certs, "--name", "mlc"])
         drafter_uris = {f"drafter-{c}": f"https://127.0.0.1:{ports[f'drafter-{c}']}/" for c in "ab"[: len(drafters)]}
-        s["router"] = Service("router", "router", ports["router"], [
-            *py, "router", "--uri", router, "--name", "router", "--model", model, *common,
-            "--api-listen", f"127.0.0.1:{ports['api']}", "--api-key-file", str(self.api_key_file()),
-            *self._option("--weights", self.weights),
-            *(a for name, spec in zip(drafter_uris, drafters, strict=True)
-              for a in ("--drafter-model", f"{drafter_uris[name]}={spec}"))])
+        for name, api in zip(routers, self.api_ports, strict=True):
+            s[name] = Service(name, "router", ports[name], [
+                *py, "router", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--model", model,
+                *common, "--api-listen", f"127.0.0.1:{api}", "--api-key-file", str(self.api_key_file()),
+                "--scope", self.scope(), *self._option("--weights", self.weights),
+                *(a for d, spec in zip(drafter_uris, drafters, strict=True)
+                  for a in ("--drafter-model", f"{drafter_uris[d]}={spec}"))])
         for name in ("verifier", "verifier-standby"):
             s[name] = Service(name, "verifier", ports[name], [
                 *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
@@ -158,8 +178,10 @@ class Up:
             if svc.name != "mlc":
                 self.launch(svc)
         self.wait_healthy([n for n in self.services if n != "mlc"], timeout)
-        self.wait_registered(timeout)
-        self.wait_api(timeout)
+        for name in self.router_names():
+            self.wait_registered(timeout, name)
+        for port in self.api_ports:
+            self.wait_api(timeout, port)
         (self.directory / "endpoints.json").write_text(json.dumps(self.endpoints(), indent=1) + "\n")
 
     def wait_healthy(self, names: list[str], timeout: float) -> None:
@@ -180,8 +202,8 @@ class Up:
             if pending:
                 time.sleep(0.2)
 
-    def wait_registered(self, timeout: float) -> None:
-        """Until the router has a live status from every verifier and drafter (GET instances)."""
+    def wait_registered(self, timeout: float, router: str = "router") -> None:
+        """Until ``router`` has a live status from every verifier and drafter (GET instances)."""
         import asyncio
 
         from sdcp_fast.transport.h2client import H2Transport
@@ -195,7 +217,7 @@ class Up:
             deadline = time.monotonic() + timeout
             try:
                 while True:
-                    response = await client.request(self.services["router"].uri, "GET", "instances", timeout=5)
+                    response = await client.request(self.services[router].uri, "GET", "instances", timeout=5)
                     if response.status == 200 and wanted <= {i["instance"] for i in json.loads(response.body)}:
                         return
                     if time.monotonic() > deadline:
@@ -206,16 +228,17 @@ class Up:
 
         asyncio.run(poll())
 
-    def wait_api(self, timeout: float) -> None:
-        """Until the front end's port takes connections."""
+    def wait_api(self, timeout: float, port: int | None = None) -> None:
+        """Until the front end's port (the first router's unless ``port``) takes connections."""
+        port = self.api_port if port is None else port
         deadline = time.monotonic() + timeout
         while True:
             try:
-                socket.create_connection(("127.0.0.1", self.api_port), timeout=1).close()
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 return
             except OSError:
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"the front end did not listen on port {self.api_port} within {timeout:.0f}s") \
+                    raise TimeoutError(f"the front end did not listen on port {port} within {timeout:.0f}s") \
                         from None
                 time.sleep(0.1)
 
@@ -243,6 +266,8 @@ class Up:
             "ca": str(certs / "ca.pem"), "client_cert": str(certs / "client.pem"),
             "client_key": str(certs / "client.key"),
             "frontend": f"http://127.0.0.1:{self.api_port}/v1/",  # the OpenAI-compatible API, for clients
+            # Every router's front end (the first is "frontend"): a stream resumes at any of them.
+            "frontends": [f"http://127.0.0.1:{port}/v1/" for port in self.api_ports],
             "api_key": self.api_key(),
             # The same API on the router's SDCP port, for tools holding the client certificate.
             "frontend_mtls": self.services["router"].uri + "v1/",
