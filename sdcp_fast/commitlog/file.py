@@ -280,7 +280,8 @@ class FileCommitLog:
 
 
 # From this many logs in one group, one syncfs(2) of their file system costs less than a
-# fdatasync of each (ext4 here: ~0.8-2.5 ms for 64 logs against ~0.3-1.5 ms per fdatasync).
+# fdatasync of each: one syncfs of 64 logs cost what 1-3 fdatasyncs did on ext4
+# (docs/measurements.md, "Group commit").
 SYNCFS_FROM = 4
 
 
