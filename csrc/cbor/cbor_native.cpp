@@ -519,6 +519,24 @@ py::tuple py_decode_at(py::handle data, size_t pos) {
     }
 }
 
+// True when ``values`` is a list or tuple of plain ints in [0, 2**64): a token list that needs
+// no check per item (protocol/cbor.py py_all_uints is the same test).
+bool py_all_uints(py::handle values) {
+    PyObject* seq = values.ptr();
+    if (!(PyList_Check(seq) || PyTuple_Check(seq))) return false;
+    const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    for (Py_ssize_t i = 0; i < n; ++i) {
+        PyObject* item = PySequence_Fast_GET_ITEM(seq, i);
+        if (!PyLong_CheckExact(item)) return false;
+        unsigned long long v = PyLong_AsUnsignedLongLong(item);
+        if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+            PyErr_Clear();  // negative or >= 2**64
+            return false;
+        }
+    }
+    return true;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_cbor_native, m) {
@@ -532,4 +550,6 @@ PYBIND11_MODULE(_cbor_native, m) {
     m.def("decode", &py_decode, py::arg("data"), "The single CBOR data item in data.");
     m.def("decode_at", &py_decode_at, py::arg("data"), py::arg("pos"),
           "(item, end): the CBOR data item starting at pos.");
+    m.def("all_uints", &py_all_uints, py::arg("values"),
+          "True when values is a list or tuple of plain ints in [0, 2**64).");
 }

@@ -74,6 +74,12 @@ def decode_sequence(data: bytes | bytearray | memoryview) -> Iterator[Any]:
         yield value
 
 
+def all_uints(values: Any) -> bool:
+    """True when ``values`` is a list or tuple of plain ints in [0, 2**64): a token list
+    that needs no check per item. False says nothing: the caller checks each item then."""
+    return _all_uints(values)
+
+
 # -- which codec -------------------------------------------------------------------------------
 
 PY, C = "py", "c"
@@ -117,7 +123,7 @@ def use(name: str | None) -> None:
 
 
 def _select() -> str:
-    global _encoder, _decoder, _item_at
+    global _encoder, _decoder, _item_at, _all_uints
     wanted = _chosen if _chosen is not None else os.environ.get("SDCP_CBOR", "").strip().lower()
     if wanted not in ("", PY, C):
         raise ValueError(f"SDCP_CBOR={wanted!r}: use py or c")
@@ -125,9 +131,9 @@ def _select() -> str:
     if mod is None:
         if wanted == C:
             raise ImportError(status())
-        _encoder, _decoder, _item_at = py_deterministic_cbor, py_decode, _py_item_at
+        _encoder, _decoder, _item_at, _all_uints = py_deterministic_cbor, py_decode, _py_item_at, py_all_uints
         return PY
-    _encoder, _decoder, _item_at = mod.encode, mod.decode, mod.decode_at
+    _encoder, _decoder, _item_at, _all_uints = mod.encode, mod.decode, mod.decode_at, mod.all_uints
     return C
 
 
@@ -146,10 +152,16 @@ def _first_item_at(buf: bytes, pos: int) -> tuple[Any, int]:
     return _item_at(buf, pos)
 
 
+def _first_all_uints(values: Any) -> bool:
+    _select()
+    return _all_uints(values)
+
+
 # Chosen at the first call (the native module loads then, not at import).
 _encoder: Callable[[Any], bytes] = _first_encode
 _decoder: Callable[[bytes | bytearray | memoryview], Any] = _first_decode
 _item_at: Callable[[bytes, int], tuple[Any, int]] = _first_item_at
+_all_uints: Callable[[Any], bool] = _first_all_uints
 
 
 # -- the Python codec (the reference) ----------------------------------------------------------
@@ -227,6 +239,13 @@ def py_decode(data: bytes | bytearray | memoryview) -> Any:
     if reader.pos != len(buf):
         raise BadRequest(f"{len(buf) - reader.pos} bytes after the CBOR data item")
     return value
+
+
+def py_all_uints(values: Any) -> bool:
+    """:func:`all_uints` in Python (builtins over the whole list, no loop of ours)."""
+    if not isinstance(values, (list, tuple)) or not all(type(x) is int for x in values):
+        return False
+    return not values or (min(values) >= 0 and max(values) <= UINT64_MAX)
 
 
 def _py_item_at(buf: bytes, pos: int) -> tuple[Any, int]:

@@ -100,7 +100,7 @@ def encode_record(record: LogRecord) -> bytes:
     return cbor.deterministic_cbor({
         "epoch": _uint(record.epoch, "epoch"),
         "round": _uint(record.round, "round"),
-        "emitted": [_uint(t, "emitted token") for t in record.emitted],
+        "emitted": _uints(record.emitted),
         "committed": _uint(record.committed, "committed"),
         "digest": _digest(record.digest),
     })
@@ -137,7 +137,7 @@ def _from_map(raw: Any) -> LogRecord:
     return CommitRecord(
         epoch=epoch,
         round=_uint(raw["round"], "round"),
-        emitted=tuple(_uint(t, "emitted token") for t in emitted),
+        emitted=_uints(emitted),
         committed=_uint(raw["committed"], "committed"),
         digest=_digest(raw["digest"]),
     )
@@ -147,6 +147,13 @@ def _uint(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= cbor.UINT64_MAX:
         raise BadRequest(f"commit-log {name} must be an unsigned 64-bit integer")
     return int(value)
+
+
+def _uints(values: Any) -> tuple[int, ...]:
+    # A record may hold millions of tokens: the whole list is checked in one call when it can be.
+    if cbor.all_uints(values):
+        return tuple(values)
+    return tuple(_uint(t, "emitted token") for t in values)
 
 
 def _digest(value: Any) -> bytes:

@@ -87,10 +87,8 @@ class Array(Kind):
             raise Invalid("must be an array")
         if self.nonempty and not raw:
             raise Invalid("must not be empty")
-        if self.item is UINT and all(type(x) is int for x in raw) and (
-            not raw or (min(raw) >= 0 and max(raw) <= cbor.UINT64_MAX)
-        ):
-            return tuple(raw)  # token lists: the same check as UINT's, done by builtins
+        if self.item is UINT and cbor.all_uints(raw):
+            return tuple(raw)  # token lists: the same check as UINT's, in one call
         return tuple(self.item.parse(x) for x in raw)
 
     def dump(self, value: Any) -> list[Any]:

@@ -225,6 +225,14 @@ def test_sequences_agree(hex_: str) -> None:
     assert run(cbor.C) == run(cbor.PY)
 
 
+@pytest.mark.parametrize("values", [
+    [], (), [0], [2**64 - 1], (3, 2**32), [2**64], [-1], [1, -(2**70)], [True], [Colour.RED], [1.0], [None],
+    "abc", b"\x01", bytearray(b"\x01"), range(3), {1: 2}, None, 7,
+], ids=lambda v: repr(v)[:20])
+def test_token_list_checks_agree(native: Any, values: Any) -> None:
+    assert native.all_uints(values) is cbor.py_all_uints(values)
+
+
 def test_large_byte_strings_pass_whole(native: Any) -> None:
     blob = random.Random(7).randbytes(16 << 20)
     record = {"entry": {"rows": blob, "shape": [4, 1 << 20]}, "n": 3}
