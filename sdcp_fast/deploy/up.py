@@ -86,7 +86,7 @@ class Up:
             path.write_text("sk-sdcp-" + secrets.token_hex(16) + "\n")
         return path.read_text().strip()
 
-    def scope(self) -> str:
+    def routers_scope(self) -> str:
         """The routers' scope, made once per directory: their routing records are named in it."""
         path = self.directory / "scope"
         if not path.exists():
@@ -129,7 +129,7 @@ class Up:
             s[name] = Service(name, "router", ports[name], [
                 *py, "router", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--model", model,
                 *common, "--api-listen", f"127.0.0.1:{api}", "--api-key-file", str(self.api_key_file()),
-                "--scope", self.scope(), *self._option("--weights", self.weights),
+                "--scope", self.routers_scope(), *self._option("--weights", self.weights),
                 *(a for d, spec in zip(drafter_uris, drafters, strict=True)
                   for a in ("--drafter-model", f"{drafter_uris[d]}={spec}"))])
         for name in ("verifier", "verifier-standby"):
