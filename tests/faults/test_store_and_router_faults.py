@@ -44,8 +44,8 @@ def test_a_router_restart_keeps_the_committed_output_of_sessions_in_flight(whole
     """The clients' streams end with the router; the sessions' committed output does not: each
     log keeps its invariants and what a client saw is a prefix of it, and the drafters and
     verifiers carry the sessions on without the router (proposals and verdicts go directly
-    between them) until one needs the router (an escalation that asks for another drafter: the
-    new router knows none of these sessions, since it persists nothing, docs/reliability.md)."""
+    between them); the restarted router adopts them from their routing records
+    (docs/reliability.md, "What the router persists, and why")."""
     up = whole
     rng = random.Random(seed + 6)
     batch, expected = steady_jobs(rng, 6, 140, up.m)
