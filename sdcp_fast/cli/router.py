@@ -26,7 +26,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--drafter-model", action="append", default=[], metavar="URI=SPEC",
                    help="a drafter instance and the model it serves, as a drafter spec (ngram, model:NAME, ...) "
                         "or a 64-hex-digit digest; repeat per drafter")
-    p.add_argument("--scope", help="the KVSP scope of this router's sessions, 32 hex digits (default random)")
+    p.add_argument("--scope", help="the KVSP scope of this router's sessions, 32 hex digits (default random); "
+                                   "its routing records are named in it, so a restarted router, or another one "
+                                   "sharing the records, needs the same scope to adopt the sessions")
     add_service_arguments(p, name="router", port=8500, router=False)
     api = p.add_argument_group("front end", "the OpenAI-compatible API for clients (docs/frontend.md)")
     api.add_argument("--api-listen", metavar="HOST:PORT", default="127.0.0.1:8000",
