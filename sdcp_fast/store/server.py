@@ -44,18 +44,19 @@ from sdcp_fast.cache.uri import SCHEME, ObjectName, served_name
 from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
-from sdcp_fast.commitlog.http import MAX_BATCH, MAX_BATCH_BODY
+from sdcp_fast.commitlog.http import MAX_BATCH_BODY
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import decode_record
-from sdcp_fast.protocol.problems import BadRequest, InternalError, SdcpProblem
+from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.store.server_metrics import prometheus_text
 from sdcp_fast.store.server_requests import (
     BodyTooLarge,
     Call,
-    TooManyAppends,
     UploadBudget,
     answer_for,
+    batch_appends,
+    entry_answer,
     release_body,
 )
 from sdcp_fast.transport.base import Request, Response
@@ -123,37 +124,6 @@ def _span(spec: str) -> Callable[[int], tuple[int, int]]:
         return start, stop
 
     return span
-
-
-def _appends(msg: Any) -> list[tuple[str, bytes, str | None]]:
-    """The entries of a ``POST /logs`` body, or BadRequest / TooManyAppends for the whole."""
-    appends = msg.get("appends") if isinstance(msg, dict) else None
-    if not isinstance(appends, list):
-        raise BadRequest("batch append body is {appends: [{log: tstr, record: bstr, ? if_match: tstr}]}")
-    if len(appends) > MAX_BATCH:
-        raise TooManyAppends(f"{len(appends)} appends; one request carries at most {MAX_BATCH}",
-                             extra={"limit": MAX_BATCH})
-    out = []
-    for i, entry in enumerate(appends):
-        if not isinstance(entry, dict):
-            raise BadRequest(f"append {i} is not a map")
-        name, record, if_match = entry.get("log"), entry.get("record"), entry.get("if_match")
-        if not isinstance(name, str) or not isinstance(record, bytes) or not isinstance(if_match, (str, type(None))):
-            raise BadRequest(f"append {i} is not {{log: tstr, record: bstr, ? if_match: tstr}}")
-        out.append((name, record, if_match))
-    return out
-
-
-def _entry_answer(result: str | Exception) -> dict[str, Any]:
-    """One entry's answer in a ``POST /logs`` reply: its new tag, or its problem's members."""
-    if isinstance(result, str):
-        return {"status": 201, "etag": result}
-    if isinstance(result, SdcpProblem):
-        return result.to_dict()
-    if isinstance(result, ValueError):
-        return BadRequest(str(result)).to_dict()
-    log.error("MLC batch append entry failed", exc_info=result)
-    return InternalError().to_dict()
 
 
 def _cbor_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
@@ -369,7 +339,7 @@ class MLCService:
 
         def append() -> list[dict[str, Any]]:
             # Decoding untrusted CBOR and the flush both run here, off the event loop.
-            entries = _appends(cbor.decode(bytes(body)))
+            entries = batch_appends(cbor.decode(bytes(body)))
             results: list[str | Exception] = [ValueError("not appended")] * len(entries)
             todo: list[tuple[int, str, Any, str | None]] = []
             for i, (name, raw, if_match) in enumerate(entries):
@@ -383,7 +353,7 @@ class MLCService:
             done = logs.append_many([(uri, record, if_match) for _, uri, record, if_match in todo])
             for (i, *_), result in zip(todo, done, strict=True):
                 results[i] = result
-            return [_entry_answer(result) for result in results]
+            return [entry_answer(result) for result in results]
 
         try:
             answers = await asyncio.get_running_loop().run_in_executor(None, append)

@@ -1,15 +1,18 @@
 """A request to the MLC server as its routes see it (:class:`Call`), the bounds on what a
-request may hold (one body's limit, the :class:`UploadBudget` of all uploads in flight), and
-the answer a route's failure becomes (:func:`answer_for`: a problem document, never a
-traceback). Both carriers of :mod:`sdcp_fast.store.server` use them: the HTTP/2 transport
-hands over whole bodies, the HTTP/1.1 application streams them in
+request may hold (one body's limit, the :class:`UploadBudget` of all uploads in flight), the
+answer a route's failure becomes (:func:`answer_for`: a problem document, never a
+traceback), and a batch append's entries and each one's answer (:func:`batch_appends`,
+:func:`entry_answer`). Both carriers of :mod:`sdcp_fast.store.server` use them: the HTTP/2
+transport hands over whole bodies, the HTTP/1.1 application streams them in
 (:mod:`sdcp_fast.store.server_http1`)."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from typing import Any
 
+from sdcp_fast.commitlog.http import MAX_BATCH
 from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import BadRequest, Busy, InternalError, SdcpProblem
 from sdcp_fast.transport.base import Response
@@ -116,3 +119,32 @@ def release_body(buf: bytearray | bytes) -> None:
         pass  # still viewed (by a stored object or an exception): its owner frees it
 
 
+def batch_appends(msg: Any) -> list[tuple[str, bytes, str | None]]:
+    """The entries of a ``POST /logs`` body, or BadRequest / TooManyAppends for the whole."""
+    appends = msg.get("appends") if isinstance(msg, dict) else None
+    if not isinstance(appends, list):
+        raise BadRequest("batch append body is {appends: [{log: tstr, record: bstr, ? if_match: tstr}]}")
+    if len(appends) > MAX_BATCH:
+        raise TooManyAppends(f"{len(appends)} appends; one request carries at most {MAX_BATCH}",
+                             extra={"limit": MAX_BATCH})
+    out = []
+    for i, entry in enumerate(appends):
+        if not isinstance(entry, dict):
+            raise BadRequest(f"append {i} is not a map")
+        name, record, if_match = entry.get("log"), entry.get("record"), entry.get("if_match")
+        if not isinstance(name, str) or not isinstance(record, bytes) or not isinstance(if_match, (str, type(None))):
+            raise BadRequest(f"append {i} is not {{log: tstr, record: bstr, ? if_match: tstr}}")
+        out.append((name, record, if_match))
+    return out
+
+
+def entry_answer(result: str | Exception) -> dict[str, Any]:
+    """One entry's answer in a ``POST /logs`` reply: its new tag, or its problem's members."""
+    if isinstance(result, str):
+        return {"status": 201, "etag": result}
+    if isinstance(result, SdcpProblem):
+        return result.to_dict()
+    if isinstance(result, ValueError):
+        return BadRequest(str(result)).to_dict()
+    log.error("MLC batch append entry failed", exc_info=result)
+    return InternalError().to_dict()
