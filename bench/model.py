@@ -67,7 +67,7 @@ def synthetic(args: argparse.Namespace) -> int:
 
     from sdcp_fast.deploy.catalog import check_device
     from sdcp_fast.model.config import CONFIGS
-    from sdcp_fast.model.interfaces import ScoreRequest
+    from sdcp_fast.model.interfaces import ScoreRequest, per_request
     from sdcp_fast.model.llama import Transformer, rope_inv_freq
     from sdcp_fast.model.target_scorer import ModelRunner
 
@@ -127,7 +127,7 @@ def synthetic(args: argparse.Namespace) -> int:
 
         def verify() -> None:
             reqs = [ScoreRequest(s, c, c[-m:]) for s, c in ctx.items()]
-            torch.stack([x.argmax(-1) for x in r.score(reqs)]).tolist()
+            torch.stack([x.argmax(-1) for x in per_request(r.score(reqs), reqs)]).tolist()
 
         out = {}
         for name, fn in (("decode", decode), ("verify", verify)):

@@ -78,12 +78,20 @@ Q_ROWS = torch.softmax(LOGITS, dim=-1).expand(8, VOCAB).contiguous()
 
 
 class ConstantScorer:
-    """Fixed logits: every proposal of zeros is accepted (rule 1 always, rule 2 nearly)."""
+    """Fixed logits: every proposal of zeros is accepted (rule 1 always, rule 2 nearly). The
+    pass's rows come as one contiguous ``[R, V]`` tensor, as a model's head gives them (made
+    once, grown when a pass needs more rows), so the kernels read real memory."""
 
     vocab_size = VOCAB
 
-    def score(self, batch: Any) -> list[torch.Tensor]:
-        return [LOGITS.expand(len(r.proposal) + 1, VOCAB) for r in batch]
+    def __init__(self) -> None:
+        self.rows = LOGITS.expand(64, VOCAB).contiguous()
+
+    def score(self, batch: Any) -> torch.Tensor:
+        n = sum(len(r.proposal) + 1 for r in batch)
+        if n > self.rows.shape[0]:
+            self.rows = LOGITS.expand(2 * n, VOCAB).contiguous()
+        return self.rows[:n]
 
     def release(self, session: bytes) -> None:
         return None
@@ -162,7 +170,7 @@ async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_bat
         from sdcp_fast.roles.verifier import VerifierRole
 
         role = VerifierRole(ConstantScorer(), uri=uri, mlc=store, transport=counted, target_digest=TARGET,
-                            backend="reference", max_batch=max_batch, batch_wait=batch_wait, offload=True,
+                            backend="auto", max_batch=max_batch, batch_wait=batch_wait, offload=True,
                             target_kv=None)
     else:
         from sdcp_fast.roles.drafter import DrafterRole

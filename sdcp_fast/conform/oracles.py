@@ -24,9 +24,10 @@ class ScorerOracle:
         self.scorer = scorer
 
     def logits(self, context: Sequence[int], proposal: Sequence[int]) -> list[list[float]]:
-        from sdcp_fast.model.interfaces import ScoreRequest
+        from sdcp_fast.model.interfaces import ScoreRequest, per_request
 
-        rows = self.scorer.score([ScoreRequest(b"conform-oracle--", list(context), list(proposal))])[0]
+        batch = [ScoreRequest(b"conform-oracle--", list(context), list(proposal))]
+        rows = per_request(self.scorer.score(batch), batch)[0]
         return [[float(x) for x in row] for row in rows.tolist()]
 
 

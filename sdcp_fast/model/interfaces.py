@@ -28,14 +28,25 @@ class TargetScorer(Protocol):
 
     vocab_size: int
 
-    def score(self, batch: Sequence[ScoreRequest]) -> list[torch.Tensor]:
-        """One batched pass. For each request, logits ``[M + 1, V]`` float32: row i is the
-        target's next-token logits after ``committed + proposal[:i]``."""
+    def score(self, batch: Sequence[ScoreRequest]) -> torch.Tensor | list[torch.Tensor]:
+        """One batched pass: for each request, logits ``[M + 1, V]`` float32, row i the
+        target's next-token logits after ``committed + proposal[:i]``. Either all of them as
+        one ``[sum(M + 1), V]`` tensor, each request's rows in batch order (what the verifier's
+        kernels read, so a pass need not split its head's output), or one tensor per request.
+        :func:`per_request` gives the per-request view of either."""
         ...
 
     def release(self, session: bytes) -> None:
         """Forget the session's cached state."""
         ...
+
+
+def per_request(logits: torch.Tensor | Sequence[torch.Tensor],
+                batch: Sequence[ScoreRequest]) -> list[torch.Tensor]:
+    """:meth:`TargetScorer.score`'s answer as one ``[M + 1, V]`` tensor per request (views)."""
+    if isinstance(logits, torch.Tensor):
+        return list(logits.split([len(r.proposal) + 1 for r in batch]))
+    return list(logits)
 
 
 @dataclass(frozen=True)

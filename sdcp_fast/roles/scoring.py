@@ -1,8 +1,11 @@
 """One verification batch through the kernels: ragged proposals of many sessions, rule 1 and
 rule 2 side by side, each session under its own sampling profile (§6.3 Scoring, §6.4).
 
-The results stay on the logits' device until every rule's kernel has run: then one copy to
-the host answers the whole batch (a read per session would wait on the device 2 x B times).
+The pass's logits come as one ``[R, V]`` tensor, the rows of each round in batch order
+(``M_i + 1`` each), and go to the kernels as they are: one kernel call per rule over the
+whole batch, no per-session split and re-concatenation of vocabulary-wide rows. The results
+stay on the logits' device until every rule's kernel has run: then one copy to the host
+answers the whole batch (a read per session would wait on the device 2 x B times).
 """
 
 from __future__ import annotations
@@ -26,25 +29,50 @@ class Scored:
     q: torch.Tensor | None = None
 
 
-def verify_batch(items: Sequence[Scored], logits: Sequence[torch.Tensor], *,
+def verify_batch(items: Sequence[Scored], logits: torch.Tensor | Sequence[torch.Tensor], *,
                  backend: str = "auto") -> list[tuple[int, int]]:
-    """``(accepted, next token)`` for each item; ``logits[i]`` is ``[M_i + 1, V]``."""
+    """``(accepted, next token)`` for each item.
+
+    ``logits`` is what :meth:`~sdcp_fast.model.interfaces.TargetScorer.score` returned for
+    the items' requests: one ``[R, V]`` tensor whose first ``sum(M_i + 1)`` rows are the
+    items' in order, or one ``[M_i + 1, V]`` tensor per item. Rows or tensors after the
+    items' (requests of the pass that are not rounds, e.g. prefill chunks) are ignored."""
+    if not items:
+        return []
+    counts = [len(item.work.proposed) + 1 for item in items]
+    cu_rows = [0, *accumulate(counts)]
+    if isinstance(logits, torch.Tensor):
+        flat = logits
+    else:  # a scorer that answers per request: one copy into the layout the kernels read
+        flat = torch.cat(list(logits[: len(items)]))
+    if flat.shape[0] < cu_rows[-1]:
+        raise ValueError(f"the pass returned {flat.shape[0]} logit rows for {cu_rows[-1]}")
     greedy = [i for i, item in enumerate(items) if item.work.rule == RULE_GREEDY]
     sampled = [i for i, item in enumerate(items) if item.work.rule != RULE_GREEDY]
     parts: list[torch.Tensor] = []  # [B_rule, 3]: accepted, next token, bad
     if greedy:
-        parts.append(_greedy([items[i] for i in greedy], [logits[i] for i in greedy], backend))
+        parts.append(_greedy([items[i] for i in greedy], _rows(flat, greedy, cu_rows, len(items)), backend))
     if sampled:
-        parts.append(_sampled([items[i] for i in sampled], [logits[i] for i in sampled], backend))
-    if not parts:
-        return []
-    rows: list[list[int]] = torch.cat([p.to(parts[0].device) for p in parts]).tolist()  # the one sync
+        parts.append(_sampled([items[i] for i in sampled], _rows(flat, sampled, cu_rows, len(items)), backend))
+    device = parts[0].device
+    rows: list[list[int]] = (parts[0] if len(parts) == 1 else torch.cat([p.to(device) for p in parts])).tolist()
     out: list[tuple[int, int]] = [(0, 0)] * len(items)
     for i, (accepted, token, bad) in zip([*greedy, *sampled], rows, strict=True):
         if bad:  # the core checked q(x) > 0 already; this would be a kernel bug
             raise RuntimeError("kernel flagged a proposal the core accepted")
         out[i] = (accepted, token)
     return out
+
+
+def _rows(flat: torch.Tensor, chosen: list[int], cu_rows: list[int], batch: int) -> torch.Tensor:
+    """The logit rows of the ``chosen`` items: a view when they are all of them (one rule),
+    else one gather of just their rows."""
+    if len(chosen) == batch:
+        rows = flat[: cu_rows[-1]]
+    else:
+        index = [r for i in chosen for r in range(cu_rows[i], cu_rows[i + 1])]
+        rows = flat.index_select(0, torch.tensor(index, dtype=torch.int64, device=flat.device))
+    return rows if rows.dtype in (torch.float32, torch.bfloat16) else rows.float()
 
 
 def _results(accepted: torch.Tensor, emitted: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
@@ -55,25 +83,27 @@ def _results(accepted: torch.Tensor, emitted: torch.Tensor, bad: torch.Tensor | 
     return torch.stack([a, token, flag], dim=1)
 
 
-def _greedy(items: list[Scored], logits: list[torch.Tensor], backend: str) -> torch.Tensor:
-    rows, tokens, cu = _ragged([item.work for item in items], logits)
+def _greedy(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Tensor:
+    tokens, cu = _layout([item.work for item in items])
     accepted, emitted = kernels.verify_greedy(rows, tokens, cu, backend=backend)
     return _results(accepted, emitted, None)
 
 
-def _sampled(items: list[Scored], logits: list[torch.Tensor], backend: str) -> torch.Tensor:
+def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Tensor:
     works = [item.work for item in items]
-    rows, tokens, cu = _ragged(works, logits)
+    tokens, cu = _layout(works)
     vocab, dev = rows.shape[1], rows.device
     # The kernels take q and the uniforms on the logits' device (the rows come from the MLC).
     q = torch.cat([item.q if item.q is not None else torch.zeros(0, vocab) for item in items]).to(dev)
     m_max = max(len(w.proposed) for w in works)
-    uniforms = torch.zeros(len(works), m_max + 1, 2, dtype=torch.float64)
-    for j, work in enumerate(works):
+    table: list[list[tuple[float, float]]] = []  # [B, M_max + 1, 2], zero-padded: one tensor built
+    for work in works:
         u = work.uniforms
         assert u is not None
-        uniforms[j, : len(u.accept), 0] = torch.tensor(u.accept, dtype=torch.float64)
-        uniforms[j, : len(u.draw), 1] = torch.tensor(u.draw, dtype=torch.float64)
+        accept = [*u.accept, *[0.0] * (m_max + 1 - len(u.accept))]
+        draw = [*u.draw, *[0.0] * (m_max + 1 - len(u.draw))]
+        table.append(list(zip(accept, draw, strict=True)))
+    uniforms = torch.tensor(table, dtype=torch.float64)
     profile = [w.sampling or Sampling() for w in works]
     temperature = torch.tensor([1000 if s.temperature_milli is None else s.temperature_milli for s in profile])
     top_k = torch.tensor([s.top_k or 0 for s in profile])
@@ -83,7 +113,8 @@ def _sampled(items: list[Scored], logits: list[torch.Tensor], backend: str) -> t
     return _results(accepted, emitted, bad)
 
 
-def _ragged(works: list[ScoreNeeded], logits: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _layout(works: list[ScoreNeeded]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The proposed tokens ``[D]`` and their offsets ``[B + 1]``, built on the host."""
     cu = torch.tensor([0, *accumulate(len(w.proposed) for w in works)], dtype=torch.int64)
     tokens = torch.tensor([t for w in works for t in w.proposed], dtype=torch.int64)
-    return torch.cat(logits).float(), tokens, cu
+    return tokens, cu

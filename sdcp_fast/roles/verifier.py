@@ -349,7 +349,8 @@ class VerifierRole:
             if out.tokens or out.final or remaining <= 0:
                 return out
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(live.changed.wait(), remaining)
+                async with asyncio.timeout(remaining):  # a timer, not wait_for's task per poll
+                    await live.changed.wait()
 
     async def _post_proposal(self, request: Request) -> Verdict:
         peer = request.peer

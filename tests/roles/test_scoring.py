@@ -81,6 +81,42 @@ def test_a_batch_answers_each_session_as_its_own_batch_would(backend: str, size:
             assert (accepted, token) == (expected, int(row[expected].argmax()))
 
 
+@pytest.mark.parametrize("backend", _backends())
+@pytest.mark.parametrize("rules", [(RULE_GREEDY,), (RULE_SPECULATIVE,), (RULE_GREEDY, RULE_SPECULATIVE)],
+                         ids=["rule1", "rule2", "mixed"])
+def test_one_logits_tensor_answers_as_the_per_session_tensors_do(backend: str, rules: tuple[int, ...]) -> None:
+    """A scorer may return the pass's rows as one ``[R, V]`` tensor (rounds in batch order);
+    rows after the rounds' (a prefill chunk's, say) are not read."""
+    items, logits = _batch(77 + len(rules), 11, rules)
+    expected = verify_batch(items, logits, backend=backend)
+    trailing = torch.full((3, VOCAB), float("nan"))
+    assert verify_batch(items, torch.cat([*logits, trailing]), backend=backend) == expected
+    assert verify_batch(items, [*logits, trailing], backend=backend) == expected
+
+
+def test_one_logits_tensor_is_not_copied_when_the_batch_is_one_rule() -> None:
+    """Rule 1 alone: the kernel reads the scorer's tensor itself (no re-concatenation)."""
+    items, logits = _batch(5, 6, (RULE_GREEDY,))
+    flat = torch.cat(logits)
+    seen: list[int] = []
+    original = scoring.kernels.verify_greedy
+
+    def spy(rows: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        seen.append(rows.data_ptr())
+        return original(rows, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(scoring.kernels, "verify_greedy", spy)
+        verify_batch(items, flat, backend="reference")
+    assert seen == [flat.data_ptr()]
+
+
+def test_too_few_logit_rows_is_an_error() -> None:
+    items, logits = _batch(9, 4, (RULE_GREEDY,))
+    with pytest.raises(ValueError, match="logit rows"):
+        verify_batch(items, torch.cat(logits)[:-1], backend="reference")
+
+
 @contextlib.contextmanager
 def _host_reads() -> Iterator[list[str]]:
     """Every read of a tensor's values into Python made by roles/scoring.py itself."""
