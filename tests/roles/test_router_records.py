@@ -5,6 +5,7 @@ alone, each with a log line."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from pathlib import Path
 
@@ -14,7 +15,9 @@ from sdcp_fast.deploy.local import ROUTER, Deployment
 from sdcp_fast.model.toy import EOS, decode, encode
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.routing import decode_record, encode_index
+from sdcp_fast.protocol.status_table import StatusTable
 from sdcp_fast.roles.router import RouterRole, serving_spec
+from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.transport import loop
 from tests.roles.test_frontend import PROMPT, greedy
 from tests.roles.test_frontend_resume import OTHER, two_routers
@@ -83,3 +86,45 @@ def test_finished_malformed_foreign_and_taken_records_are_not_adopted(tmp_path: 
     assert sum("routing record ignored" in line for line in lines) == 2
     assert any(f"not adopted: router {OTHER} routes it now" in line for line in lines)
     assert any(f"router {OTHER} routes it now; letting it go" in line for line in lines)
+
+
+def test_a_verifier_serving_two_routers_reports_to_both_and_takes_a_cancel_from_either(tmp_path: Path) -> None:
+    """``--router A,B``: status and events to each; DELETE sessions/{id} from either, not from a third."""
+    async def scenario() -> tuple[bool, bool, set[str], str, bool]:
+        async with two_routers(tmp_path) as (d, _, b, _):
+            both = f"{ROUTER},{OTHER}"
+            d.verifier.router = d.verifier.committer.router = both
+            b.table = StatusTable()
+            await d.verifier.report_status()
+            heard = b.table.live(d.verifier.uri, b.clock())
+            told: list[str] = []
+            send = d.verifier.committer.client.event
+
+            async def event(router, message):  # type: ignore[no-untyped-def]
+                told.append(router)
+                return await send(router, message)
+
+            d.verifier.committer.client.event = event  # type: ignore[method-assign]
+            short = await d.router.open(serving_spec(encode(PROMPT), max_new=3))
+            await d.router.text(short.session)  # its finish event goes to both
+            for _ in range(200):
+                if len(set(told)) == 2:
+                    break
+                await asyncio.sleep(0.01)
+            routed = await d.router.open(serving_spec(encode(PROMPT), max_new=4000))
+            third = "inproc://router-c/"
+            refused = ""
+            try:
+                await SdcpClient(d.network.transport(Peer(third, PeerRole.ROUTER))).cancel(d.verifier.uri,
+                                                                                          routed.session)
+            except Exception as exc:  # noqa: BLE001 - the problem's type is what is checked
+                refused = type(exc).__name__
+            taken = await b.adopt(routed.session) is not None
+            await b.cancel(routed.session)
+            gone = routed.session not in {s.session for s in d.verifier.sessions}
+            return heard, taken, set(told), refused, gone
+
+    heard, taken, told, refused, gone = loop.run(scenario())
+    assert heard and taken and gone
+    assert told == {ROUTER, OTHER}
+    assert refused == "Forbidden"
