@@ -11,7 +11,7 @@ and a Python value before encoding (``dump``). The messages themselves are in
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from sdcp_fast.protocol import cbor
@@ -41,8 +41,12 @@ class Kind:
 class UInt(Kind):
     def __init__(self, *, ge: int = 0, le: int = cbor.UINT64_MAX, only: frozenset[int] | None = None) -> None:
         self.ge, self.le, self.only = ge, le, only
+        self._lo, self._hi = max(ge, 0), min(le, cbor.UINT64_MAX)  # both bounds at once
 
     def parse(self, raw: Any) -> int:
+        # Every message holds several: a plain int in range passes in one test.
+        if type(raw) is int and self._lo <= raw <= self._hi and (self.only is None or raw in self.only):
+            return raw
         if not is_int(raw) or not 0 <= raw <= cbor.UINT64_MAX:
             raise Invalid("must be an unsigned integer below 2**64")
         if not self.ge <= raw <= self.le:
@@ -142,10 +146,10 @@ class Member:
     kind: Kind
     optional: bool = False
     key: str = ""
+    wire: str = field(init=False, repr=False, compare=False)  # the key on the wire
 
-    @property
-    def wire(self) -> str:
-        return self.key or self.attr
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wire", self.key or self.attr)
 
 
 def req(attr: str, kind: Kind, key: str = "") -> Member:
@@ -154,6 +158,20 @@ def req(attr: str, kind: Kind, key: str = "") -> Member:
 
 def opt(attr: str, kind: Kind) -> Member:
     return Member(attr, kind, True)
+
+
+_ABSENT = object()
+
+
+_WIRES: dict[type[Message], frozenset[str]] = {}
+
+
+def _wires(cls: type[Message]) -> frozenset[str]:
+    """The keys ``cls`` defines, worked out once per class."""
+    wires = _WIRES.get(cls)
+    if wires is None:
+        wires = _WIRES[cls] = frozenset(m.wire for m in cls._members)
+    return wires
 
 
 class Message:
@@ -192,19 +210,21 @@ class Message:
         if not isinstance(data, Mapping):
             raise problem(f"{name} must be a CBOR map")
         if strict:
-            unknown = set(data) - {m.wire for m in cls._members}
+            unknown = set(data) - _wires(cls)
             if unknown:
                 raise problem(f"{name} has keys the draft does not define: {sorted(map(repr, unknown))}")
         values: dict[str, Any] = {}
         for member in cls._members:
-            if member.wire not in data:
+            wire = member.wire
+            raw = data.get(wire, _ABSENT)
+            if raw is _ABSENT:
                 if not member.optional:
-                    raise problem(f"{name} lacks required key {member.wire!r}")
+                    raise problem(f"{name} lacks required key {wire!r}")
                 continue
             try:
-                values[member.attr] = member.kind.parse(data[member.wire])
+                values[member.attr] = member.kind.parse(raw)
             except Invalid as exc:
-                raise problem(f"{name}.{member.wire} {exc}") from None
+                raise problem(f"{name}.{wire} {exc}") from None
         make: Callable[..., _M] = cls
         return make(**values)
 
