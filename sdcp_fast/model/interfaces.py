@@ -41,6 +41,16 @@ class TargetScorer(Protocol):
         ...
 
 
+class Logits(list[torch.Tensor]):
+    """Per-request logits that are views of one ``[R, V]`` tensor, :attr:`rows` (each
+    request's rows in batch order): used as the list, while the verifier's kernels read
+    ``rows`` itself instead of concatenating the views again."""
+
+    def __init__(self, rows: torch.Tensor, counts: Sequence[int]) -> None:
+        super().__init__(rows.split(list(counts)))
+        self.rows = rows
+
+
 def per_request(logits: torch.Tensor | Sequence[torch.Tensor],
                 batch: Sequence[ScoreRequest]) -> list[torch.Tensor]:
     """:meth:`TargetScorer.score`'s answer as one ``[M + 1, V]`` tensor per request (views)."""

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from sdcp_fast.model.interfaces import ScoreRequest
+from sdcp_fast.model.interfaces import Logits, ScoreRequest
 
 from .batch_layout import BatchLayout
 from .cuda_graphs import DEFAULT_BUCKETS, GraphBank
@@ -104,7 +104,7 @@ class ModelRunner:
             new.append([*c[kept:], *e])
         self.passes += 1
         if self.graphs is not None and self.graphs.fits(sessions, new, n_out):
-            return list(self.graphs.run(sessions, new).split(n_out))
+            return Logits(self.graphs.run(sessions, new), n_out)
         # Only the rows asked for go through the (vocab-wide) head.
         ends = torch.tensor([len(t) for t in new]).cumsum(0).tolist()
         rows = [e - k + i for e, k in zip(ends, n_out, strict=True) for i in range(k)]
@@ -120,7 +120,7 @@ class ModelRunner:
             out_rows = meta[host.numel():]
         hidden = self._forward(flat, self.cache, lay, n_layers=self.n_layers)  # [T, dim]
         logits = self.model.logits(hidden[out_rows])  # [sum(n_out), V]
-        return list(logits.split(n_out))
+        return Logits(logits, n_out)  # views of one tensor, which the verifier reads whole
 
     def score(self, batch: Sequence[ScoreRequest]) -> list[torch.Tensor]:
         """One pass; per request ``[M + 1, V]`` float32 logits after ``committed + proposal[:i]``."""

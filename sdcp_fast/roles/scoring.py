@@ -17,6 +17,7 @@ from itertools import accumulate
 import torch
 
 from sdcp_fast import kernels
+from sdcp_fast.model.interfaces import Logits
 from sdcp_fast.protocol import Sampling, ScoreNeeded
 from sdcp_fast.protocol.messages import RULE_GREEDY
 
@@ -43,6 +44,8 @@ def verify_batch(items: Sequence[Scored], logits: torch.Tensor | Sequence[torch.
     cu_rows = [0, *accumulate(counts)]
     if isinstance(logits, torch.Tensor):
         flat = logits
+    elif isinstance(logits, Logits):  # views of one tensor: read that tensor
+        flat = logits.rows
     else:  # a scorer that answers per request: one copy into the layout the kernels read
         flat = torch.cat(list(logits[: len(items)]))
     if flat.shape[0] < cu_rows[-1]:

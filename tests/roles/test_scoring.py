@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sdcp_fast.kernels.backends import BackendUnavailable, resolve
+from sdcp_fast.model.interfaces import Logits
 from sdcp_fast.protocol import Sampling
 from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
 from sdcp_fast.protocol.session import ScoreNeeded, Uniforms
@@ -108,7 +109,9 @@ def test_one_logits_tensor_is_not_copied_when_the_batch_is_one_rule() -> None:
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(scoring.kernels, "verify_greedy", spy)
         verify_batch(items, flat, backend="reference")
-    assert seen == [flat.data_ptr()]
+        # A model runner's per-request views of one tensor: the kernel reads that tensor.
+        verify_batch(items, Logits(flat, [len(x) for x in logits]), backend="reference")
+    assert seen == [flat.data_ptr(), flat.data_ptr()]
 
 
 def test_too_few_logit_rows_is_an_error() -> None:
