@@ -445,3 +445,82 @@ def test_a_verifier_that_died_since_its_last_report_does_not_fail_an_open(tmp_pa
     assert routed.verifier == VERIFIER
     assert list(dict.fromkeys(b for b, _, p in sent if p.startswith("sessions"))) == [dead, VERIFIER]
     assert (problem.status, problem.suffix) == (503, "sdcp-busy")
+
+
+def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path):
+    """The router is replaced by a new process of itself (same URI and scope, nothing in
+    memory) after the open and a sampling update: it adopts the session from its routing
+    record (docs/interpretations.md, "Routing records"), and when the active verifier falls
+    silent it fences, resumes the session at the standby with the recorded policy, and the
+    output stream goes on to its end without duplicates or gaps."""
+    from sdcp_fast.model.toy import ToyTarget
+    from sdcp_fast.store import embedded
+    from sdcp_fast.transport.inprocess import InProcessNetwork
+
+    clock = Clock()
+    network = InProcessNetwork()
+    mlc = embedded(str(tmp_path))
+    target = ToyTarget()
+    policy = Sampling(temperature_milli=500, top_k=8, seed=77)
+    killed_at = []
+
+    def kill_after_round_3(info):
+        if info.round == 3 and not killed_at:
+            killed_at.append(info)
+            network.unregister(ACTIVE)
+
+    def verifier(uri, on_round=None):
+        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                            output_wait=0.1, on_round=on_round)
+        network.register(uri, role.handler)
+        return role
+
+    def router():
+        role = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
+                          tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
+                          drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
+        network.register(ROUTER, role.handler)
+        return role
+
+    async def scenario():
+        first = router()
+        active, standby = verifier(ACTIVE, kill_after_round_3), verifier(STANDBY)
+        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
+                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
+        network.register(DRAFTER, drafter.handler)
+        roles = [active, drafter, standby]
+        for role in roles[:2]:
+            await role.start()
+        try:
+            await until(lambda: first.table.status(DRAFTER, clock()) is not None)
+            spec = SessionSpec(PROMPT, max_new=40, rule=RULE_SPECULATIVE, session=S,
+                               sampling=Sampling(temperature_milli=1000, seed=76))
+            await first.open(spec)
+            await standby.start()
+            await first.policy(S, 3, policy)
+            second = router()  # the restart: the first one's memory is gone, its records are not
+            for role in roles:
+                await role.report_status()
+            await second.adopt_listed()
+            adopted = S in second.sessions
+            stream = asyncio.create_task(second.text(S))
+            await until(lambda: killed_at)
+            clock.advance(11.0)
+            await standby.report_status()
+            await drafter.report_status()
+            await second.sweep()
+            tokens, finish = await asyncio.wait_for(stream, 15.0)
+            at_standby = standby.sessions.get(S)
+            return adopted, second.sessions[S].routed, tokens, finish, at_standby, at_standby.output(0).tokens
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        adopted, routed, tokens, finish, at_standby, final = run(scenario(), timeout=30.0)
+    finally:
+        mlc.close()
+    assert adopted and routed.verifier == STANDBY and routed.epoch == 2 and finish == Action.FINISH
+    assert tokens == list(final) and len(tokens) == 40
+    assert at_standby.sampling_for(at_standby.round) == policy
