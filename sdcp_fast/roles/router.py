@@ -42,15 +42,14 @@ from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.routing import (
     RoutedSession,
-    adoption,
     after_open,
     new_session_id,
     note_progress,
     on_event,
     open_message,
     policy_update,
-    routed_from,
 )
+from sdcp_fast.protocol.routing_records import adoption, routed_from
 from sdcp_fast.protocol.status_table import StatusTable, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects

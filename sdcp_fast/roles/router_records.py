@@ -4,7 +4,7 @@ routing changes (open, assignment, sampling update, fail-over, end), and one ind
 ``mlc://<scope>/<index id>/routing``, naming the sessions it routes. A restarted router reads
 its index and adopts the live sessions still given to it; any router sharing the scope adopts
 a session a client asks it to resume. The format and the adoption decision are
-protocol/routing.py's; this module reads and writes them.
+protocol/routing_records.py's; this module reads and writes them.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import logging
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.failures import ObjectUnavailable
-from sdcp_fast.protocol.routing import (
+from sdcp_fast.protocol.routing_records import (
     RoutingRecord,
     decode_index,
     decode_record,

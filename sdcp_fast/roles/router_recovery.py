@@ -28,9 +28,9 @@ from sdcp_fast.protocol.routing import (
     expired_verifiers,
     fence_for,
     plan_failover,
-    record_of,
     stalled,
 )
+from sdcp_fast.protocol.routing_records import record_of
 from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects

@@ -1,4 +1,4 @@
-"""Routing records (sdcp_fast/protocol/routing.py; docs/interpretations.md, "Routing records"):
+"""Routing records (sdcp_fast/protocol/routing_records.py; docs/interpretations.md, "Routing records"):
 what a router writes to the MLC for each session, read back by any router, and the
 adoption decision."""
 
@@ -10,16 +10,15 @@ import pytest
 from sessionkit import PROMPT, SID, VERIFIER, contract
 
 from sdcp_fast.protocol.messages import Policy, Resume, Sampling
-from sdcp_fast.protocol.routing import (
+from sdcp_fast.protocol.routing import RoutedSession, open_message
+from sdcp_fast.protocol.routing_records import (
     RECORD_FORMAT,
-    RoutedSession,
     adoption,
     decode_index,
     decode_record,
     encode_index,
     encode_record,
     index_id,
-    open_message,
     record_of,
     routed_from,
 )

@@ -14,7 +14,7 @@ import pytest
 from sdcp_fast.deploy.local import ROUTER, Deployment
 from sdcp_fast.model.toy import EOS, decode, encode
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.protocol.routing import decode_record, encode_index
+from sdcp_fast.protocol.routing_records import decode_record, encode_index
 from sdcp_fast.protocol.status_table import StatusTable
 from sdcp_fast.roles.router import RouterRole, serving_spec
 from sdcp_fast.roles.wire import SdcpClient
