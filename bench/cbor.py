@@ -1,9 +1,11 @@
 """CBOR codec micro-bench: the Python codec against the native one, in the same run.
 
-The hot messages of a round (a proposal, its verdict, the commit record the verifier appends)
-and a 15.7 MiB commit record (3.3 M tokens of five-byte heads), each encoded and decoded by
-both codecs of :mod:`sdcp_fast.protocol.cbor`; ``msg`` rows time the whole message codec
-(``Proposal.encode()``/``Proposal.decode()``: CDDL checks included) on each codec.
+The hot messages of a round (a proposal, its verdict, the commit record the verifier
+appends), a 15.7 MiB commit record (3.3 M tokens of five-byte heads), and the MLC's CBOR
+object form around 500 KB of q rows (which the drafter no longer uses: the rows go as a raw
+body), each encoded and decoded by both codecs of :mod:`sdcp_fast.protocol.cbor`; ``msg``
+rows time the whole message codec (``Proposal.encode()``/``Proposal.decode()``: CDDL checks
+included) on each codec.
 
     nice .venv/bin/python bench/cbor.py [--seconds 0.5]
 """
@@ -51,16 +53,17 @@ def messages() -> dict[str, Any]:
                           digest=bytes(range(32, 64)))
     big = CommitRecord(epoch=2, round=118, emitted=tuple(range(4_000_000_000, 4_000_000_000 - 3_300_000, -1)),
                        committed=3_300_000, digest=bytes(32))
-    return {"proposal": proposal, "verdict": verdict, "commit record": record, "commit record 15.7 MiB": big}
+    return {"proposal": proposal, "verdict": verdict, "commit record": record, "commit record 15.7 MiB": big,
+            # The MLC's CBOR object form, as q rows (M = 4, V = 32,000) were put before they went raw.
+            "q rows in a CBOR object": {"data": bytes(4 * 32_000 * 4), "lease_ms": 30_000,
+                                        "meta": {"dtype": "float32", "shape": [4, 32_000]}}}
 
 
 def run(seconds: float) -> list[tuple[str, str, float, float]]:
     rows: list[tuple[str, str, float, float]] = []
     for name, message in messages().items():
-        is_record = isinstance(message, CommitRecord)
-        raw = message if is_record else message.to_map()
-        if is_record:
-            raw = cbor.decode(encode_record(message))
+        is_record, is_map = isinstance(message, CommitRecord), isinstance(message, dict)
+        raw = cbor.decode(encode_record(message)) if is_record else message if is_map else message.to_map()
         wire = cbor.py_deterministic_cbor(raw)
         label = f"{name} ({len(wire):,} B)"
         per = seconds if len(wire) < 1 << 20 else seconds * 4
@@ -71,6 +74,8 @@ def run(seconds: float) -> list[tuple[str, str, float, float]]:
                      _time(partial(native.encode, raw), per)))
         rows.append((label, "decode", _time(partial(cbor.py_decode, wire), per),
                      _time(partial(native.decode, wire), per)))
+        if is_map:
+            continue
         if is_record:
             enc: Callable[[], Any] = partial(encode_record, message)
             dec: Callable[[], Any] = partial(decode_record, wire)
