@@ -23,7 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=None,
                    help="sessions per scoring pass at most, of each verifier (default: the verifier's own, 64)")
     p.add_argument("--prefill-chunk", type=int, default=None,
-                   help="prompt tokens per scoring pass at most, of each verifier (default: the verifier's own, 512)")
+                   help="prompt tokens per scoring pass at most, of each verifier (default: the verifier's own, "
+                        "512 on a GPU, 32 on the CPU)")
     p.add_argument("--routers", type=int, default=1, metavar="N",
                    help="routers over the same routing records, each with its own front end; a client "
                         "resumes its stream at any of them (default 1)")

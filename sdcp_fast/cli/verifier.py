@@ -28,9 +28,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-batch", type=int, default=64, help="sessions per scoring pass at most (default 64)")
     p.add_argument("--batch-wait-ms", type=float, default=5.0,
                    help="how long a batch waits for the sessions that owe a proposal (default 5 ms)")
-    p.add_argument("--prefill-chunk", type=int, default=512,
+    p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens one scoring pass feeds at most, beside its decoding rounds; a longer "
-                        "prompt is fed in chunks over several passes (default 512; 0: in one pass)")
+                        "prompt is fed in chunks over several passes (default: 512 on a GPU, 32 on the CPU; "
+                        "0: in one pass)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_device_argument(p)
     add_service_arguments(p, name="verifier", port=8501)

@@ -21,7 +21,6 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
 from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
-from sdcp_fast.roles.verifier_batch import DEFAULT_PREFILL_CHUNK
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -85,7 +84,7 @@ class Engine:
         on_round: Callable[[RoundInfo], None] | None = None,
         batch_wait: float = 0.005,
         clock: Callable[[], float] = time.monotonic,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
     ) -> None:
         self.scorer = scorer
         self.drafters = list(drafters)
@@ -100,7 +99,7 @@ class Engine:
         # Each committed round, its drafter named by the drafter's name (not its URI).
         self.on_round = on_round
         self.batch_wait = batch_wait
-        self.prefill_chunk = prefill_chunk
+        self.prefill_chunk = prefill_chunk  # None: the verifier's default for the scorer's device
         self.clock = clock
         self.target_passes = 0
         self.index_of: dict[bytes, int] = {}  # each session of the last run: its index in the specs

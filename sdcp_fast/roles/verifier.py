@@ -49,7 +49,7 @@ from sdcp_fast.protocol.session import Pending, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.verifier_batch import DEFAULT_PREFILL_CHUNK, Batcher
+from sdcp_fast.roles.verifier_batch import Batcher
 from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_kv import KvPublisher
 from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
@@ -95,7 +95,7 @@ class VerifierRole:
         target_kv: TargetKV | None | str = "auto",
         kv_publish_tokens: int = 32,
         kv_publish_growth: float = 0.25,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_chunk: int | None = None,
     ) -> None:
         self.scorer = scorer
         self.uri = uri

@@ -42,7 +42,11 @@ from sdcp_fast.roles.verifier_state import LiveSession, Round
 log = logging.getLogger("sdcp_fast.verifier")
 
 LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with the session id
-DEFAULT_PREFILL_CHUNK = 512  # context tokens one pass feeds at most, beside its decoding rounds
+# Context tokens one pass feeds at most, beside its decoding rounds, by default. A pass on a GPU
+# costs about the same from a few tokens to some hundreds (reading the weights dominates); on a
+# CPU its cost grows with its tokens from a few dozen on (docs/measurements.md, "Chunked prefill").
+PREFILL_CHUNK_GPU = 512
+PREFILL_CHUNK_CPU = 32
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
 
 
@@ -50,7 +54,7 @@ class Batcher:
     def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], *, objects: Objects,
                  committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
                  clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
-                 self_decode_idle: float | None, prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 self_decode_idle: float | None, prefill_chunk: int | None = None) -> None:
         self.scorer = scorer
         self.sessions = sessions
         self.objects = objects
@@ -64,6 +68,8 @@ class Batcher:
         # Local policy (docs/interpretations.md): a session no drafter was assigned to for
         # this many seconds is decoded by the target itself, where its contract permits it.
         self.self_decode_idle = self_decode_idle
+        if prefill_chunk is None:
+            prefill_chunk = default_prefill_chunk(scorer)
         if prefill_chunk < 0:
             raise ValueError("prefill_chunk must be >= 0 (0: a context in one pass)")
         self.prefill_chunk = prefill_chunk
@@ -249,8 +255,7 @@ class Batcher:
             fed.append(end - live.fed)
         self.progress = started = self.clock()
         self.load.batch(len(batch), sum(fed))
-        if batch:
-            self.metrics.batch(len(batch))
+        self.metrics.batch(len(batch) + len(chunks))  # sessions in the pass, those being prefilled too
         starting = [item.live for item in batch if not item.live.prefilled] + [live for live, _ in chunks]
         for live in starting:
             if live.prefill_started is None and self._unfed(live) >= LONG_PREFILL:
@@ -287,6 +292,13 @@ class Batcher:
             self.progress = self.clock()
         if self._self_decoding():
             self.wake.set()
+
+
+def default_prefill_chunk(scorer: object) -> int:
+    """The chunk for a scorer on its device (one without a ``device``: the CPU's)."""
+    device = getattr(scorer, "device", None)
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    return PREFILL_CHUNK_CPU if on_cpu else PREFILL_CHUNK_GPU
 
 
 def _context(live: LiveSession, end: int) -> tuple[int, ...]:
