@@ -166,7 +166,12 @@ class Frontend:
         except ValueError:
             raise ApiError(400, "Last-Event-ID is not an event id of this API (<32 hex digits>:<index>)",
                            code="invalid_last_event_id") from None
-        entry = await self.router.adopt(session)
+        try:
+            entry = await self.router.adopt(session)
+        except (ConnectionError, TimeoutError, OSError) as exc:  # the MLC holding the records is away
+            log.warning("session %s: resume: routing record not readable: %s", session.hex(), exc)
+            raise ApiError(503, "the session's routing record cannot be read now; retry later", kind="server_error",
+                           code="sdcp-busy") from None
         if entry is None:
             raise ApiError(404, f"no live session {session.hex()} to resume: it is unknown or it finished",
                            code="session_not_found")
