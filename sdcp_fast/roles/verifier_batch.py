@@ -167,8 +167,8 @@ class Batcher:
     def _chunked(self, live: LiveSession) -> bool:
         """Whether ``live`` still needs prefill chunks before its first round's pass."""
         s = live.session
-        return (bool(self.prefill_chunk) and not live.prefilled and not s.closed and s.state is not State.COMMITTING
-                and self._unfed(live) > self.prefill_chunk)
+        return (bool(self.prefill_chunk) and not live.prefilled and not live.chunks_failed and not s.closed
+                and s.state is not State.COMMITTING and self._unfed(live) > self.prefill_chunk)
 
     def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]]]:
         """The next pass: queued rounds (up to ``max_batch``), then self-decoding sessions, whose
@@ -180,7 +180,7 @@ class Batcher:
 
         def fits(live: LiveSession) -> bool:
             nonlocal budget
-            cost = 0 if live.prefilled else self._unfed(live)
+            cost = 0 if live.prefilled or live.chunks_failed else self._unfed(live)
             if len(batch) >= self.max_batch or (budget is not None and cost > budget):
                 return False
             if budget is not None:
@@ -228,6 +228,10 @@ class Batcher:
                     log.exception("scoring pass failed")
                     for item in batch:
                         _drop(item)
+                    for live, _ in chunks:
+                        # Not chunked again: its first round then feeds the rest in one pass, and a
+                        # failure there is a dropped round, sent again by its drafter's back-off.
+                        live.chunks_failed = True
                 # Let readers and drafters run between passes, also while sessions self-decode: an
                 # output read takes a few loop steps (a long-poll wake-up), so a few yields.
                 for _ in range(4):
@@ -283,7 +287,7 @@ class Batcher:
         took = self.clock() - started
         if took >= LONG_PASS:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
-                        sum(fed), ", ".join(item.work.session.hex() for item in batch))
+                        sum(fed), ", ".join(r.session.hex() for r in requests))
         self.target_passes += 1
         results = verify_batch(batch, logits, backend=self.backend)  # the rounds come first; prefill chunks after
         # One group commit for the pass; each round answered by its own append's outcome.

@@ -57,6 +57,7 @@ class LiveSession:
     # prefill chunks or imported pages), and the prefill's progress for its log lines.
     fed: int = 0
     prefilling: bool = False  # a prefill chunk of it is in the pass running now
+    chunks_failed: bool = False  # a pass with a prefill chunk of it failed: the rest goes in one pass
     prefill_started: float | None = None
     prefill_passes: int = 0
     changed: asyncio.Event = field(default_factory=asyncio.Event)

@@ -173,3 +173,30 @@ def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, ca
     assert lines[0] == f"session {long}: prefill of 45 tokens starts (at most 16 a pass)"
     assert lines[1].startswith(f"session {long}: prefill of 45 tokens done in ") and lines[1].endswith(" (3 passes)")
     assert len(lines) == 2  # the 29-token prompt is below the line
+
+
+def test_a_failed_prefill_chunk_leaves_the_rest_to_one_pass(tmp_path):
+    """A pass holding a prefill chunk fails: the session is not chunked again (no pass loop on
+    a chunk that cannot be scored), its first round feeds the rest, and the output is the same."""
+    whole, _ = _decode(tmp_path, 0, False)
+
+    class FailingOnce(FedRunner):
+        failed = False
+
+        def score(self, batch):
+            if not self.failed and any(not r.proposal and len(r.committed) < 45
+                                       and list(r.committed) == PROMPTS[0][: len(r.committed)] for r in batch):
+                self.failed = True
+                raise RuntimeError("device lost")
+            return super().score(batch)
+
+    runner = FailingOnce(random_model(), block_size=4)
+    mlc = embedded(str(tmp_path / "mlc-failing"))
+    try:
+        engine = Engine(runner, [], mlc, target_digest=model_digest("small"),
+                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=13)
+        results = engine.run([spec_for(p, max_new=10, m=3) for p in PROMPTS])
+    finally:
+        mlc.close()
+    assert runner.failed and [r.tokens for r in results] == whole
+    assert max(runner.fed[0]) == 45  # after the failure, the 45-token prompt went in one pass
