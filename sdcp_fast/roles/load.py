@@ -80,6 +80,7 @@ class VerifierLoad:
         self._occupancy = 0.0
         self._running = 0.0  # the work of the pass in progress
         self.queue = 0
+        self.prefill = 0  # prompt tokens still waiting for their prefill chunks
 
     def batch(self, size: int, fed: int = 0) -> None:
         """A pass of ``size`` rounds starts, feeding ``fed`` tokens to the model. A prefill is
@@ -95,5 +96,7 @@ class VerifierLoad:
         self._running = 0.0
 
     def percent(self) -> int:
-        queued = min(1.0, self.queue / self.max_batch)
+        # A prompt fed in chunks is work waiting like queued rounds: as many full passes as its
+        # tokens fill (each chunk's pass alone feeds only a part of one).
+        queued = min(1.0, max(self.queue / self.max_batch, self.prefill / (self.max_batch * 9)))
         return max(round(100 * max(self._occupancy, queued, self._running)), self.gpu.percent())

@@ -196,12 +196,14 @@ class Batcher:
             if fits(live):
                 batch.append(Round(live.session.self_decode(), live=live))
         chunks: list[tuple[LiveSession, int]] = []
+        waiting = [live for live in self.sessions.records() if self._chunked(live)]
+        self.load.prefill = sum(self._unfed(live) for live in waiting)
         if budget:
             in_pass = {id(item.live) for item in batch}
-            for live in self.sessions.records():
+            for live in waiting:
                 if budget <= 0:
                     break
-                if id(live) in in_pass or not self._chunked(live):
+                if id(live) in in_pass:
                     continue
                 n = min(budget, len(live.session.prompt) + live.session.committed - 1 - live.fed)
                 chunks.append((live, live.fed + n))
@@ -277,6 +279,7 @@ class Batcher:
         for live in starting:
             live.prefill_passes += 1
         for live, end in chunks:
+            self.load.prefill = max(0, self.load.prefill - (end - live.fed))
             live.fed = end
         for item in batch:
             live = item.live
