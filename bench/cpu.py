@@ -100,37 +100,105 @@ class Ours:
         return dt
 
 
-class LlamaCpp:
-    def __init__(self, path: Path, threads: int) -> None:
-        from llama_cpp import Llama
+class _Binding:
+    """The C API of whichever llama.cpp binding is installed, used the same way through both:
+    llama-cpp-python (ctypes; a wheel or a build from its sdist) or llama-cpp-py-sync (cffi,
+    prebuilt CPU library). Both load llama.cpp's own shared library; only the glue differs."""
 
-        self.llm = Llama(model_path=str(path), n_ctx=2048, n_threads=threads, n_threads_batch=threads,
-                         n_batch=512, verbose=False, logits_all=False)
+    def __init__(self) -> None:
+        if importlib.util.find_spec("llama_cpp") is not None:
+            import ctypes
+
+            import llama_cpp
+
+            self.lib, self.string = llama_cpp, bytes
+            self.name = f"llama-cpp-python {llama_cpp.__version__}"
+            self.array = lambda toks: (llama_cpp.llama_token * len(toks))(*toks)
+            self._quiet = llama_cpp.llama_log_callback(lambda level, text, data: None)
+            llama_cpp.llama_log_set(self._quiet, ctypes.c_void_p(0))
+        else:
+            import llama_cpp_py_sync
+            from llama_cpp_py_sync._cffi_bindings import get_ffi, get_lib
+
+            ffi = get_ffi()
+            self.lib, self.string = get_lib(), ffi.string
+            self.name = (f"llama-cpp-py-sync {llama_cpp_py_sync.__version__} "
+                         f"(llama.cpp {llama_cpp_py_sync.__llama_cpp_commit__[:10]})")
+            self.array = lambda toks: ffi.new("llama_token[]", toks)
+            self._quiet = ffi.callback("void(enum ggml_log_level, const char *, void *)", lambda *a: None)
+            self.lib.llama_log_set(self._quiet, ffi.NULL)
+        self.lib.llama_backend_init()
+        self.system_info = self.string(self.lib.llama_print_system_info()).decode().strip()
+
+
+class LlamaCpp:
+    """llama.cpp on the same GGUF, greedy, one ``llama_decode`` per generated token (as its
+    own generation loop does), its default context settings (an f16 KV cache, flash attention
+    where it chooses it), ``threads`` for decode and batch; ``exact``: an f32 KV cache and no
+    flash attention instead (``-ctk f32 -ctv f32 -fa off``)."""
+
+    def __init__(self, path: Path, threads: int, *, exact: bool = False) -> None:
+        self.c = c = _Binding()
+        lib = c.lib
+        mp = lib.llama_model_default_params()
+        mp.n_gpu_layers = 0
+        self.model = lib.llama_model_load_from_file(str(path).encode(), mp)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        cp = lib.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = 2048, 512, 512
+        cp.n_threads = cp.n_threads_batch = threads
+        if exact:
+            cp.type_k = cp.type_v = 0  # GGML_TYPE_F32
+            cp.flash_attn_type = 0
+        self.ctx = lib.llama_init_from_model(self.model, cp)
+        self.sampler = lib.llama_sampler_init_greedy()
+        self.memory = lib.llama_get_memory(self.ctx)
+
+    def _decode(self, tokens: list[int]) -> None:
+        lib = self.c.lib
+        for i in range(0, len(tokens), 512):
+            chunk = self.c.array(tokens[i:i + 512])
+            if lib.llama_decode(self.ctx, lib.llama_batch_get_one(chunk, len(tokens[i:i + 512]))) != 0:
+                raise RuntimeError("llama_decode failed")
 
     def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
-        llm = self.llm
-        llm.reset()
-        llm.eval(prompt)
-        out: list[int] = []
+        """``n`` greedy tokens after ``prompt``; tokens/s from the call to the last token, the
+        prompt's pass included (as ours and HF's are timed)."""
+        lib = self.c.lib
         t = time.perf_counter()
-        for _ in range(n):
-            tok = int(llm.sample(top_k=1, temp=0.0))
+        lib.llama_memory_clear(self.memory, True)
+        self._decode(prompt)
+        out: list[int] = []
+        for k in range(n):
+            tok = int(lib.llama_sampler_sample(self.sampler, self.ctx, -1))
             out.append(tok)
-            llm.eval([tok])
+            if k + 1 < n:
+                self._decode([tok])
         return out, n / (time.perf_counter() - t)
 
     def prefill_s(self, tokens: list[int]) -> float:
-        self.llm.reset()
+        self.c.lib.llama_memory_clear(self.memory, True)
         t = time.perf_counter()
-        self.llm.eval(tokens)
+        self._decode(tokens)
         return time.perf_counter() - t
+
+    def close(self) -> None:
+        lib = self.c.lib
+        lib.llama_sampler_free(self.sampler)
+        lib.llama_free(self.ctx)
+        lib.llama_model_free(self.model)
 
 
 def _llama_unavailable(path: Path) -> str | None:
-    if importlib.util.find_spec("llama_cpp") is None:
-        return "llama-cpp-python is not installed (pip install llama-cpp-python)"
+    if importlib.util.find_spec("llama_cpp") is None and importlib.util.find_spec("llama_cpp_py_sync") is None:
+        return "no llama.cpp binding is installed (pip install llama-cpp-python, or llama-cpp-py-sync)"
     if path.suffix != ".gguf":
         return f"{path} is not a GGUF file"
+    try:
+        _Binding()
+    except (OSError, RuntimeError) as exc:  # a prebuilt library this system cannot load
+        return f"the llama.cpp library does not load here: {str(exc).splitlines()[0][:200]}"
     return None
 
 
@@ -163,17 +231,41 @@ class HF:
         return out[0, len(prompt):].tolist(), n / dt
 
 
-def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
-    """Tokens up to each pair's first difference, summed; and the total compared."""
-    same = total = 0
+def prefixes(a: list[list[int]], b: list[list[int]]) -> list[tuple[int, int]]:
+    """For each pair: the tokens up to its first difference, and the tokens compared."""
+    out = []
     for x, y in zip(a, b, strict=True):
         n = min(len(x), len(y))
-        total += n
         k = 0
         while k < n and x[k] == y[k]:
             k += 1
-        same += k
-    return same, total
+        out.append((k, n))
+    return out
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
+    """Tokens up to each pair's first difference, summed; and the total compared."""
+    got = prefixes(a, b)
+    return sum(k for k, _ in got), sum(n for _, n in got)
+
+
+def agree(ours: dict[str, Ours], llama: LlamaCpp, texts: list[str], n: int, *,
+          exact: LlamaCpp | None = None) -> dict[str, Any]:
+    """Each form's greedy tokens against llama.cpp's, ``n`` per prompt, the same token ids in;
+    with ``exact`` (llama.cpp with an f32 KV cache), that one against llama.cpp's default too:
+    how far llama.cpp's own settings move its tokens."""
+    first = next(iter(ours.values()))
+    prompts = [first.encode(t) for t in texts]
+    theirs = [llama.greedy(p, n)[0] for p in prompts]
+    runs = {f"ours {form}": partial(o.greedy, n=n) for form, o in ours.items()}
+    if exact is not None:
+        runs["llama.cpp, f32 KV cache, no flash attention"] = partial(exact.greedy, n=n)
+    out = {}
+    for name, run in runs.items():
+        got = prefixes([run(p)[0] for p in prompts], theirs)
+        out[name] = {"same": sum(k for k, _ in got), "total": sum(m for _, m in got), "prompts": len(prompts),
+                     "identical": sum(k == m for k, m in got), "prefix": [k for k, _ in got]}
+    return out
 
 
 def kernel_table(threads: int = 1) -> str:
@@ -231,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec-prompts", type=int, default=6)
     p.add_argument("--skip-hf", action="store_true")
     p.add_argument("--skip-spec", action="store_true")
+    p.add_argument("--agree-only", action="store_true",
+                   help="only the agreement with llama.cpp (--agree-prompts x --agree-tokens, first thread count)")
     p.add_argument("--quick", action="store_true", help="2 repeats, 6 agreement prompts, 3 speculation prompts")
     p.add_argument("--out", default=None, help="write the figures as JSON here too")
     p.add_argument("--kernels", action="store_true", help="only the per-product table (1 thread)")
@@ -256,10 +350,10 @@ def main(argv: list[str] | None = None) -> int:
     why_hf = "--skip-hf" if args.skip_hf else _hf_unavailable()
     if why_llama:
         notes.append(f"llama.cpp skipped: {why_llama}")
-    if why_hf:
+    if why_hf and not args.agree_only:
         notes.append(f"HF transformers skipped: {why_hf}")
     hf = None
-    if why_hf is None:
+    if why_hf is None and not args.agree_only:
         import tempfile
 
         hf = HF(ours.get("f32", first), Path(tempfile.mkdtemp(prefix="sdcp-bench-hf-")))
@@ -268,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "load_average": os.getloadavg(), "notes": notes, "decode": {}, "pass_ratio": {},
                                "prefill_s": {}, "agreement": {}, "speculation": {}}
+    if not why_llama:
+        binding = _Binding()
+        results["llama_cpp"] = {"binding": binding.name, "system_info": binding.system_info}
     evals, train = builtin("eval"), builtin("train")
     long_prompt = first.encode(" ".join(p["text"] for p in evals + train))
     long_prompt = (long_prompt * (args.prefill // max(len(long_prompt), 1) + 1))[: args.prefill]
@@ -278,10 +375,20 @@ def main(argv: list[str] | None = None) -> int:
     demo_texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals
                                                                           if p["kind"] == "chat"]
     spec_texts = [t if chat is None else chat(t) for t in demo_texts][: args.spec_prompts]
+    if args.agree_only:
+        threads = threads[:1] if why_llama is None else []
     for th in threads:
         torch.set_num_threads(th)
-        print(f"bench/cpu.py: {th} thread(s): decode, pass cost, prefill", file=sys.stderr, flush=True)
         llama = None if why_llama else LlamaCpp(path, th)
+        if llama is not None and th == threads[0]:
+            print(f"bench/cpu.py: {th} thread(s): agreement with llama.cpp", file=sys.stderr, flush=True)
+            exact = LlamaCpp(path, th, exact=True)
+            results["agreement"] = agree(ours, llama, agree_texts, args.agree_tokens, exact=exact)
+            exact.close()
+        if args.agree_only:
+            llama.close()
+            break
+        print(f"bench/cpu.py: {th} thread(s): decode, pass cost, prefill", file=sys.stderr, flush=True)
         dec: dict[str, list[float]] = {}
         pre: dict[str, list[float]] = {}
         ratio: dict[str, list[float]] = {}
@@ -298,14 +405,9 @@ def main(argv: list[str] | None = None) -> int:
         results["decode"][th] = dec
         results["pass_ratio"][th] = ratio
         results["prefill_s"][th] = pre
-        if llama is not None and th == threads[0]:
-            for form, o in ours.items():
-                a = [o.greedy(o.encode(t), args.agree_tokens)[0] for t in agree_texts]
-                b = [llama.greedy(o.encode(t), args.agree_tokens)[0] for t in agree_texts]
-                same, total = agreement(a, b)
-                results["agreement"][form] = {"same": same, "total": total, "prompts": len(agree_texts)}
-        del llama
-    if not args.skip_spec:
+        if llama is not None:
+            llama.close()
+    if not args.skip_spec and not args.agree_only:
         print("bench/cpu.py: speculation", file=sys.stderr, flush=True)
         torch.set_num_threads(threads[0])
         texts = spec_texts
@@ -324,9 +426,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def report(r: dict[str, Any], threads: list[int]) -> str:
-    lines = [f"# {r['command']}  ({r['date']}, load average {r['load_average'][0]:.1f})", ""]
-    lines.append("decode tokens/s, median (range over repeats):")
+def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
+    lines = ["decode tokens/s, median (range over repeats):"]
     names = sorted({n for th in threads for n in r["decode"][th]})
     lines.append(f"  {'':<24}" + "".join(f"{f'{th} thread' + ('s' if th > 1 else ''):>22}" for th in threads))
     for n in names:
@@ -344,15 +445,26 @@ def report(r: dict[str, Any], threads: list[int]) -> str:
     lines.append("prefill seconds:")
     for th in threads:
         lines.append(f"  {th} thread(s): " + ", ".join(f"{n} {min(v):.3f}" for n, v in r["prefill_s"][th].items()))
+    return lines
+
+
+def report(r: dict[str, Any], threads: list[int]) -> str:
+    lines = [f"# {r['command']}  ({r['date']}, load average {r['load_average'][0]:.1f})", ""]
+    threads = [th for th in threads if th in r["decode"]]  # none with --agree-only
+    if threads:
+        lines.extend(_timing_lines(r, threads))
     if r["agreement"]:
-        lines.append("greedy agreement with llama.cpp (tokens up to the first difference):")
+        lines.append("greedy agreement with llama.cpp's defaults (tokens up to each prompt's first difference):")
         for form, a in r["agreement"].items():
             lines.append(f"  {form}: {a['same']}/{a['total']} = {a['same'] / max(a['total'], 1):.1%} "
-                         f"over {a['prompts']} prompts")
+                         f"over {a['prompts']} prompts, {a['identical']} identical throughout; "
+                         f"prefixes {a['prefix']}")
     if r["speculation"]:
         lines.append("speculation speedup (tokens/s vs target-only, same weights):")
         for form, s in r["speculation"].items():
             lines.append(f"  {form}: " + ", ".join(f"{d} {_range(v)}" for d, v in s.items()))
+    if "llama_cpp" in r:
+        lines.append(f"llama.cpp through {r['llama_cpp']['binding']}: {r['llama_cpp']['system_info']}")
     lines.extend(f"note: {n}" for n in r["notes"])
     return "\n".join(lines)
 

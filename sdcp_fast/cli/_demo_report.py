@@ -5,7 +5,14 @@ The speedup is measured like for like (the same roles, process, thread and devic
 and more than once: speculative and target-only runs alternate in pairs, the order swapped
 from one pair to the next, so a load that rises or falls during the run lands on both sides.
 The report gives the median speedup with its range, says when the range is as wide as the
-effect, and shows why: each run's time per target pass, and the bound its passes give.
+effect, and shows why, per session: a session is scored once per round, alone or in a pass
+shared with other sessions, so the figures that explain the speedup are counted per session
+pass (one session's part of a target pass), not per pass over all sessions. Target-only
+decoding commits one token per session pass; speculative decoding commits 1 + the accepted
+draft tokens. Their ratio is the bound the passes give (the speedup if a speculative session
+pass cost what a target-only one does); the measured cost of a session pass on each side
+(drafting included) turns it into the speedup, and when that cost eats the bound, the report
+says what it would take to pay.
 """
 
 from __future__ import annotations
@@ -29,6 +36,12 @@ class Timed:
     proposed: int = 0  # draft tokens proposed in drafter rounds (0: target-only)
     accepted: int = 0
     rounds: int = 0  # drafter rounds
+    session_passes: int = 0  # committed rounds of all sessions: one session scored once each (0: use passes)
+    draft_seconds: float = 0.0  # in the drafters' propose
+
+    @property
+    def per_session(self) -> int:
+        return self.session_passes or self.passes
 
 
 def interleaved(speculative: Callable[[int], Timed], target_only: Callable[[int], Timed],
@@ -48,14 +61,22 @@ def interleaved(speculative: Callable[[int], Timed], target_only: Callable[[int]
 
 
 def comparison(pairs: Sequence[tuple[Timed, Timed]], identical: list[bool] | None) -> dict[str, Any]:
-    """The figures of the pairs: the speedup (median, range), each side's time per target pass
-    and tokens per pass, the bound the passes give (the speedup if a speculative pass cost what
-    a target-only one does), and (rule 1) whether each session's output is the same."""
+    """The figures of the pairs: the speedup (median, range); per session pass, each side's
+    tokens and time (and the speculative side's drafting time), the bound the session passes
+    give (the speedup if a speculative session pass cost what a target-only one does), the cost
+    ratio of a session pass, and the bound from both (what the measured acceptance and costs
+    allow); each side's tokens per whole pass (batching); and (rule 1) whether each session's
+    output is the same."""
     speedups = [b.seconds / max(s.seconds, 1e-9) for s, b in pairs]
     median = statistics.median(speedups)
     lo, hi = min(speedups), max(speedups)
-    ms = {side: statistics.median(r.seconds / max(r.passes, 1) * 1e3 for r in runs)
-          for side, runs in (("speculative", [s for s, _ in pairs]), ("target_only", [b for _, b in pairs]))}
+    sides = (("speculative", [s for s, _ in pairs]), ("target_only", [b for _, b in pairs]))
+    ms = {side: statistics.median(r.seconds / max(r.passes, 1) * 1e3 for r in runs) for side, runs in sides}
+    ms_session = {side: statistics.median(r.seconds / max(r.per_session, 1) * 1e3 for r in runs)
+                  for side, runs in sides}
+    ms_draft = statistics.median(s.draft_seconds / max(s.per_session, 1) * 1e3 for s, _ in pairs)
+    bound = statistics.median(b.per_session / max(s.per_session, 1) for s, b in pairs)
+    cost = ms_session["speculative"] / max(ms_session["target_only"], 1e-9)
     proposed = sum(s.proposed for s, _ in pairs)
     base_seconds = statistics.median(b.seconds for _, b in pairs)
     tokens = pairs[0][1].tokens
@@ -69,8 +90,13 @@ def comparison(pairs: Sequence[tuple[Timed, Timed]], identical: list[bool] | Non
         "ms_per_pass": {k: round(v, 3) for k, v in ms.items()},
         "tokens_per_pass": {"speculative": round(tokens / max(pairs[0][0].passes, 1), 2),
                             "target_only": round(tokens / max(pairs[0][1].passes, 1), 2)},
-        "bound": round(statistics.median(b.passes / max(s.passes, 1) for s, b in pairs), 2),
-        "pass_cost": round(ms["speculative"] / max(ms["target_only"], 1e-9), 2),
+        "ms_per_session_pass": {k: round(v, 3) for k, v in ms_session.items()},
+        "ms_drafting_per_session_pass": round(ms_draft, 3),
+        "tokens_per_session_pass": {"speculative": round(tokens / max(pairs[0][0].per_session, 1), 2),
+                                    "target_only": round(tokens / max(pairs[0][1].per_session, 1), 2)},
+        "bound": round(bound, 2),
+        "pass_cost": round(cost, 2),
+        "bound_from_costs": round(bound / max(cost, 1e-9), 2),
         "acceptance": round(sum(s.accepted for s, _ in pairs) / proposed, 3) if proposed else None,
         "mean_m": round(proposed / max(1, sum(s.rounds for s, _ in pairs)), 2) if proposed else None,
         "pairs": [{"speculative_s": round(s.seconds, 3), "target_only_s": round(b.seconds, 3),
@@ -91,19 +117,37 @@ def _print_comparison(base: dict[str, Any], tokens: int, where: str) -> None:
     print(f"speedup {base['speedup']}x (median of {base['repeats']}; range {base['speedup_min']}-"
           f"{base['speedup_max']}x)" + ("" if same is None else
           f"; output identical to target-only greedy decoding: {'yes' if all(same) else 'NO'}"))
-    ms, tpp = base["ms_per_pass"], base["tokens_per_pass"]
-    accept = "" if base["acceptance"] is None else \
-        f" (acceptance {base['acceptance']:.0%} at mean M {base['mean_m']})"
-    print(f"  why: a target pass takes {ms['speculative']:.2f} ms speculative ({tpp['speculative']} tokens/pass) "
-          f"vs {ms['target_only']:.2f} ms target-only ({tpp['target_only']} tokens/pass): {base['bound']}x fewer "
-          f"passes{accept}, each {base['pass_cost']}x the cost; the passes alone bound the speedup at "
-          f"{base['bound']}x")
+    for line in why(base):
+        print(f"  {line}")
     if base["spread_as_large_as_effect"]:
         lo, hi = base["speedup_min"], base["speedup_max"]
         sure = "its sign is not (every pair agrees)" if lo > 1 or hi < 1 else \
             "nor is its sign: the runs cannot tell speculation from noise"
         print(f"  the spread ({lo}-{hi}x) is as large as the effect: on this machine, under its present load, "
               f"the size of the speedup is not known; {sure}")
+
+
+def why(base: dict[str, Any]) -> list[str]:
+    """The lines that explain the speedup per session pass, and when speculation cannot pay
+    here, what it would take."""
+    ms, tpp = base["ms_per_session_pass"], base["tokens_per_session_pass"]
+    accept = "" if base["acceptance"] is None else \
+        f" (acceptance {base['acceptance']:.0%} at mean M {base['mean_m']})"
+    whole = base["tokens_per_pass"]
+    lines = [f"why, per session pass (one session scored once; a target pass scores several at once: "
+             f"{whole['speculative']} tokens per pass speculative, {whole['target_only']} target-only):",
+             f"  tokens per session pass: {tpp['speculative']} speculative{accept} vs {tpp['target_only']} "
+             f"target-only; the session passes alone bound the speedup at {base['bound']}x",
+             f"  time per session pass: {ms['speculative']:.2f} ms speculative "
+             f"({base['ms_drafting_per_session_pass']:.2f} ms of it drafting) vs {ms['target_only']:.2f} ms "
+             f"target-only, {base['pass_cost']}x the cost; the bound from the measured acceptance and costs: "
+             f"{base['bound']}x / {base['pass_cost']} = {base['bound_from_costs']}x"]
+    if base["bound_from_costs"] < 1:
+        lines.append(f"  speculation cannot pay here: a speculative session pass would have to cost at most "
+                     f"{base['bound']}x a target-only one (it costs {base['pass_cost']}x), or commit at least "
+                     f"{round(tpp['speculative'] * base['pass_cost'] / max(base['bound'], 1e-9), 2)} tokens per "
+                     f"session pass at this cost (it commits {tpp['speculative']})")
+    return lines
 
 
 def report(out: dict[str, Any], args: argparse.Namespace, details: Sequence[str], summary: str, *,

@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -144,9 +146,34 @@ def _speculative(setup: Setup, specs: list[Any], mlc: Store, args: argparse.Name
                     tokenizer_digest=setup.tokenizer_digest, drafter_digests=setup.drafter_digests,
                     backend=args.backend, seed=args.seed, on_round=observe, fixed_m=args.m,
                     adaptive_m=args.m is None)
-    results = engine.run(specs)
+    with _timing_drafts(setup.drafters) as drafting:
+        results = engine.run(specs)
     seconds = results[0].seconds if results else 0.0
-    return results, Timed(sum(len(r.tokens) for r in results), seconds, engine.target_passes, *counts)
+    return results, Timed(sum(len(r.tokens) for r in results), seconds, engine.target_passes, *counts,
+                          session_passes=sum(r.rounds for r in results), draft_seconds=drafting[0])
+
+
+@contextmanager
+def _timing_drafts(drafters: list[Any]) -> Iterator[list[float]]:
+    """Seconds spent in the drafters' ``propose`` while the block runs (in element 0)."""
+    spent = [0.0]
+
+    def timed(propose: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **kw: Any) -> Any:
+            t = time.perf_counter()
+            try:
+                return propose(*a, **kw)
+            finally:
+                spent[0] += time.perf_counter() - t
+        return run
+
+    for d in drafters:
+        d.propose = timed(d.propose)
+    try:
+        yield spent
+    finally:
+        for d in drafters:
+            del d.propose  # the class's own method again
 
 
 def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed: int) -> tuple[list[list[int]], Timed]:
@@ -159,7 +186,8 @@ def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed:
                     tokenizer_digest=setup.tokenizer_digest, backend=backend, seed=seed)
     results = engine.run([replace(spec, drafters=None, self_load=100, self_max=None) for spec in specs])
     seconds = results[0].seconds if results else 0.0
-    return [r.tokens for r in results], Timed(sum(len(r.tokens) for r in results), seconds, engine.target_passes)
+    return [r.tokens for r in results], Timed(sum(len(r.tokens) for r in results), seconds, engine.target_passes,
+                                              session_passes=sum(r.rounds for r in results))
 
 
 def compare(setup: Setup, args: argparse.Namespace, lengths: list[int],

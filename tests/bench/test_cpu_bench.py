@@ -41,3 +41,37 @@ def test_agreement_counts_up_to_the_first_difference() -> None:
     bench = _bench()
     assert bench.agreement([[1, 2, 3], [4, 5, 6]], [[1, 2, 9], [4, 5, 6]]) == (5, 6)
     assert bench.agreement([[1]], [[2]]) == (0, 1)
+
+
+def test_agree_only_without_llama_cpp_says_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = _bench()
+    out = tmp_path / "agree.json"
+    assert bench.main(["--model", "tiny-target", "--weights", "f32", "--agree-only", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["decode"] == {} and got["agreement"] == {} and got["speculation"] == {}
+    assert any(n.startswith("llama.cpp skipped: ") for n in got["notes"])
+    assert "decode tokens/s" not in capsys.readouterr().out
+
+
+class _Stub:
+    """A contender that answers each prompt with a fixed continuation."""
+
+    def __init__(self, answers: dict[tuple[int, ...], list[int]]) -> None:
+        self.answers = answers
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) for c in text]
+
+    def greedy(self, prompt: list[int], n: int) -> tuple[list[int], float]:
+        return self.answers[tuple(prompt)][:n], 1.0
+
+
+def test_agreement_mode_reports_each_prompts_prefix() -> None:
+    bench = _bench()
+    a, b = (97,), (98,)
+    llama = _Stub({a: [1, 2, 3, 4], b: [5, 6, 7, 8]})
+    ours = _Stub({a: [1, 2, 3, 4], b: [5, 9, 7, 8]})
+    exact = _Stub({a: [1, 2, 0, 0], b: [5, 6, 7, 8]})
+    got = bench.agree({"q4": ours}, llama, ["a", "b"], 4, exact=exact)
+    assert got["ours q4"] == {"same": 5, "total": 8, "prompts": 2, "identical": 1, "prefix": [4, 1]}
+    assert got["llama.cpp, f32 KV cache, no flash attention"]["prefix"] == [2, 4]

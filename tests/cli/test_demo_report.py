@@ -1,5 +1,6 @@
 """The demo's speedup figures: pairs interleaved with the order swapped, the median with its
-range, the flag when the range is as wide as the effect, and the why (time per pass, bound)."""
+range, the flag when the range is as wide as the effect, and the why (per session pass: tokens, time,
+the bound from them, and what it would take when speculation cannot pay)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,36 @@ def test_a_range_as_wide_as_the_effect_is_said(capsys: pytest.CaptureFixture[str
     assert "speedup 1.15x (median of 2; range 0.9-1.4x)" in text
     assert "is as large as the effect" in text and "cannot tell speculation from noise" in text
     assert "ms speculative" in text and "bound the speedup at 4.0x" in text
+    assert "cannot pay" not in text
+
+
+def test_the_bound_counts_session_passes_not_shared_passes() -> None:
+    # Three sessions, 30 tokens each. Target-only scores all three in every pass: 30 passes,
+    # 90 session passes, 3 tokens per pass. Speculative commits 3 tokens per session pass,
+    # but its rounds rarely line up: 30 session passes in 25 passes. Counted over whole passes
+    # the bound would be 30 / 25 = 1.2x; per session pass it is 90 / 30 = 3x.
+    spec = Timed(90, 1.5, 25, proposed=120, accepted=60, rounds=30, session_passes=30, draft_seconds=0.3)
+    base = Timed(90, 3.0, 30, session_passes=90)
+    got = comparison([(spec, base)], [True, True, True])
+    assert got["tokens_per_session_pass"] == {"speculative": 3.0, "target_only": 1.0}
+    assert got["tokens_per_pass"] == {"speculative": 3.6, "target_only": 3.0}
+    assert got["bound"] == 3.0
+    assert got["ms_per_session_pass"] == {"speculative": 50.0, "target_only": 33.333}
+    assert got["ms_drafting_per_session_pass"] == 10.0
+    assert got["pass_cost"] == 1.5 and got["bound_from_costs"] == 2.0 == got["speedup"]
+
+
+def test_a_drafter_that_cannot_pay_is_told_what_it_would_take(capsys: pytest.CaptureFixture[str]) -> None:
+    # 1.25 tokens per session pass, each costing 2x a target-only one: 0.62x at best.
+    spec = Timed(40, 3.2, 32, proposed=64, accepted=8, rounds=32, session_passes=32, draft_seconds=1.0)
+    base = Timed(40, 2.0, 40, session_passes=40)
+    got = comparison([(spec, base)], [True])
+    assert got["bound"] == 1.25 and got["pass_cost"] == 2.0 and got["bound_from_costs"] == 0.62
+    report({"sessions": [], "tokens": 40, "baseline": got}, argparse.Namespace(json=False), [], "summary")
+    text = capsys.readouterr().out
+    assert "the bound from the measured acceptance and costs: 1.25x / 2.0 = 0.62x" in text
+    assert "speculation cannot pay here" in text and "at most 1.25x a target-only one (it costs 2.0x)" in text
+    assert "commit at least 2.0 tokens per session pass at this cost (it commits 1.25)" in text
 
 
 def test_a_wide_range_that_never_crosses_one_keeps_the_sign(capsys: pytest.CaptureFixture[str]) -> None:
