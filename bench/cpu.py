@@ -12,17 +12,22 @@ the next:
 - pass cost: a verification pass over M + 1 = 5 positions against a one-token pass (ours).
 - prefill: ``--prefill`` prompt tokens in one pass (ours, llama.cpp).
 - agreement: ours and llama.cpp's greedy tokens on ``--agree-prompts`` built-in prompts x
-  ``--agree-tokens`` tokens, counted up to each prompt's first difference.
+  ``--agree-tokens`` tokens (raw, or ``--agree-chat`` in the chat template), counted up to each
+  prompt's first difference; and llama.cpp with an f32 KV cache against its own defaults, which
+  says how many of those tokens are near-ties that any difference in rounding flips.
 - speculation: each of ``--drafters`` against target-only decoding on the demo's prompts (tokens/s
   ratio, same weights, same loop).
 
     python bench/cpu.py                         # everything (minutes)
     python bench/cpu.py --quick                 # fewer repeats and prompts
     python bench/cpu.py --skip-hf --skip-spec   # decode, pass cost, prefill, agreement only
+    python bench/cpu.py --agree-only --weights q4   # the agreement only (20 prompts x 32 tokens)
     python bench/cpu.py --kernels               # one product per kernel: ours vs torch f32 and int8
 
-llama-cpp-python and transformers are optional peers: when one is missing, the table says why it
-was skipped.
+llama.cpp and transformers are optional peers: when one is missing, the table says why it was
+skipped. llama.cpp comes through either binding of its C API: llama-cpp-python (built from its
+sdist) or llama-cpp-py-sync (a prebuilt CPU library); the report names the binding and what
+the library was built with (its SIMD flags).
 """
 
 from __future__ import annotations
@@ -251,20 +256,28 @@ def agreement(a: list[list[int]], b: list[list[int]]) -> tuple[int, int]:
 
 def agree(ours: dict[str, Ours], llama: LlamaCpp, texts: list[str], n: int, *,
           exact: LlamaCpp | None = None) -> dict[str, Any]:
-    """Each form's greedy tokens against llama.cpp's, ``n`` per prompt, the same token ids in;
-    with ``exact`` (llama.cpp with an f32 KV cache), that one against llama.cpp's default too:
-    how far llama.cpp's own settings move its tokens."""
+    """Each form's greedy tokens against llama.cpp's, ``n`` per prompt, the same token ids in.
+    With ``exact`` (llama.cpp with an f32 KV cache, as ours keeps), each form against that one
+    too, and that one against llama.cpp's defaults: how far llama.cpp's own settings move its
+    tokens (the near-ties any change of rounding flips)."""
     first = next(iter(ours.values()))
     prompts = [first.encode(t) for t in texts]
     theirs = [llama.greedy(p, n)[0] for p in prompts]
-    runs = {f"ours {form}": partial(o.greedy, n=n) for form, o in ours.items()}
-    if exact is not None:
-        runs["llama.cpp, f32 KV cache, no flash attention"] = partial(exact.greedy, n=n)
+    exact_out = None if exact is None else [exact.greedy(p, n)[0] for p in prompts]
+
+    def figures(a: list[list[int]], b: list[list[int]]) -> dict[str, Any]:
+        got = prefixes(a, b)
+        return {"same": sum(k for k, _ in got), "total": sum(m for _, m in got), "prompts": len(prompts),
+                "identical": sum(k == m for k, m in got), "prefix": [k for k, _ in got]}
+
     out = {}
-    for name, run in runs.items():
-        got = prefixes([run(p)[0] for p in prompts], theirs)
-        out[name] = {"same": sum(k for k, _ in got), "total": sum(m for _, m in got), "prompts": len(prompts),
-                     "identical": sum(k == m for k, m in got), "prefix": [k for k, _ in got]}
+    for form, o in ours.items():
+        mine = [o.greedy(p, n)[0] for p in prompts]
+        out[f"ours {form}"] = figures(mine, theirs)
+        if exact_out is not None:
+            out[f"ours {form} vs llama.cpp with an f32 KV cache"] = figures(mine, exact_out)
+    if exact_out is not None:
+        out["llama.cpp with an f32 KV cache, no flash attention"] = figures(exact_out, theirs)
     return out
 
 
@@ -319,6 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill", type=int, default=512)
     p.add_argument("--agree-prompts", type=int, default=20)
     p.add_argument("--agree-tokens", type=int, default=32)
+    p.add_argument("--agree-chat", action="store_true",
+                   help="agreement prompts in the model's chat template (as the demo and the front end send them)")
     p.add_argument("--drafters", default="ngram,layerskip:8,model:smollm2-draft")
     p.add_argument("--spec-prompts", type=int, default=6)
     p.add_argument("--skip-hf", action="store_true")
@@ -372,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     # (a copy prompt first, then the chat ones, in the chat template).
     agree_texts = [p["text"] for p in evals + train][: args.agree_prompts]
     chat = chat_template(first.lm)
+    if args.agree_chat and chat is not None:
+        agree_texts = [chat(t) for t in agree_texts]
     demo_texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals
                                                                           if p["kind"] == "chat"]
     spec_texts = [t if chat is None else chat(t) for t in demo_texts][: args.spec_prompts]
@@ -380,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     for th in threads:
         torch.set_num_threads(th)
         llama = None if why_llama else LlamaCpp(path, th)
-        if llama is not None and th == threads[0]:
+        if llama is not None and th == threads[0] and agree_texts:
             print(f"bench/cpu.py: {th} thread(s): agreement with llama.cpp", file=sys.stderr, flush=True)
             exact = LlamaCpp(path, th, exact=True)
             results["agreement"] = agree(ours, llama, agree_texts, args.agree_tokens, exact=exact)
@@ -454,7 +471,8 @@ def report(r: dict[str, Any], threads: list[int]) -> str:
     if threads:
         lines.extend(_timing_lines(r, threads))
     if r["agreement"]:
-        lines.append("greedy agreement with llama.cpp's defaults (tokens up to each prompt's first difference):")
+        lines.append("greedy agreement with llama.cpp (its defaults unless named; tokens up to each prompt's "
+                     "first difference):")
         for form, a in r["agreement"].items():
             lines.append(f"  {form}: {a['same']}/{a['total']} = {a['same'] / max(a['total'], 1):.1%} "
                          f"over {a['prompts']} prompts, {a['identical']} identical throughout; "

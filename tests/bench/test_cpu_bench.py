@@ -74,4 +74,5 @@ def test_agreement_mode_reports_each_prompts_prefix() -> None:
     exact = _Stub({a: [1, 2, 0, 0], b: [5, 6, 7, 8]})
     got = bench.agree({"q4": ours}, llama, ["a", "b"], 4, exact=exact)
     assert got["ours q4"] == {"same": 5, "total": 8, "prompts": 2, "identical": 1, "prefix": [4, 1]}
-    assert got["llama.cpp, f32 KV cache, no flash attention"]["prefix"] == [2, 4]
+    assert got["ours q4 vs llama.cpp with an f32 KV cache"]["prefix"] == [2, 1]
+    assert got["llama.cpp with an f32 KV cache, no flash attention"]["prefix"] == [2, 4]
