@@ -271,8 +271,9 @@ def contract(rule: int, max_new: int) -> Contract:
 class Router:
     """This process as the router: sessions opened, assigned and followed to their end."""
 
-    def __init__(self, deployment: Deployment) -> None:
+    def __init__(self, deployment: Deployment, output_pace: float = 0.0) -> None:
         self.d = deployment
+        self.output_pace = output_pace  # seconds between a session's output polls (0: poll again at once)
         self.counted = Counted(_client(deployment.certs, "router"))
         self.client = SdcpClient(self.counted)
         self.stats = SdcpClient(_client(deployment.certs, "router"))  # the children's counters, not counted
@@ -302,6 +303,8 @@ class Router:
             if out.final:
                 self.open.discard(sid)
                 return
+            if self.output_pace > 0:  # the next reply carries every round committed meanwhile
+                await asyncio.sleep(self.output_pace)
 
     async def cancel_open(self) -> None:
         """End the sessions still running (``DELETE sessions/{id}``): their drafters stop at
@@ -441,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batch", type=int, default=256)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="as the verifier service's default")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the verifier and drafters")
+    parser.add_argument("--output-pace-ms", type=float, default=0.0,
+                        help="the router's wait between a session's output polls (0: the next poll at once)")
     parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
     parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
@@ -457,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
           flush=True)
     result: dict[str, Any] = {"load_before": os.getloadavg(), "levels": [], "per_round": []}
     with deployment(args) as d:
-        router = Router(d)
+        router = Router(d, args.output_pace_ms / 1e3)
 
         async def levels() -> None:
             for concurrency in args.concurrency:

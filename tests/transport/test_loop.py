@@ -4,8 +4,10 @@ service's run and for a loop kept in a thread."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import threading
+import weakref
 
 from sdcp_fast.transport.loop import LoopThread, loop_name, new_loop, run
 
@@ -40,3 +42,25 @@ def test_loop_thread_runs_coroutines_off_the_calling_thread_until_stopped() -> N
     runner.stop()
     runner.stop()  # a second stop is harmless
     assert runner.loop.is_closed()
+
+
+def test_run_collects_then_freezes_the_startup_heap() -> None:
+    """A service's imports and model stay out of the collector's passes (gc.freeze); the
+    garbage of startup is collected first, not frozen with them."""
+
+    class Node:
+        other: object = None
+
+    cycle = Node()
+    cycle.other = cycle
+    gone = weakref.ref(cycle)
+    del cycle
+
+    async def frozen() -> int:
+        return gc.get_freeze_count()
+
+    try:
+        assert run(frozen()) > 0
+        assert gone() is None
+    finally:
+        gc.unfreeze()  # this test process is not a service
