@@ -2,7 +2,7 @@
 process, with the identities of peers that own nothing there.
 
 A q-rows object written by drafter A and a commit log with records sit in the store
-throughout. Every answer: no 5xx but the documented ones (503 sdcp-busy, 507 mlc-full), no
+throughout; log appends go to the single-record route and, reshaped, to the batch route. Every answer: no 5xx but the documented ones (503 sdcp-busy, 507 mlc-full), no
 traceback, Problem Details on every refusal; the object's bytes never change (nobody sending
 owns it), and the log changes only by appends answered 201.
 """
@@ -92,6 +92,16 @@ def check(response: Any, request: Request) -> None:
         assert body["status"] == response.status and body["title"], body
 
 
+def batch_appended(request: Request, response: Any) -> int:
+    """Records a batch append answered 200 added to LOG: its entries on LOG answered 201 (each
+    answer a status a refused entry may get, never a 5xx)."""
+    entries = cbor.decode(request.body)["appends"]
+    results = cbor.decode(response.body)["results"]
+    assert len(results) == len(entries), (results, request)
+    assert all(r["status"] in (201, 400, 403, 409, 412, 413) for r in results), (results, request)
+    return sum(1 for e, r in zip(entries, results, strict=True) if r["status"] == 201 and e["log"] == bare(LOG))
+
+
 _NAMES = st.sampled_from([Q, LOG, object_uri(SCOPE, SESSION, "target_kv"), object_uri(SCOPE, b"other-session-01", "q_rows", 2)])
 
 
@@ -127,6 +137,13 @@ def requests_for(name: str, ttl: Any, rng: random.Random, q: bytes, n: int) -> l
         elif kind == 3:
             method, path, body = rng.choice(["PUT", "DELETE"]), f"leases/{rng.choice(['0' * 32, 'x', '..', 'f' * 300])}", \
                 cbor.deterministic_cbor({"ttl_ms": 5})
+        elif kind == 4 and rng.random() < 0.3:  # the batch append: entries reshaped, or its bytes mutated
+            entries = [{"log": target, "record": mutate(record, rng) if rng.random() < 0.3 else record,
+                        "if_match": rng.choice(['"0"', '"2"', "*", "x" * 100, ""])}, {"log": bare(LOG), "record": record}]
+            batch = {"appends": [reshape(e, rng) if rng.random() < 0.5 else e for e in entries]}
+            method, path = "POST", "logs"
+            body = encode_any(batch) if rng.random() < 0.7 else mutate(encode_any(batch), rng)
+            headers["content-type"] = "application/cbor"
         elif kind == 4:
             method, path, body = "POST", f"logs/{target}", mutate(record, rng) if rng.random() < 0.7 else record
             if rng.random() < 0.5:
@@ -151,6 +168,8 @@ def test_mlc_routes(rig: MlcRig, name: str, ttl: Any, seed: int) -> None:
         check(response, request)
         if request.method == "POST" and request.path == f"logs/{bare(LOG)}" and response.status == 201:
             appended += 1
+        if request.method == "POST" and request.path == "logs" and response.status == 200:
+            appended += batch_appended(request, response)
     q, log = rig.state()
     assert q == before_q, "an object changed under a peer that does not own it"
     assert log == before_log + appended
