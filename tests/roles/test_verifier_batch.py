@@ -17,7 +17,7 @@ from sdcp_fast.deploy.local import Engine, model_digest, spec_for
 from sdcp_fast.model.drafters import NgramDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.target_scorer import ModelRunner
-from sdcp_fast.protocol import SdcpProblem
+from sdcp_fast.protocol import Sampling, SdcpProblem
 from sdcp_fast.roles import verifier_batch
 from sdcp_fast.store import embedded
 from tests.model.conftest import random_model
@@ -129,13 +129,14 @@ def _prompt(n: int, seed: int) -> list[int]:
 PROMPTS = [_prompt(45, 1), _prompt(29, 2), [7], _prompt(6, 3)]
 
 
-def _decode(tmp_path, chunk: int, ngram: bool) -> tuple[list[list[int]], FedRunner]:
+def _decode(tmp_path, chunk: int, ngram: bool, rule: int = 1) -> tuple[list[list[int]], FedRunner]:
     runner = FedRunner(random_model(), block_size=4)
-    mlc = embedded(str(tmp_path / f"mlc-{chunk}-{ngram}"))
+    mlc = embedded(str(tmp_path / f"mlc-{chunk}-{ngram}-{rule}"))
+    sampling = Sampling(temperature_milli=900, seed=11) if rule == 2 else None
     try:
         engine = Engine(runner, [NgramDrafter(97)] if ngram else [], mlc, target_digest=model_digest("small"),
                         tokenizer_digest=model_digest("tokenizer"), fixed_m=3, adaptive_m=False, prefill_chunk=chunk)
-        results = engine.run([spec_for(p, max_new=10, m=3) for p in PROMPTS])
+        results = engine.run([spec_for(p, max_new=10, m=3, rule=rule, sampling=sampling) for p in PROMPTS])
     finally:
         mlc.close()
     assert all(r.chain_ok and not r.problems for r in results)
@@ -155,6 +156,13 @@ def test_chunked_prefill_decodes_what_one_pass_does(tmp_path, ngram):
         assert tokens == whole, chunk
         assert max(sum(f) - len(f) for f in runner.fed) <= chunk + 3 * len(PROMPTS)  # + M per round
         assert len(runner.fed) > len(one.fed)
+
+
+def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
+    """Chunks change where the prompt's KV is computed, never a round's randoms (§6.4: the
+    session, the round and the position): a seeded rule-2 run repeats chunked or not."""
+    whole, _ = _decode(tmp_path, 0, False, rule=2)
+    assert _decode(tmp_path, 7, False, rule=2)[0] == whole
 
 
 def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, caplog):
