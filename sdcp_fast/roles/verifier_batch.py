@@ -266,8 +266,9 @@ class Batcher:
         for live in starting:
             if live.prefill_started is None and self._unfed(live) >= LONG_PREFILL:
                 live.prefill_started = started
-                log.info("session %s: prefill of %d tokens starts (at most %s a pass)", live.session.session.hex(),
-                         self._unfed(live), self.prefill_chunk or "all")
+                how = f"in chunks of at most {self.prefill_chunk}" if self._chunked(live) else "in one pass"
+                log.info("session %s: prefill of %d tokens starts (%s)", live.session.session.hex(), self._unfed(live),
+                         how)
         for live, _ in chunks:
             live.prefilling = True  # a cancel releases its cache only after this pass
         try:
@@ -284,8 +285,9 @@ class Batcher:
         for item in batch:
             live = item.live
             if not live.prefilled and live.prefill_started is not None:
-                log.info("session %s: prefill of %d tokens done in %.2f s (%d passes)", live.session.session.hex(),
-                         len(item.work.context), self.clock() - live.prefill_started, live.prefill_passes)
+                n = live.prefill_passes
+                log.info("session %s: prefill of %d tokens done in %.2f s (%d pass%s)", live.session.session.hex(),
+                         len(item.work.context), self.clock() - live.prefill_started, n, "" if n == 1 else "es")
             live.prefilled = True
         took = self.clock() - started
         if took >= LONG_PASS:

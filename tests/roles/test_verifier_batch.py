@@ -165,21 +165,23 @@ def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
     assert _decode(tmp_path, 7, False, rule=2)[0] == whole
 
 
-def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize(("chunk", "how", "passes"), [(16, "in chunks of at most 16", "3 passes"),
+                                                      (0, "in one pass", "1 pass")])
+def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, caplog, chunk, how, passes):
     monkeypatch.setattr(verifier_batch, "LONG_PREFILL", 40)
     runner = FedRunner(random_model(), block_size=4)
     mlc = embedded(str(tmp_path / "mlc"))
     try:
         engine = Engine(runner, [], mlc, target_digest=model_digest("small"),
-                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=16)
+                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=chunk)
         with caplog.at_level(logging.INFO, logger="sdcp_fast.verifier"):
             results = engine.run([spec_for(p, max_new=2) for p in PROMPTS[:2]])
     finally:
         mlc.close()
     long = results[0].session.hex()
     lines = [r.getMessage() for r in caplog.records if "prefill" in r.getMessage()]
-    assert lines[0] == f"session {long}: prefill of 45 tokens starts (at most 16 a pass)"
-    assert lines[1].startswith(f"session {long}: prefill of 45 tokens done in ") and lines[1].endswith(" (3 passes)")
+    assert lines[0] == f"session {long}: prefill of 45 tokens starts ({how})"
+    assert lines[1].startswith(f"session {long}: prefill of 45 tokens done in ") and lines[1].endswith(f" ({passes})")
     assert len(lines) == 2  # the 29-token prompt is below the line
 
 
