@@ -72,7 +72,61 @@ struct Ref {
 
 // -- encoding ----------------------------------------------------------------------------------
 
-void put_head(std::string& out, int major, uint64_t arg) {
+// The encoding is written straight into the bytes object it is returned in: grown by realloc
+// (large blocks move by remapping, not copying) and cut to size at the end, so a large byte
+// string is copied once, from the value into the result.
+class Out {
+  public:
+    Out() : obj_(PyBytes_FromStringAndSize(nullptr, 256)), size_(0), cap_(256) {
+        if (obj_ == nullptr) throw Failed{};
+    }
+    Out(const Out&) = delete;
+    Out& operator=(const Out&) = delete;
+    ~Out() { Py_XDECREF(obj_); }
+
+    size_t size() const { return size_; }
+    char* data() { return PyBytes_AS_STRING(obj_); }
+    void resize(size_t n) { size_ = n; }  // only ever shrinks
+    void push_back(char c) {
+        reserve(1);
+        data()[size_++] = c;
+    }
+    void append(const char* src, size_t n) {
+        reserve(n);
+        std::memcpy(data() + size_, src, n);
+        size_ += n;
+    }
+    PyObject* finish() {
+        if (_PyBytes_Resize(&obj_, (Py_ssize_t)size_) < 0) {
+            obj_ = nullptr;
+            throw Failed{};
+        }
+        PyObject* out = obj_;
+        obj_ = nullptr;
+        return out;
+    }
+
+  private:
+    void reserve(size_t extra) {
+        if (size_ + extra <= cap_) return;
+        // Slack after a large string: the small items after it must not move it again.
+        size_t cap = std::max(cap_ * 2, size_ + extra + 65536);
+        if (cap > (size_t)PY_SSIZE_T_MAX) {
+            PyErr_NoMemory();
+            throw Failed{};
+        }
+        if (_PyBytes_Resize(&obj_, (Py_ssize_t)cap) < 0) {
+            obj_ = nullptr;
+            throw Failed{};
+        }
+        cap_ = cap;
+    }
+
+    PyObject* obj_;
+    size_t size_, cap_;
+};
+
+void put_head(Out& out, int major, uint64_t arg) {
     const char mt = (char)(major << 5);
     if (arg < 24) {
         out.push_back((char)(mt | (char)arg));
@@ -94,7 +148,7 @@ void put_head(std::string& out, int major, uint64_t arg) {
 }
 
 // Appends an int's head; false (no error set) when it is outside [-2**64, 2**64 - 1].
-bool put_int(std::string& out, PyObject* value) {
+bool put_int(Out& out, PyObject* value) {
     int overflow = 0;
     long long small = PyLong_AsLongLongAndOverflow(value, &overflow);
     if (overflow == 0) {
@@ -124,16 +178,16 @@ bool put_int(std::string& out, PyObject* value) {
     return true;
 }
 
-void put_bytes(std::string& out, int major, const char* data, size_t n) {
+void put_bytes(Out& out, int major, const char* data, size_t n) {
     put_head(out, major, n);
     out.append(data, n);
 }
 
-void encode(PyObject* value, std::string& out, int depth);
+void encode(PyObject* value, Out& out, int depth);
 
 // A plain non-negative int below 2**64 inside an array: appended without the depth check, as
 // the Python encoder's token-list fast path does. False when the item needs the general path.
-bool put_plain_uint(std::string& out, PyObject* item) {
+bool put_plain_uint(Out& out, PyObject* item) {
     if (!PyLong_CheckExact(item)) return false;
     int overflow = 0;
     long long small = PyLong_AsLongLongAndOverflow(item, &overflow);
@@ -157,10 +211,12 @@ struct Entry {
     size_t key_at, key_len, end;  // offsets into the scratch copy
 };
 
-void encode_map(PyObject* items, Py_ssize_t count, PyObject* (*get)(PyObject*, Py_ssize_t, int),
-                std::string& out, int depth) {
-    // Entries are written after a head for their count, then put in key order if they are not.
-    put_head(out, MAP, (uint64_t)count);
+using Pair = PyObject* (*)(PyObject*, Py_ssize_t, int);
+
+// The entries in the order the Python encoder takes them (key, value, key, value, ...), then
+// put in key order: this raises exactly the Python encoder's first error. Used when
+// encode_map's one pass failed, to tell why.
+void encode_map_in_order(PyObject* items, Py_ssize_t count, Pair get, Out& out, int depth) {
     const size_t base = out.size();
     std::vector<Entry> entries;
     entries.reserve((size_t)count);
@@ -184,7 +240,7 @@ void encode_map(PyObject* items, Py_ssize_t count, PyObject* (*get)(PyObject*, P
         }
     }
     if (sorted) return;
-    std::string scratch(out, base);
+    std::string scratch(out.data() + base, out.size() - base);
     const char* src = scratch.data();
     auto less = [src](const Entry& a, const Entry& b) {
         int c = std::memcmp(src + a.key_at, src + b.key_at, std::min(a.key_len, b.key_len));
@@ -201,6 +257,42 @@ void encode_map(PyObject* items, Py_ssize_t count, PyObject* (*get)(PyObject*, P
     for (const Entry& e : entries) out.append(src + e.key_at, e.end - e.key_at);
 }
 
+// The keys first (small), sorted; then each value written once, after its key, in key order,
+// so no large value is moved to sort the map. Any failure, or two keys with one encoding,
+// starts over in the Python encoder's order, which raises what it would raise.
+void encode_map(PyObject* items, Py_ssize_t count, Pair get, Out& out, int depth) {
+    put_head(out, MAP, (uint64_t)count);
+    const size_t base = out.size();
+    std::vector<std::string> keys;
+    std::vector<Py_ssize_t> order;
+    bool ok = true;
+    try {
+        keys.reserve((size_t)count);
+        for (Py_ssize_t i = 0; i < count; ++i) {
+            encode(get(items, i, 0), out, depth + 1);
+            keys.emplace_back(out.data() + base, out.size() - base);
+            out.resize(base);
+            order.push_back(i);
+        }
+        std::stable_sort(order.begin(), order.end(), [&keys](Py_ssize_t a, Py_ssize_t b) {
+            return keys[(size_t)a] < keys[(size_t)b];  // bytewise: std::string compares unsigned chars
+        });
+        for (size_t i = 1; ok && i < order.size(); ++i) ok = keys[(size_t)order[i - 1]] != keys[(size_t)order[i]];
+        for (size_t i = 0; ok && i < order.size(); ++i) {
+            const std::string& key = keys[(size_t)order[i]];
+            out.append(key.data(), key.size());
+            encode(get(items, order[i], 1), out, depth + 1);
+        }
+    } catch (const Failed&) {
+        if (!PyErr_Occurred()) throw;
+        PyErr_Clear();
+        ok = false;
+    }
+    if (ok) return;
+    out.resize(base);
+    encode_map_in_order(items, count, get, out, depth);
+}
+
 PyObject* dict_pair(PyObject* pairs, Py_ssize_t i, int which) {
     return PyTuple_GET_ITEM(PyList_GET_ITEM(pairs, i), which);
 }
@@ -214,7 +306,7 @@ PyObject* mapping_pair(PyObject* pairs, Py_ssize_t i, int which) {
     return PyTuple_GET_ITEM(pair, which);
 }
 
-void encode(PyObject* value, std::string& out, int depth) {
+void encode(PyObject* value, Out& out, int depth) {
     if (depth > MAX_DEPTH) fail("value nested too deeply to encode");
     if (value == Py_False) {
         out.push_back((char)0xf4);
@@ -483,11 +575,9 @@ py::object steal(PyObject* obj) { return py::reinterpret_steal<py::object>(obj);
 
 py::object py_encode(py::handle value) {
     try {
-        std::string out;
+        Out out;
         encode(value.ptr(), out, 0);
-        PyObject* result = PyBytes_FromStringAndSize(out.data(), (Py_ssize_t)out.size());
-        if (result == nullptr) throw Failed{};
-        return steal(result);
+        return steal(out.finish());
     } catch (const Failed&) {
         throw py::error_already_set();
     }

@@ -190,6 +190,9 @@ ODD_VALUES: list[Any] = [
     bytearray(b"ab"), memoryview(b"abcd"), memoryview(b"abcdef")[::2], memoryview(bytes(range(8))).cast("I"),
     {"b": 1, "a": 2, "": 3, "aa": 4, 0: 5, -1: 6, b"": 7}, {1: {2: {3: [{}]}}}, ((1, 2), [3]), [True, 1, False, 0],
     {"x": float("inf")}, [1, 2, 3.0], {b"k": None, "k": None},
+    # The first error in insertion order wins, though the map is written in key order.
+    {"z": 1.5, "a": object()}, {"z": [1.5], b"a": 2**70}, {"z": {Twin(1): 0, Twin(1): 1}, "a": set()},
+    {"z": 0, 1.5: 0, "a": 2**70}, {"big": bytes(70_000), "a": 1, "": [b"x" * 300]},
 ]
 
 
