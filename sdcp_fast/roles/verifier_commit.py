@@ -136,19 +136,27 @@ class Committer:
             results = await self.store.append_batch(entries)
         except Exception as exc:  # the store did not answer for any of them: each as unanswered
             results = [exc] * len(entries)
-        for (k, item, record), result in zip(pending, results, strict=True):
+        # A failed append's log is read back to learn what happened: those reads go together,
+        # so a pass whose appends got no answer waits for one read's timeout, not one each.
+        failed = [i for i, result in enumerate(results) if not isinstance(result, str)]
+        outcomes: list[str | None | BaseException] = []
+        outcomes.extend(results)
+        read = await asyncio.gather(*(self._outcome(pending[i][1].live, pending[i][2], results[i]) for i in failed),
+                                    return_exceptions=True)
+        for i, outcome in zip(failed, read, strict=True):
+            outcomes[i] = outcome
+        for (k, item, _), outcome in zip(pending, outcomes, strict=True):
             try:
-                done[k] = await self._answer(item, record, result, batch)
+                done[k] = await self._answer(item, outcome, batch)
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)
         return done
 
-    async def _answer(self, item: Round, record: CommitRecord, result: str | Exception, batch: int) -> bool:
-        """The round after its append's ``result`` (the log's new tag, or why it failed)."""
+    async def _answer(self, item: Round, etag: str | None | BaseException, batch: int) -> bool:
+        """The round after its append: the log's new tag, None when a newer epoch or another
+        writer owns the log, or why nothing is known to be appended."""
         live, session = item.live, item.live.session
-        try:
-            etag = await self._outcome(live, record, result)
-        except Exception:
+        if isinstance(etag, BaseException):
             # Nothing is known to be appended: release nothing (§6.3), and leave the round so
             # that the drafter's retry (a 5xx) scores it again; if the record did land, that
             # retry's append gets a 412 and the log read then says "committed". (A 412 whose

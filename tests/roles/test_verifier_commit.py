@@ -210,14 +210,44 @@ def test_a_pass_appends_its_records_together_and_answers_each_round_by_its_own_a
     assert batches == [3]
 
 
+class _SlowReads:
+    """A log whose reads take 50 ms, counting how many are in flight at once."""
+
+    in_flight = peak = 0
+
+    def __init__(self, log: Any) -> None:
+        self.log, self.ref = log, log.ref
+
+    async def read(self, start: int = 0) -> Any:
+        cls = type(self)
+        cls.in_flight += 1
+        cls.peak = max(cls.peak, cls.in_flight)
+        try:
+            await asyncio.sleep(0.05)
+            return await self.log.read(start)
+        finally:
+            cls.in_flight -= 1
+
+    async def append(self, record: Any, if_match: str | None) -> str:
+        return await self.log.append(record, if_match)
+
+
 def test_a_failed_group_append_releases_nothing_and_the_retry_commits(tmp_path):
-    """The store gives no answer for the pass: each round is a 5xx with nothing released, and
-    the drafters' retries commit them (a record that did land is found by the log read)."""
+    """The store gives no answer for the pass: each round is a 5xx with nothing released (the
+    logs read back together, not one after another), and the drafters' retries commit them (a
+    record that did land is found by the log read)."""
     sessions = [sid(21), sid(22)]
 
     async def scenario():
         async with Rig(str(tmp_path), batch_wait=5.0) as rig:
+            opened = rig.store.commit_log
+
+            async def commit_log(ref: str) -> Any:
+                return _SlowReads(await opened(ref))
+
+            rig.store.commit_log = commit_log
             states = {s: (await rig.open(s, contract(max_new=40)))[1] for s in sessions}
+            _SlowReads.peak = 0
             real = rig.store.append_batch
             failing = [True]
 
@@ -234,9 +264,10 @@ def test_a_failed_group_append_releases_nothing_and_the_retry_commits(tmp_path):
             released = {s: rig.output_of(s) for s in sessions}
             second = await asyncio.gather(*(_verdict_or_problem(rig.drafter.propose(VERIFIER, props[s]))
                                             for s in sessions))
-            return first, released, second
+            return first, released, second, _SlowReads.peak
 
-    first, released, second = run(scenario())
+    first, released, second, reads_at_once = run(scenario())
     assert all(answer[1] >= 500 for answer in first)
+    assert reads_at_once == 2
     assert released == {s: [] for s in sessions}
     assert [v.round for v in second] == [1, 1]
