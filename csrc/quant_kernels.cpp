@@ -187,6 +187,8 @@ std::vector<std::string> quant_isas() {
 
 std::string quant_isa() { return kQuantImpls[quant_active().load()].name; }
 
+int quant_isa_index() { return quant_active().load(std::memory_order_relaxed); }
+
 bool set_quant_isa(const std::string& name) {
     int i = quant_index(name);
     if (i < 0 || i > quant_supported()) return false;

@@ -31,6 +31,9 @@ void quantize_activations(const float* x, int64_t rows, int64_t k, int8_t* q, fl
 
 std::vector<std::string> quant_isas();
 std::string quant_isa();
+// The active set as an index into quant_isas() (0 scalar, 1 avx2, 2 avx512): the row-invariant
+// float kernels (rowwise_kernels.cpp) follow it.
+int quant_isa_index();
 bool set_quant_isa(const std::string& name);
 
 }  // namespace sdcp

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from sdcp_fast.kernels import paged_attention
+from sdcp_fast.kernels import paged_attention, rowwise
 
+from . import cpu_pass
 from .batch_layout import BatchLayout
 from .config import ROPE_TYPES, ModelConfig
 from .kv_cache import PagedKVCache
@@ -298,6 +299,8 @@ class Transformer(nn.Module):
         """Hidden states after the final norm, ``[T, dim]``, for the new ``tokens`` ``[T]``.
         ``n_layers`` runs only the first layers (self-speculative layer skipping)."""
         x = self.embed_tokens(tokens)  # [T, dim]
+        if cpu_pass.usable(x, cache, lay):  # row-invariant native kernels (model/cpu_pass.py)
+            return cpu_pass.forward(self, x, cache, lay, n_layers)
         rope = self.ropes(lay.positions, x.dtype)  # [T, 1, D/2] each
         for i, block in enumerate(self.layers[: n_layers or len(self.layers)]):
             x = block(x, rope, cache, i, lay)
@@ -338,11 +341,20 @@ class Transformer(nn.Module):
         cap = self.cfg.logit_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap  # Gemma 2
 
+    @staticmethod
+    def _head(hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        """``hidden @ w.T``: on the CPU without autograd, the row-invariant product, so a row's
+        logits do not depend on how many rows the pass asks for (model/cpu_pass.py)."""
+        if (hidden.device.type == "cpu" and hidden.dtype == torch.float32 == w.dtype and not torch.is_grad_enabled()
+                and rowwise.available()):
+            return rowwise.linear(hidden.reshape(-1, hidden.shape[-1]), w).view(*hidden.shape[:-1], w.shape[0])
+        return F.linear(hidden, w)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.head_ids is None:
             if self.quant_head is not None:
                 return self._cap(self.quant_head(hidden).float())
-            return self._cap(F.linear(hidden, self.head_weight()).float())  # [N, V]
-        sub = self._cap(F.linear(hidden, self.head_rows()).float())  # [N, S]
+            return self._cap(self._head(hidden, self.head_weight()).float())  # [N, V]
+        sub = self._cap(self._head(hidden, self.head_rows()).float())  # [N, S]
         out = sub.new_full((*sub.shape[:-1], self.cfg.vocab_size), float("-inf"))  # [N, V]
         return out.index_copy_(-1, self.head_ids, sub)

@@ -5,11 +5,14 @@
   rounded from its float values).
 - ``q4``: a GGUF's Q4_0, Q4_1 and Q8_0 blocks kept byte for byte (what llama.cpp multiplies
   by); float and other block formats (K-quants, F16) rounded to Q4_1.
-- ``auto``: ``f32`` for now. The quantized products are row-independent, but the float parts
-  of a pass (attention, norms) round differently over M + 1 rows than over one, by about 1e-5;
-  rounding activations to int8 blocks turns some of those differences into whole int8 steps,
-  enough to flip near-tied greedy choices, so rule 1's output would not always equal one-row
-  (target-only) decoding of the same weights. ``q4``/``q8_0`` stay for who wants the speed.
+- ``auto``: ``q4`` for a GGUF on the CPU where the native kernels are built and the CPU has
+  AVX2 (the file's own blocks, what llama.cpp multiplies by; the fastest form there), else
+  ``f32`` (a float checkpoint keeps its values; without the native build the torch reference
+  products would be slower than f32). A quantized default is exact because every part of a CPU
+  pass is row-invariant (:mod:`.cpu_pass`): int8-rounded activations would otherwise turn the
+  ~1e-5 rounding differences between an (M + 1)-row and a one-row pass into whole int8 steps
+  and flip near-tied greedy choices, so rule 1's output would not always equal target-only
+  decoding of the same weights.
 
 The quantized layers multiply with :func:`sdcp_fast.kernels.quant.quant_matmul` (activations
 rounded to int8 blocks, as llama.cpp does). The embedding stays float (rows are gathered,
@@ -92,7 +95,14 @@ def resolve(choice: str, path: Path | None, device: str = "cpu") -> str:
         raise ValueError(f"--weights must be one of {', '.join(WEIGHTS)}, not {choice!r}")
     if choice != "auto":
         return choice
-    return "f32"  # the exact default: see the module docstring
+    return "q4" if device == "cpu" and path is not None and path.suffix == ".gguf" and _fast_cpu() else "f32"
+
+
+def _fast_cpu() -> bool:
+    """The quantized products and the row-invariant pass run natively, with AVX2 or better."""
+    from sdcp_fast.kernels import quant, rowwise
+
+    return rowwise.available() and quant.isa() in ("avx2", "avx512")
 
 
 def load(spec: str | os.PathLike[str], choice: str = "f32", *, borrow: Transformer | None = None,

@@ -7,11 +7,13 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Iterator
 from dataclasses import replace
+from unittest import mock
 
 import pytest
 import torch
 
 from sdcp_fast.deploy.local import generate
+from sdcp_fast.kernels import quant, rowwise
 from sdcp_fast.kernels.quant import dequantize
 from sdcp_fast.model import quant_weights
 from sdcp_fast.model.contract_digests import weights_digest
@@ -88,10 +90,12 @@ def test_form_names_and_auto() -> None:
     assert quant_weights.resolve("q8_0", None) == "q8_0"
     assert quant_weights.resolve("auto", Path("x/model")) == "f32"  # a float checkpoint keeps its values
     assert quant_weights.resolve("auto", Path("m.gguf"), device="cuda") == "f32"
-    # On the CPU too: int8 activations amplify the float rounding that differs between an
-    # (M + 1)-row pass and a one-row pass, so a quantized default would break rule 1's equality
-    # with target-only decoding on real models (SmolLM2's demo prompts).
-    assert quant_weights.resolve("auto", Path("m.gguf")) == "f32"
+    # A GGUF on the CPU: its own blocks where the native row-invariant pass and AVX2 are there
+    # (exact: tests/model/test_llama_batch_invariance.py), else the float path.
+    fast = rowwise.available() and quant.isa() in ("avx2", "avx512")
+    assert quant_weights.resolve("auto", Path("m.gguf")) == ("q4" if fast else "f32")
+    with mock.patch.object(rowwise, "available", lambda: False):
+        assert quant_weights.resolve("auto", Path("m.gguf")) == "f32"
     with pytest.raises(ValueError, match="--weights"):
         quant_weights.resolve("q3", None)
     with pytest.raises(ValueError, match="CPU only"):
