@@ -10,11 +10,11 @@ logs; ``server`` (with ``server_requests``, ``server_metrics`` and the HTTP/1.1
 
 from typing import TYPE_CHECKING
 
-from sdcp_fast.store.interface import Log, Store
+from sdcp_fast.store.interface import Log, LogAppend, Store
 from sdcp_fast.store.local_store import LocalStore, embedded
 from sdcp_fast.store.remote_store import RemoteStore
 
-__all__ = ["LocalStore", "Log", "RemoteStore", "Store", "embedded"]
+__all__ = ["LocalStore", "Log", "LogAppend", "RemoteStore", "Store", "embedded"]
 
 if TYPE_CHECKING:  # both implementations satisfy the interface: mypy checks it here
 
