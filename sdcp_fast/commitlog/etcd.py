@@ -7,10 +7,11 @@ compare as etcd compares values (bytewise), so one transaction guards an append 
 ``head == expected count`` and ``fence < epoch + 1`` and writes the record, the new head
 and, for a fence record, the new fence: the tag check and fencing are atomic.
 
-A batch of appends (:func:`append_many`, group commit) is pipelined: one transaction per
-entry, all written on one connection before the first answer is read, so the batch costs one
-round trip and etcd can put the transactions in one raft proposal; each is answered on its
-own.
+A batch of appends (:func:`append_many`, group commit) goes as one transaction for up to 40
+logs (one raft entry, one fsync at etcd); where one of those logs is fenced or has moved
+on, the transaction writes nothing and each entry is then sent as a transaction of its own,
+all pipelined on one connection (written before the first answer is read), and answered on
+its own.
 
 etcd refuses a request over ``--max-request-bytes`` (1.5 MiB by default) after the
 gateway's base64 and JSON wrapping, so records over ``MAX_RECORD`` (1 MiB) are refused here,
@@ -273,11 +274,16 @@ class EtcdCommitLog:
 
 def append_many(entries: Sequence[tuple[EtcdCommitLog, LogRecord, str | None]]) -> list[str | Exception]:
     """Group commit on etcd: each ``(log, record, if_match)`` answered on its own, as
-    ``log.append`` would (the new tag, or its exception). The conditional appends to logs on
-    one etcd server are pipelined on one connection (one transaction each, sent together); an
-    unconditional append or a tag that is not one of a log's goes through ``log.append``."""
+    ``log.append`` would (the new tag, or its exception).
+
+    The conditional appends to logs on one etcd server go first as combined transactions
+    (up to ``TXN_ENTRIES`` entries on distinct logs each: every entry's compares and puts in
+    one transaction, one raft entry for all of them), pipelined on one connection. A combined
+    transaction that fails (one entry's fence or tag) wrote nothing: its entries are then sent
+    as a transaction each, again pipelined, and each is answered by its own. An unconditional
+    append or a tag that is not one of a log's goes through ``log.append``."""
     results: list[str | Exception] = [ValueError("not appended")] * len(entries)
-    pipelined: dict[tuple[str, int], list[tuple[int, bytes, int]]] = {}
+    conditional: dict[tuple[str, int], list[tuple[int, bytes, int]]] = {}
     for i, (log, record, if_match) in enumerate(entries):
         try:
             body = log._body(record)
@@ -288,16 +294,19 @@ def append_many(entries: Sequence[tuple[EtcdCommitLog, LogRecord, str | None]]) 
         except PreconditionFailed:
             n = -1
         if 0 <= n < 10 ** 20:
-            pipelined.setdefault((log._etcd.host, log._etcd.port), []).append((i, body, n))
+            conditional.setdefault((log._etcd.host, log._etcd.port), []).append((i, body, n))
             continue
         try:
             results[i] = log.append(record, if_match)
         except Exception as exc:
             results[i] = exc
-    for group in pipelined.values():
+    for group in conditional.values():
         gateway = entries[group[0][0]][0]._etcd
-        answers = gateway.call_many("/v3/kv/txn", [entries[i][0]._txn(entries[i][1], body, n) for i, body, n in group])
-        for (i, _, n), out in zip(group, answers, strict=True):
+        alone = _combined(entries, group, gateway, results)
+        if not alone:
+            continue
+        answers = gateway.call_many("/v3/kv/txn", [entries[i][0]._txn(entries[i][1], body, n) for i, body, n in alone])
+        for (i, _, n), out in zip(alone, answers, strict=True):
             log, record, if_match = entries[i]
             try:
                 if isinstance(out, Exception):
@@ -308,3 +317,41 @@ def append_many(entries: Sequence[tuple[EtcdCommitLog, LogRecord, str | None]]) 
             except Exception as exc:
                 results[i] = exc
     return results
+
+
+# etcd refuses a transaction of more than --max-txn-ops (128 by default) compares or puts; an
+# entry takes two compares and two or three puts.
+TXN_ENTRIES = 40
+
+
+def _combined(entries: Sequence[tuple[EtcdCommitLog, LogRecord, str | None]], group: list[tuple[int, bytes, int]],
+              gateway: EtcdGateway, results: list[str | Exception]) -> list[tuple[int, bytes, int]]:
+    """``group``'s entries in combined transactions; their tags set in ``results`` where one
+    succeeded. Returns the entries still to append alone (a failed combination, or a log met
+    twice in the group: one transaction may not put one key twice)."""
+    chunks: list[list[tuple[int, bytes, int]]] = [[]]
+    seen: set[str] = set()
+    for entry in group:
+        prefix = entries[entry[0]][0].prefix
+        if prefix in seen:
+            continue  # alone, after the combined transactions (so after the log's earlier entry)
+        seen.add(prefix)
+        if len(chunks[-1]) >= TXN_ENTRIES:
+            chunks.append([])
+        chunks[-1].append(entry)
+    chunks = [chunk for chunk in chunks if len(chunk) > 1]  # a single entry is sent alone anyway
+    combined = {i for chunk in chunks for i, _, _ in chunk}
+    alone = [entry for entry in group if entry[0] not in combined]
+    txns = []
+    for chunk in chunks:
+        parts = [entries[i][0]._txn(entries[i][1], body, n) for i, body, n in chunk]
+        txns.append({"compare": [c for part in parts for c in part["compare"]],
+                     "success": [p for part in parts for p in part["success"]]})
+    for chunk, out in zip(chunks, gateway.call_many("/v3/kv/txn", txns) if txns else [], strict=True):
+        if isinstance(out, dict) and out.get("succeeded"):
+            for i, _, n in chunk:
+                results[i] = etag_of(n + 1)
+        else:  # nothing of it was written: each entry on its own says why
+            alone.extend(chunk)
+    alone.sort()
+    return alone

@@ -254,3 +254,35 @@ def test_a_record_over_the_file_limit_is_refused_before_the_group(tmp_path, monk
     with pytest.raises(PreconditionFailed):
         directory.log(names[1]).append(FenceRecord(1), '"0"')
     directory.close()
+
+
+@pytest.mark.services
+def test_etcd_appends_to_many_logs_in_few_transactions(etcd_endpoint, monkeypatch):
+    """A batch whose entries all hold goes as combined transactions (at most TXN_ENTRIES logs
+    each); one fenced log among them sends that chunk's entries one by one, answered alone."""
+    from sdcp_fast.commitlog import open_commit_log
+    from sdcp_fast.commitlog.etcd import TXN_ENTRIES, EtcdGateway, append_many
+
+    host, port = etcd_endpoint
+    sent: list[int] = []
+    real = EtcdGateway.call_many
+
+    def call_many(self, path, bodies):
+        sent.append(len(bodies))
+        return real(self, path, bodies)
+
+    monkeypatch.setattr(EtcdGateway, "call_many", call_many)
+    logs = [open_commit_log(f"etcd://{host}:{port}/sdcp-txn/{os.getpid()}/{next(_names)}") for _ in range(TXN_ENTRIES + 5)]
+    try:
+        assert append_many([(log, commit(1, 1), '"0"') for log in logs]) == ['"1"'] * len(logs)
+        assert sent == [2], "two combined transactions, nothing sent alone"
+        logs[3].append(FenceRecord(2), None)
+        sent.clear()
+        results = append_many([(log, commit(1, 2), '"1"') for log in logs])
+        assert _kinds(results) == ['"2"'] * 3 + ["Fenced"] + ['"2"'] * (len(logs) - 4)
+        assert sent == [2, TXN_ENTRIES], "the chunk holding the fenced log, sent again entry by entry"
+        assert [log.read().records for log in logs[2:5]] == [
+            [commit(1, 1), commit(1, 2)], [commit(1, 1), FenceRecord(2)], [commit(1, 1), commit(1, 2)]]
+    finally:
+        for log in logs:
+            log.close()
