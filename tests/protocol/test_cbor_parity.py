@@ -275,3 +275,23 @@ def test_without_the_native_codec_python_serves_and_says_why(monkeypatch: pytest
     finally:
         monkeypatch.undo()
         cbor.use(None)
+
+
+def test_the_codec_is_chosen_at_the_first_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SDCP_CBOR", "py")
+    firsts = {"_encoder": cbor._first_encode, "_decoder": cbor._first_decode, "_item_at": cbor._first_item_at,
+              "_all_uints": cbor._first_all_uints}
+    calls: list[Callable[[], Any]] = [
+        lambda: cbor.deterministic_cbor([1]), lambda: cbor.decode(b"\x81\x01"),
+        lambda: list(cbor.decode_sequence(b"\x01\x02")), lambda: cbor.all_uints([1]),
+    ]
+    expected: list[Any] = [b"\x81\x01", [1], [1, 2], True]
+    try:
+        for name, call, want in zip(firsts, calls, expected, strict=True):
+            for attr, first in firsts.items():
+                setattr(cbor, attr, first)
+            assert call() == want, name
+            assert cbor._encoder is cbor.py_deterministic_cbor and cbor._all_uints is cbor.py_all_uints
+    finally:
+        monkeypatch.undo()
+        cbor.use(None)
