@@ -28,3 +28,13 @@ def test_by_default_each_service_keeps_its_own(tmp_path: Path) -> None:
     up.plan()
     for svc in up.services.values():
         assert not {"--m", "--max-batch", "--device"} & set(svc.argv)
+
+
+def test_the_prefill_chunk_reaches_the_verifiers_only(tmp_path: Path) -> None:
+    up = Up(tmp_path, model="toy", prefill_chunk=64)
+    up.plan()
+    for svc in up.services.values():
+        assert _value(svc.argv, "--prefill-chunk") == ("64" if svc.role == "verifier" else None), svc.name
+    default = Up(tmp_path / "default", model="toy")
+    default.plan()
+    assert not any("--prefill-chunk" in svc.argv for svc in default.services.values())
