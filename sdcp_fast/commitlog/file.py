@@ -314,7 +314,12 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
     single ``syncfs``; a log whose flush fails has its frames of this group cut back and its
     entries answered with the failure."""
     results: list[str | Exception] = [ValueError("not appended")] * len(entries)
-    logs = sorted({id(log): log for log, *_ in entries}.values(), key=lambda log: log.path)
+    by_path: dict[str, FileCommitLog] = {}
+    for i, (log, *_) in enumerate(entries):
+        if by_path.setdefault(log.ref, log) is not log:  # ref: the absolute path
+            # A second handle's flock would wait for the first one's, in this same thread.
+            results[i] = ValueError(f"two handles on {log.path} in one group commit")
+    logs = [log for _, log in sorted(by_path.items())]
     with ExitStack() as held:
         marks: dict[int, tuple[int, int, int]] = {}
         for log in logs:

@@ -286,3 +286,14 @@ def test_etcd_appends_to_many_logs_in_few_transactions(etcd_endpoint, monkeypatc
     finally:
         for log in logs:
             log.close()
+
+
+def test_two_handles_on_one_file_in_a_group_fail_the_second_not_the_thread(tmp_path):
+    """Each handle takes its own flock: a second handle on a log already held by the group
+    would wait for it forever, so its entries are refused instead."""
+    a, b = _logs(tmp_path, 2)
+    again = FileCommitLog(a.path)
+    results = _group([(a, commit(1, 1), '"0"'), (again, commit(1, 2), '"1"'), (b, commit(1, 1), '"0"')])
+    assert results[0] == '"1"' and isinstance(results[1], ValueError) and results[2] == '"1"'
+    assert again.read().records == [commit(1, 1)]
+    again.close()
