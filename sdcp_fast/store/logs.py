@@ -37,9 +37,9 @@ async def open_backend(ref: str) -> ThreadedLog:
 
 async def append_each(entries: Sequence[LogAppend]) -> list[str | Exception]:
     """:meth:`~sdcp_fast.store.interface.Store.append_batch` for logs of any backend, each
-    entry answered on its own: appends to etcd logs pipelined in one worker-thread call
-    (:func:`~sdcp_fast.commitlog.etcd.append_many`), every other one its own ``append``, all
-    concurrently."""
+    entry answered on its own: the appends to etcd logs together in one worker-thread call
+    (:func:`~sdcp_fast.commitlog.etcd.append_many`: combined transactions), every other one
+    its own ``append``, all concurrently."""
     results: list[str | Exception] = [ValueError("not appended")] * len(entries)
     etcd = [i for i, e in enumerate(entries) if isinstance(e.log, ThreadedLog) and isinstance(e.log.log, EtcdCommitLog)]
     rest = sorted(set(range(len(entries))) - set(etcd))
