@@ -109,10 +109,6 @@ class Committer:
         except Exception as exc:
             log.warning("session %s: could not write %s: %s", live.session.session.hex(), live.tokens_ref, exc)
 
-    async def commit(self, item: Round, accepted: int, token: int, batch: int) -> bool:
-        """Commit the scored ``item``; whether its record was appended."""
-        return (await self.commit_batch([(item, accepted, token)], batch))[0]
-
     async def commit_batch(self, scored: Sequence[tuple[Round, int, int]], batch: int) -> list[bool]:
         """Commit the rounds of one scoring pass (``(round, accepted, token)`` each): their
         records appended with one store call (group commit: one request and one flush for the
