@@ -471,15 +471,25 @@ struct Reader {
 
     PyObject* array(uint64_t count, int depth) {
         if (count && depth >= MAX_DEPTH) fail("CBOR nesting too deep");
-        Ref items(PyList_New((Py_ssize_t)count));
+        // Room for at most 64 Ki items up front, then grown as items arrive: a head that claims
+        // millions of items costs memory only for those the input really holds.
+        const uint64_t ready = std::min<uint64_t>(count, 1 << 16);
+        Ref items(PyList_New((Py_ssize_t)ready));
         for (uint64_t i = 0; i < count; ++i) {
-            // Token lists dominate message size: small uints skip the general path.
-            if (pos < len && buf[pos] < 24) {
-                PyList_SET_ITEM(items.p, (Py_ssize_t)i, check(PyLong_FromLong(buf[pos])));
+            PyObject* value;
+            if (pos < len && buf[pos] < 24) {  // token lists dominate: small uints skip item()
+                value = check(PyLong_FromLong(buf[pos]));
                 ++pos;
-                continue;
+            } else {
+                value = item(depth + 1);
             }
-            PyList_SET_ITEM(items.p, (Py_ssize_t)i, item(depth + 1));
+            if (i < ready) {
+                PyList_SET_ITEM(items.p, (Py_ssize_t)i, value);
+            } else {
+                int rc = PyList_Append(items.p, value);
+                Py_DECREF(value);
+                if (rc < 0) throw Failed{};
+            }
         }
         return items.release();
     }

@@ -60,7 +60,7 @@ values = st.recursive(
 )
 
 
-@settings(max_examples=300)
+@settings(max_examples=300, deadline=None)  # timing is not the point; the box is shared
 @given(values)
 def test_random_values_encode_to_the_same_bytes_and_decode_to_the_same_values(native: Any, value: Any) -> None:
     kind, encoded = same(native.encode, py_deterministic_cbor, value)
@@ -124,7 +124,7 @@ def test_malformed_inputs_are_refused_alike(native: Any) -> None:
     assert refused > 3000  # the fuzz reached the refusals, not only valid items
 
 
-@settings(max_examples=500)
+@settings(max_examples=500, deadline=None)
 @given(st.binary(max_size=48))
 def test_random_bytes_are_decoded_or_refused_alike(native: Any, data: bytes) -> None:
     same(native.decode, py_decode, data)
