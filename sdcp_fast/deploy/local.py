@@ -85,6 +85,7 @@ class Engine:
         batch_wait: float = 0.005,
         clock: Callable[[], float] = time.monotonic,
         prefill_chunk: int | None = None,
+        prefill_solo: int | None = None,
     ) -> None:
         self.scorer = scorer
         self.drafters = list(drafters)
@@ -100,6 +101,7 @@ class Engine:
         self.on_round = on_round
         self.batch_wait = batch_wait
         self.prefill_chunk = prefill_chunk  # None: the verifier's default for the scorer's device
+        self.prefill_solo = prefill_solo  # likewise; a pass's budget with no decoding round in it
         self.clock = clock
         self.target_passes = 0
         self.index_of: dict[bytes, int] = {}  # each session of the last run: its index in the specs
@@ -202,7 +204,7 @@ class Deployment:
             e.scorer, uri=VERIFIER, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
             target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
             clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0,
-            status_ttl_ms=STATUS_TTL_MS, prefill_chunk=e.prefill_chunk,
+            status_ttl_ms=STATUS_TTL_MS, prefill_chunk=e.prefill_chunk, prefill_solo=e.prefill_solo,
             target_kv=None)  # one verifier: no other one could resume from published pages
         self.drafters = {
             d.name: DrafterRole(d, uri=drafter_uri(d.name), mlc=e.mlc, router=ROUTER, seed=e.seed,

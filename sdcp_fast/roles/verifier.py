@@ -96,6 +96,7 @@ class VerifierRole:
         kv_publish_tokens: int = 32,
         kv_publish_growth: float = 0.25,
         prefill_chunk: int | None = None,
+        prefill_solo: int | None = None,
     ) -> None:
         self.scorer = scorer
         self.uri = uri
@@ -132,7 +133,7 @@ class VerifierRole:
         self.batcher = Batcher(
             scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
             metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,
-            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk)
+            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk, prefill_solo=prefill_solo)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         self.routes.add("POST", r"proposals", self._post_proposal)

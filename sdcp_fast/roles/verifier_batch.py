@@ -12,7 +12,10 @@ in the model's cache, beside its decoding rounds. A session whose context is lon
 fed in chunks from its opening on (a chunk is a request with no proposal and a prefix of the
 context: the scorer keeps what it computed and computes what is missing), and its first round
 joins a pass once the rest fits, so a long prompt never holds the other sessions' rounds for
-longer than one chunk's work per pass.
+longer than one chunk's work per pass. A pass that no decoding round shares (none queued, no
+session self-decoding or owing a proposal) feeds up to ``prefill_solo`` tokens instead: the
+small chunk protects other sessions' latency, and with none waiting it would only delay the
+long prompt's first token.
 """
 
 from __future__ import annotations
@@ -47,6 +50,10 @@ LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with t
 # CPU its cost grows with its tokens from a few dozen on (docs/measurements.md, "Chunked prefill").
 PREFILL_CHUNK_GPU = 512
 PREFILL_CHUNK_CPU = 32
+# Context tokens a pass that no decoding round shares feeds at most, by default: larger passes
+# lose little to a pass's fixed cost, and a round arriving meanwhile waits for one such pass.
+PREFILL_SOLO_GPU = 4096
+PREFILL_SOLO_CPU = 512
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
 
 
@@ -54,7 +61,8 @@ class Batcher:
     def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], *, objects: Objects,
                  committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
                  clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
-                 self_decode_idle: float | None, prefill_chunk: int | None = None) -> None:
+                 self_decode_idle: float | None, prefill_chunk: int | None = None,
+                 prefill_solo: int | None = None) -> None:
         self.scorer = scorer
         self.sessions = sessions
         self.objects = objects
@@ -70,9 +78,13 @@ class Batcher:
         self.self_decode_idle = self_decode_idle
         if prefill_chunk is None:
             prefill_chunk = default_prefill_chunk(scorer)
-        if prefill_chunk < 0:
-            raise ValueError("prefill_chunk must be >= 0 (0: a context in one pass)")
+        if prefill_solo is None:
+            prefill_solo = default_prefill_chunk(scorer, solo=True)
+        if prefill_chunk < 0 or prefill_solo < 0:
+            raise ValueError("prefill_chunk and prefill_solo must be >= 0 (0: a context in one pass)")
         self.prefill_chunk = prefill_chunk
+        # 0 (the rest in one pass) or at least the chunk: alone, a pass never feeds less.
+        self.prefill_solo = prefill_solo and max(prefill_solo, prefill_chunk)
         self.target_passes = 0
         self.progress = clock()  # when a scoring pass last started or a round was committed
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
@@ -170,11 +182,28 @@ class Batcher:
         return (bool(self.prefill_chunk) and not live.prefilled and not live.chunks_failed and not s.closed
                 and s.state is not State.COMMITTING and self._unfed(live) > self.prefill_chunk)
 
+    def _shared(self, self_decoding: Sequence[LiveSession]) -> bool:
+        """Whether a decoding round takes or may soon take the next pass: one queued or fetching
+        its q rows, a self-decoding session, or a proposal owed, of a session not being chunked."""
+        if self._fetching or any(not self._chunked(item.live) for item in self._queue):
+            return True
+        if any(not self._chunked(live) for live in self_decoding):
+            return True
+        for live in self.sessions.records():
+            s = live.session
+            if s.state is State.READY and s.drafter is not None and not s.revoked and not self._chunked(live):
+                return True
+        return False
+
     def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]]]:
         """The next pass: queued rounds (up to ``max_batch``), then self-decoding sessions, whose
         context fits what is left of the prefill budget, then prefill chunks of the sessions
-        whose context does not, in the order they were opened: ``(session, context end)``."""
-        budget = self.prefill_chunk or None
+        whose context does not, in the order they were opened: ``(session, context end)``. The
+        budget is ``prefill_chunk`` when a decoding round shares the pass, else ``prefill_solo``."""
+        self_decoding = self._self_decoding()
+        budget = (self.prefill_chunk if self._shared(self_decoding) else self.prefill_solo) or None
+        if not self.prefill_chunk:
+            budget = None
         batch: list[Round] = []
         left: list[Round] = []
 
@@ -190,7 +219,7 @@ class Batcher:
         for item in self._queue:
             (batch if fits(item.live) else left).append(item)
         self._queue = left  # rounds left wait, in their order, for a later pass
-        for live in self._self_decoding():
+        for live in self_decoding:
             if len(batch) >= self.max_batch:
                 break
             if fits(live):
@@ -198,16 +227,18 @@ class Batcher:
         chunks: list[tuple[LiveSession, int]] = []
         waiting = [live for live in self.sessions.records() if self._chunked(live)]
         self.load.prefill = sum(self._unfed(live) for live in waiting)
-        if budget:
+        if budget is None or budget > 0:
             in_pass = {id(item.live) for item in batch}
             for live in waiting:
-                if budget <= 0:
+                if budget is not None and budget <= 0:
                     break
                 if id(live) in in_pass:
                     continue
-                n = min(budget, len(live.session.prompt) + live.session.committed - 1 - live.fed)
+                n = len(live.session.prompt) + live.session.committed - 1 - live.fed
+                if budget is not None:
+                    n = min(budget, n)
+                    budget -= n
                 chunks.append((live, live.fed + n))
-                budget -= n
         return batch, chunks
 
     async def run(self) -> None:
@@ -266,7 +297,11 @@ class Batcher:
         for live in starting:
             if live.prefill_started is None and self._unfed(live) >= LONG_PREFILL:
                 live.prefill_started = started
-                how = f"in chunks of at most {self.prefill_chunk}" if self._chunked(live) else "in one pass"
+                how = "in one pass"
+                if self._chunked(live):
+                    how = f"in chunks of at most {self.prefill_chunk}"
+                    if self.prefill_solo != self.prefill_chunk:
+                        how += f", {self.prefill_solo or 'the rest'} when no round shares the pass"
                 log.info("session %s: prefill of %d tokens starts (%s)", live.session.session.hex(), self._unfed(live),
                          how)
         for live, _ in chunks:
@@ -303,10 +338,13 @@ class Batcher:
             self.wake.set()
 
 
-def default_prefill_chunk(scorer: object) -> int:
-    """The chunk for a scorer on its device (one without a ``device``: the CPU's)."""
+def default_prefill_chunk(scorer: object, *, solo: bool = False) -> int:
+    """The chunk (``solo``: a pass's budget with no decoding round in it) for a scorer on its
+    device (one without a ``device``: the CPU's)."""
     device = getattr(scorer, "device", None)
     on_cpu = device is None or torch.device(device).type == "cpu"
+    if solo:
+        return PREFILL_SOLO_CPU if on_cpu else PREFILL_SOLO_GPU
     return PREFILL_CHUNK_CPU if on_cpu else PREFILL_CHUNK_GPU
 
 

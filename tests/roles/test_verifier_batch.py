@@ -129,14 +129,17 @@ def _prompt(n: int, seed: int) -> list[int]:
 PROMPTS = [_prompt(45, 1), _prompt(29, 2), [7], _prompt(6, 3)]
 
 
-def _decode(tmp_path, chunk: int, ngram: bool, rule: int = 1) -> tuple[list[list[int]], FedRunner]:
+def _decode(tmp_path, chunk: int, ngram: bool, rule: int = 1, *, solo: int | None = None,
+            prompts: Sequence[Sequence[int]] = PROMPTS, max_new: Sequence[int] = ()) -> tuple[list[list[int]], FedRunner]:
     runner = FedRunner(random_model(), block_size=4)
-    mlc = embedded(str(tmp_path / f"mlc-{chunk}-{ngram}-{rule}"))
+    mlc = embedded(str(tmp_path / f"mlc-{chunk}-{solo}-{ngram}-{rule}-{len(prompts)}"))
     sampling = Sampling(temperature_milli=900, seed=11) if rule == 2 else None
     try:
         engine = Engine(runner, [NgramDrafter(97)] if ngram else [], mlc, target_digest=model_digest("small"),
-                        tokenizer_digest=model_digest("tokenizer"), fixed_m=3, adaptive_m=False, prefill_chunk=chunk)
-        results = engine.run([spec_for(p, max_new=10, m=3, rule=rule, sampling=sampling) for p in PROMPTS])
+                        tokenizer_digest=model_digest("tokenizer"), fixed_m=3, adaptive_m=False, prefill_chunk=chunk,
+                        prefill_solo=chunk if solo is None else solo)
+        results = engine.run([spec_for(p, max_new=n, m=3, rule=rule, sampling=sampling)
+                              for p, n in zip(prompts, [*max_new, *[10] * len(prompts)], strict=False)])
     finally:
         mlc.close()
     assert all(r.chain_ok and not r.problems for r in results)
@@ -156,6 +159,23 @@ def test_chunked_prefill_decodes_what_one_pass_does(tmp_path, ngram):
         assert tokens == whole, chunk
         assert max(sum(f) - len(f) for f in runner.fed) <= chunk + 3 * len(PROMPTS)  # + M per round
         assert len(runner.fed) > len(one.fed)
+    assert _decode(tmp_path, 7, ngram, solo=20)[0] == whole  # bigger passes where no round shares them
+
+
+def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path):
+    """Alone, the 45-token prompt goes in passes of up to 16 tokens (``prefill_solo``); beside a
+    decoding session, in chunks of 4 (``prefill_chunk``); the output is one pass's either way."""
+    alone, shared = [PROMPTS[0]], [PROMPTS[0], [7]]
+    whole_alone, _ = _decode(tmp_path, 0, False, prompts=alone)
+    tokens, runner = _decode(tmp_path, 4, False, solo=16, prompts=alone)
+    assert tokens == whole_alone
+    assert runner.fed[:3] == [[16], [16], [13]]  # two solo chunks, then the first round takes the rest
+
+    whole_shared, _ = _decode(tmp_path, 0, False, prompts=shared, max_new=[10, 30])
+    tokens, runner = _decode(tmp_path, 4, False, solo=16, prompts=shared, max_new=[10, 30])
+    assert tokens == whole_shared
+    both = [f for f in runner.fed if len(f) == 2]
+    assert len(both) >= 10 and max(max(f) for f in both) <= 4  # the short session decodes in each of them
 
 
 def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
@@ -165,17 +185,21 @@ def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
     assert _decode(tmp_path, 7, False, rule=2)[0] == whole
 
 
-@pytest.mark.parametrize(("chunk", "how", "passes"), [(16, "in chunks of at most 16", "3 passes"),
-                                                      (0, "in one pass", "1 pass")])
-def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, caplog, chunk, how, passes):
+@pytest.mark.parametrize(("chunk", "solo", "n", "how", "passes"), [
+    (16, 16, 2, "in chunks of at most 16", "3 passes"),
+    # Alone (no other prompt whose opening may or may not share the first pass): 32 + 13 tokens.
+    (16, 32, 1, "in chunks of at most 16, 32 when no round shares the pass", "2 passes"),
+    (16, 0, 1, "in chunks of at most 16, the rest when no round shares the pass", "1 pass"),
+    (0, None, 2, "in one pass", "1 pass")])
+def test_a_long_prefill_is_logged_at_its_start_and_end(tmp_path, monkeypatch, caplog, chunk, solo, n, how, passes):
     monkeypatch.setattr(verifier_batch, "LONG_PREFILL", 40)
     runner = FedRunner(random_model(), block_size=4)
     mlc = embedded(str(tmp_path / "mlc"))
     try:
         engine = Engine(runner, [], mlc, target_digest=model_digest("small"),
-                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=chunk)
+                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=chunk, prefill_solo=solo)
         with caplog.at_level(logging.INFO, logger="sdcp_fast.verifier"):
-            results = engine.run([spec_for(p, max_new=2) for p in PROMPTS[:2]])
+            results = engine.run([spec_for(p, max_new=2) for p in PROMPTS[:n]])
     finally:
         mlc.close()
     long = results[0].session.hex()
@@ -204,7 +228,7 @@ def test_a_failed_prefill_chunk_leaves_the_rest_to_one_pass(tmp_path):
     mlc = embedded(str(tmp_path / "mlc-failing"))
     try:
         engine = Engine(runner, [], mlc, target_digest=model_digest("small"),
-                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=13)
+                        tokenizer_digest=model_digest("tokenizer"), prefill_chunk=13, prefill_solo=13)
         results = engine.run([spec_for(p, max_new=10, m=3) for p in PROMPTS])
     finally:
         mlc.close()
