@@ -8,9 +8,12 @@ session's inter-token latency is the time between two of its committed rounds. P
 ``--warmup`` tokens each, their latencies are recorded for ``--tokens`` tokens each (the
 baseline); then a ``--prompt``-token prompt arrives and their latencies are recorded again
 until the long session's first token (its prefill). Both windows are measured in the same run
-the same way; the ratio is p99 with the long prompt over p99 without it.
+the same way; the ratio is p99 with the long prompt over p99 without it. With ``--sessions 0``
+the long prompt arrives alone (every pass of its prefill takes the verifier's ``--solo``
+budget, not the chunk): only its first token's time is measured.
 
     .venv/bin/python bench/prefill.py --chunks 32 512 0          # tiny-target, the CPU figure
+    .venv/bin/python bench/prefill.py --sessions 0 --chunks 32 0  # the long prompt alone
     .venv/bin/python bench/prefill.py --model smollm2 --chunks 32 512 0
 
 The default model is the shipped tiny target (4 layers, dim 256): on a 2-core CPU, SmolLM2-135M
@@ -47,7 +50,7 @@ def _percentiles(gaps: list[float]) -> dict[str, float]:
     return {"n": len(s), "p50_ms": rank(0.50), "p99_ms": rank(0.99)}
 
 
-async def one_run(model: Any, *, chunk: int, sessions: int, short: int, prompt: int, warmup: int, tokens: int,
+async def one_run(model: Any, *, chunk: int, solo: int | None, sessions: int, short: int, prompt: int, warmup: int, tokens: int,
                   root: str) -> dict[str, Any]:
     from sdcp_fast.deploy.local import Engine, session_id_for, spec_for
     from sdcp_fast.model.contract_digests import model_digest
@@ -93,15 +96,18 @@ async def one_run(model: Any, *, chunk: int, sessions: int, short: int, prompt: 
     decoded = warmup + tokens + 2 * (prompt // max(chunk, 1) + 1) + 64
     runner = ModelRunner(model, num_blocks=(prompt + sessions * (short + decoded)) // 16 + sessions + 8)
     engine = Engine(runner, [], mlc, target_digest=model_digest("bench/prefill target"),
-                    tokenizer_digest=model_digest("bench/prefill tokenizer"), prefill_chunk=chunk)
+                    tokenizer_digest=model_digest("bench/prefill tokenizer"), prefill_chunk=chunk,
+                    prefill_solo=solo)
     try:
         async with engine.deployment(on_round) as deployment:
             # Enough tokens that the decoding sessions outlast the long prefill; the run ends earlier.
             for i, p in enumerate(prompts):
                 await deployment.router.open(replace(spec_for(p, max_new=4096), session=ids[i]))
-            await baseline_start.wait()
-            await baseline_done.wait()
+            if sessions:
+                await baseline_start.wait()
+                await baseline_done.wait()
             marks["open"] = time.perf_counter()
+            marks.setdefault("baseline", marks["open"])  # alone: no baseline window
             await deployment.router.open(replace(spec_for(long_prompt, max_new=2), session=long_id))
             await first_token.wait()
             passes = deployment.verifier.target_passes
@@ -120,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
                                                           "a GGUF / HF directory")
     p.add_argument("--chunks", type=int, nargs="+", default=[32, 0],
                    help="the verifier's --prefill-chunk of each run (0: the prompt in one pass)")
-    p.add_argument("--sessions", type=int, default=4, help="decoding sessions")
+    p.add_argument("--solo", type=int, help="the verifier's --prefill-solo: a pass's budget with no decoding "
+                                              "round in it (default: the verifier's for the device)")
+    p.add_argument("--sessions", type=int, default=4, help="decoding sessions (0: the long prompt alone)")
     p.add_argument("--short", type=int, default=32, help="their prompts' tokens")
     p.add_argument("--prompt", type=int, default=4000, help="the long prompt's tokens")
     p.add_argument("--warmup", type=int, default=8, help="tokens each decoding session makes before the baseline")
@@ -139,15 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     runs = []
     for chunk in args.chunks:
         with tempfile.TemporaryDirectory(prefix="bench-prefill-") as root:
-            run = asyncio.run(one_run(model, chunk=chunk, sessions=args.sessions, short=args.short,
+            run = asyncio.run(one_run(model, chunk=chunk, solo=args.solo, sessions=args.sessions, short=args.short,
                                       prompt=args.prompt, warmup=args.warmup, tokens=args.tokens, root=root))
         runs.append(run)
         name = f"chunk {chunk}" if chunk else "one pass"
-        for window in ("without", "with"):
+        for window in ("without", "with") if args.sessions else ():
             w = run[window]
             print(f"  {name:<10} {window:<7} long prompt: itl p50 {w['p50_ms']:8.1f} ms  p99 {w['p99_ms']:8.1f} ms"
                   f"  ({w['n']} gaps)", flush=True)
-        print(f"  {name:<10} p99 with / without: {run['p99_ratio']:.2f}x; the long prompt's first token after "
+        ratio = f"p99 with / without: {run['p99_ratio']:.2f}x" if args.sessions else "alone"
+        print(f"  {name:<10} {ratio}; the long prompt's first token after "
               f"{run['ttft_s']:.2f} s; {run['passes']} passes in all", flush=True)
     if args.json:
         args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "runs": runs,
