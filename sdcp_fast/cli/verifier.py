@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="prompt tokens one scoring pass feeds at most, beside its decoding rounds; a longer "
                         "prompt is fed in chunks over several passes (default: 512 on a GPU, 32 on the CPU; "
                         "0: in one pass)")
+    p.add_argument("--prefill-solo", type=int, default=None,
+                   help="prompt tokens a scoring pass feeds at most when no decoding round shares it (default: "
+                        "4096 on a GPU, 512 on the CPU; 0: the rest in one pass)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_device_argument(p)
     add_service_arguments(p, name="verifier", port=8501)
@@ -51,4 +54,4 @@ def _role(args: argparse.Namespace, target: Target, store: Store, transport: Tra
     return VerifierRole(target.scorer, uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
                         router=args.router, backend=args.backend, max_batch=args.max_batch,
                         batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms,
-                        max_prompt=target.context, prefill_chunk=args.prefill_chunk)
+                        max_prompt=target.context, prefill_chunk=args.prefill_chunk, prefill_solo=args.prefill_solo)
