@@ -12,6 +12,10 @@ def test_demo_json_runs_sessions_to_the_end(capsys):
     assert all(s["chain_ok"] and s["finish"] == "finish" for s in report["sessions"])
     assert report["tokens_per_pass"] > 1
     assert all(report["baseline"]["identical_output"])
+    # Target-only commits one token per session pass, whatever the sessions per pass.
+    base = report["baseline"]
+    assert base["tokens_per_session_pass"]["target_only"] == 1.0 < base["tokens_per_pass"]["target_only"]
+    assert base["bound"] > 1 and abs(base["bound_from_costs"] - base["bound"] / base["pass_cost"]) < 0.02
 
 
 def test_demo_prints_rounds_and_figures(capsys):
