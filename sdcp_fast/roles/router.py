@@ -186,6 +186,8 @@ class RouterRole(Recovery):
         assert peer is not None
         if peer.uri is None or not same_instance(peer.uri, entry.routed.verifier):
             raise Forbidden(f"{peer.uri} is not the verifier of this session")
+        if not await self._still_ours(entry.routed):  # events are rare: one read of the record each
+            return None
         async with self._lock:
             if event.epoch == entry.routed.epoch:
                 note_progress(entry.routed, event.committed, self.clock())

@@ -34,6 +34,7 @@ async def two_routers(tmp_path: Path) -> AsyncIterator[tuple[Deployment, Fronten
                        target_digest=a.target_digest, tokenizer_digest=a.tokenizer_digest, drafter_models={},
                        scope=a.scope, clock=a.clock)
         b.table = a.table  # the instances report to both (--router a,b); here they share one table
+        d.verifier.router = d.verifier.committer.router = f"{a.uri},{OTHER}"  # its events go to both
         d.network.register(OTHER, b.handler)
         frontend = mount_frontend(b, ToyWords(), stop=(EOS,), model="toy", max_tokens=12)
         await b.start()

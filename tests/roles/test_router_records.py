@@ -89,11 +89,10 @@ def test_finished_malformed_foreign_and_taken_records_are_not_adopted(tmp_path: 
 
 
 def test_a_verifier_serving_two_routers_reports_to_both_and_takes_a_cancel_from_either(tmp_path: Path) -> None:
-    """``--router A,B``: status and events to each; DELETE sessions/{id} from either, not from a third."""
+    """``--router A,B`` (as two_routers sets it): status and events to each; DELETE
+    sessions/{id} from either, not from a third."""
     async def scenario() -> tuple[bool, bool, set[str], str, bool]:
         async with two_routers(tmp_path) as (d, _, b, _):
-            both = f"{ROUTER},{OTHER}"
-            d.verifier.router = d.verifier.committer.router = both
             b.table = StatusTable()
             await d.verifier.report_status()
             heard = b.table.live(d.verifier.uri, b.clock())
