@@ -36,9 +36,10 @@ def settle_heap() -> None:
 
     A service allocates a few objects per request and per round, which triggers the cyclic
     collector's generations in turn; each full pass would walk the ~200,000 objects of the
-    imports again (about 0.2 s on the 2-core development machine), which took a fifth of a
-    verifier's CPU time under load (docs/measurements.md, "Control plane"). Frozen objects
-    are never collected, so this runs once, when startup is done."""
+    imports again (about 0.2 s on the 2-core development machine). In bench/protocol.py the
+    verifier spent 19 % of its CPU time in the collector, 11 % with the heap frozen
+    (docs/measurements.md, "Cheaper rounds"). Frozen objects are never collected, so this
+    runs once, when startup is done."""
     gc.collect()
     gc.freeze()
 
