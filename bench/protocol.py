@@ -456,7 +456,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         kind, name, port = args.serve
         run(_serve(kind, name, int(port), Path(args.certs), args.mlc, args.max_batch, args.batch_wait_ms / 1e3,
-                   args.threads))
+                   args.threads), settle=True)  # as the services' run
         return 0
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes",
           flush=True)

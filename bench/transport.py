@@ -140,7 +140,7 @@ def main() -> int:
     parser.add_argument("--certs", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        run(_serve_forever(args.serve, Path(args.certs)))
+        run(_serve_forever(args.serve, Path(args.certs)), settle=True)  # as the services' run
         return 0
 
     body = os.urandom(args.body)

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_http1(args, security, store, ready)
     from sdcp_fast.transport.loop import run as run_loop
 
-    run_loop(_serve_h2(args, security, store, ready))
+    run_loop(_serve_h2(args, security, store, ready), settle=True)
     return 0
 
 

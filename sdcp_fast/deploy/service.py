@@ -145,7 +145,7 @@ def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
 
     from sdcp_fast.transport.loop import run
 
-    return run(main())
+    return run(main(), settle=True)
 
 
 def configure_logging(level: str) -> None:

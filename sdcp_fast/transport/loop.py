@@ -2,8 +2,8 @@
 
 uvloop's TLS transport does the same work with less Python per read and write; the
 adapters run unchanged on either (tests run on whichever this picks). Every loop of the
-project comes from :func:`new_loop`: :func:`run` for a service or a command (which also
-takes the startup heap out of the garbage collector's passes, :func:`settle_heap`),
+project comes from :func:`new_loop`: :func:`run` for a service (which also takes its
+startup heap out of the garbage collector's passes, :func:`settle_heap`) or a command,
 :class:`LoopThread` for blocking callers of coroutine APIs (the MLC and commit-log clients),
 and the MLC's HTTP/1.1 server.
 """
@@ -44,9 +44,12 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def run(main: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run(main)`` on a :func:`new_loop`, the heap settled first (:func:`settle_heap`)."""
-    settle_heap()
+def run(main: Coroutine[Any, Any, T], *, settle: bool = False) -> T:
+    """``asyncio.run(main)`` on a :func:`new_loop`; a service's process passes ``settle`` to
+    settle its heap first (:func:`settle_heap`), a command or a test's process does not (what
+    it freezes stays out of the collector for the life of the process)."""
+    if settle:
+        settle_heap()
     with asyncio.Runner(loop_factory=new_loop) as runner:
         return runner.run(main)
 

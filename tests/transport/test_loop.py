@@ -44,9 +44,10 @@ def test_loop_thread_runs_coroutines_off_the_calling_thread_until_stopped() -> N
     assert runner.loop.is_closed()
 
 
-def test_run_collects_then_freezes_the_startup_heap() -> None:
+def test_run_for_a_service_collects_then_freezes_the_startup_heap() -> None:
     """A service's imports and model stay out of the collector's passes (gc.freeze); the
-    garbage of startup is collected first, not frozen with them."""
+    garbage of startup is collected first, not frozen with them. A plain run freezes nothing."""
+    assert run(_freeze_count()) == gc.get_freeze_count() == 0
 
     class Node:
         other: object = None
@@ -56,11 +57,12 @@ def test_run_collects_then_freezes_the_startup_heap() -> None:
     gone = weakref.ref(cycle)
     del cycle
 
-    async def frozen() -> int:
-        return gc.get_freeze_count()
-
     try:
-        assert run(frozen()) > 0
+        assert run(_freeze_count(), settle=True) > 0
         assert gone() is None
     finally:
         gc.unfreeze()  # this test process is not a service
+
+
+async def _freeze_count() -> int:
+    return gc.get_freeze_count()
