@@ -424,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         results["prefill_s"][th] = pre
         if llama is not None:
             llama.close()
+        # A slow level (two threads on a loaded machine) must not take the finished ones with it.
+        print("\n".join(_timing_lines(results, [th])), file=sys.stderr, flush=True)
+        if args.out:
+            Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
     if not args.skip_spec and not args.agree_only:
         print("bench/cpu.py: speculation", file=sys.stderr, flush=True)
         torch.set_num_threads(threads[0])
