@@ -8,7 +8,9 @@ writes a :class:`~sdcp_fast.model.kv_cache.PagedKVCache`; one forward pass serve
 ragged batch (each sequence brings any number of new tokens after its cached ones). Two
 attention paths: ``paged_attention`` reads K and V through the block table (the kernel
 library's triton kernel on CUDA; nothing read on the host, so a pass can be a CUDA graph),
-or the cache is gathered and handed to SDPA with a padded mask (exact on CPU).
+or the cache is gathered and handed to SDPA with a padded mask (exact on CPU). On the CPU a
+float32 pass without autograd on the gather path runs :mod:`.cpu_pass` instead (row-invariant
+native kernels: a position's logits do not depend on the other rows of the pass).
 q/k weights use the Hugging Face layout (RoPE rotates the two halves of each head).
 ``torch.compile`` is left to the caller (see ``runner.ModelRunner(compile=True)``).
 """
