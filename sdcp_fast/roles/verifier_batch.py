@@ -55,6 +55,11 @@ PREFILL_CHUNK_CPU = 32
 PREFILL_SOLO_GPU = 4096
 PREFILL_SOLO_CPU = 512
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
+# A shared pass's prefill budget follows measured pass times (from prefill_chunk up to
+# prefill_solo): doubled after a pass that fed a full budget beside decoding rounds in at most
+# GROW_BELOW times a recent pass of decoding rounds alone, halved after one above SHRINK_ABOVE.
+GROW_BELOW = 1.25
+SHRINK_ABOVE = 1.75
 
 
 class Batcher:
@@ -85,6 +90,8 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         # 0 (the rest in one pass) or at least the chunk: alone, a pass never feeds less.
         self.prefill_solo = prefill_solo and max(prefill_solo, prefill_chunk)
+        self.shared_budget = prefill_chunk  # a pass's prefill tokens beside decoding rounds, at most
+        self._decode_seconds: float | None = None  # recent passes of decoding rounds alone (moving average)
         self.target_passes = 0
         self.progress = clock()  # when a scoring pass last started or a round was committed
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
@@ -201,7 +208,7 @@ class Batcher:
         whose context does not, in the order they were opened: ``(session, context end)``. The
         budget is ``prefill_chunk`` when a decoding round shares the pass, else ``prefill_solo``."""
         self_decoding = self._self_decoding()
-        budget = (self.prefill_chunk if self._shared(self_decoding) else self.prefill_solo) or None
+        budget = (self.shared_budget if self._shared(self_decoding) else self.prefill_solo) or None
         if not self.prefill_chunk:
             budget = None
         batch: list[Round] = []
@@ -287,6 +294,9 @@ class Batcher:
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
         fed = [len(r.proposal) + (1 if item.live.prefilled else self._unfed(item.live))
                for item, r in zip(batch, requests, strict=True)]
+        decoding = any(item.live.prefilled for item in batch)
+        prefill = sum(self._unfed(item.live) - 1 for item in batch if not item.live.prefilled)
+        prefill += sum(end - live.fed for live, end in chunks)
         for live, end in chunks:
             requests.append(ScoreRequest(live.session.session, _context(live, end), ()))
             fed.append(end - live.fed)
@@ -325,6 +335,8 @@ class Batcher:
                          len(item.work.context), self.clock() - live.prefill_started, n, "" if n == 1 else "es")
             live.prefilled = True
         took = self.clock() - started
+        if decoding:
+            self._adapt(took, prefill)
         if took >= LONG_PASS:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
                         sum(fed), ", ".join(r.session.hex() for r in requests))
@@ -336,6 +348,21 @@ class Batcher:
             self.progress = self.clock()
         if self._self_decoding():
             self.wake.set()
+
+    def _adapt(self, took: float, prefill: int) -> None:
+        """Learn from a pass with decoding rounds: alone, their time; beside ``prefill`` tokens,
+        whether the shared budget may grow (its pass cost little more) or must shrink."""
+        if not prefill:
+            avg = self._decode_seconds
+            self._decode_seconds = took if avg is None else 0.8 * avg + 0.2 * took
+            return
+        if not self.prefill_chunk or not self._decode_seconds:
+            return
+        cap = self.prefill_solo or PREFILL_SOLO_CPU * self.prefill_chunk // PREFILL_CHUNK_CPU
+        if took > SHRINK_ABOVE * self._decode_seconds:
+            self.shared_budget = max(self.prefill_chunk, self.shared_budget // 2)
+        elif took <= GROW_BELOW * self._decode_seconds and prefill >= self.shared_budget:
+            self.shared_budget = min(cap, 2 * self.shared_budget)
 
 
 def default_prefill_chunk(scorer: object, *, solo: bool = False) -> int:

@@ -18,7 +18,9 @@ from sdcp_fast.model.drafters import NgramDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.protocol import Sampling, SdcpProblem
+from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.roles import verifier_batch
+from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.store import embedded
 from tests.model.conftest import random_model
 
@@ -162,9 +164,11 @@ def test_chunked_prefill_decodes_what_one_pass_does(tmp_path, ngram):
     assert _decode(tmp_path, 7, ngram, solo=20)[0] == whole  # bigger passes where no round shares them
 
 
-def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path):
+def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path, monkeypatch):
     """Alone, the 45-token prompt goes in passes of up to 16 tokens (``prefill_solo``); beside a
-    decoding session, in chunks of 4 (``prefill_chunk``); the output is one pass's either way."""
+    decoding session, in chunks of 4 (``prefill_chunk``, not grown here); the output is one
+    pass's either way."""
+    monkeypatch.setattr(verifier_batch, "GROW_BELOW", 0.0)
     alone, shared = [PROMPTS[0]], [PROMPTS[0], [7]]
     whole_alone, _ = _decode(tmp_path, 0, False, prompts=alone)
     tokens, runner = _decode(tmp_path, 4, False, solo=16, prompts=alone)
@@ -176,6 +180,24 @@ def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path):
     assert tokens == whole_shared
     both = [f for f in runner.fed if len(f) == 2]
     assert len(both) >= 10 and max(max(f) for f in both) <= 4  # the short session decodes in each of them
+
+
+def test_the_shared_budget_follows_pass_times():
+    """Beside decoding rounds, the budget doubles after a pass that fed all of it in little more
+    than a pass of decoding rounds alone (up to ``prefill_solo``) and halves after a slow one
+    (down to ``prefill_chunk``); nothing changes before such a pass was timed."""
+    b = verifier_batch.Batcher(
+        FedRunner(random_model(), block_size=4), SessionRegistry(), objects=None, committer=None, load=VerifierLoad(4),
+        metrics=None, clock=time.monotonic, backend="reference", max_batch=4, batch_wait=0.0, self_decode_idle=None,
+        prefill_chunk=32, prefill_solo=128)
+    b._adapt(0.5, 32)
+    assert b.shared_budget == 32  # no pass of decoding rounds alone timed yet
+    b._adapt(1.0, 0)  # decoding rounds alone: 1 s
+    steps = [(1.1, 32, 64), (1.2, 64, 128), (1.0, 128, 128), (1.5, 128, 128), (1.2, 10, 128), (2.0, 128, 64),
+             (3.0, 64, 32), (3.0, 32, 32), (1.2, 16, 32)]
+    for took, prefill, budget in steps:
+        b._adapt(took, prefill)
+        assert b.shared_budget == budget, (took, prefill)
 
 
 def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
