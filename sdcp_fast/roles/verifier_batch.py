@@ -15,7 +15,9 @@ joins a pass once the rest fits, so a long prompt never holds the other sessions
 longer than one chunk's work per pass. A pass that no decoding round shares (none queued, no
 session self-decoding or owing a proposal) feeds up to ``prefill_solo`` tokens instead: the
 small chunk protects other sessions' latency, and with none waiting it would only delay the
-long prompt's first token.
+long prompt's first token. Beside decoding rounds the budget starts at ``prefill_chunk`` and
+follows measured pass times up to ``prefill_solo`` (``_adapt``): where a chunk costs little
+next to a pass's fixed cost, larger chunks keep the rounds' latency and shorten the prefill.
 """
 
 from __future__ import annotations
