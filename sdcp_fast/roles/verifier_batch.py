@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import statistics
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -93,7 +95,9 @@ class Batcher:
         # 0 (the rest in one pass) or at least the chunk: alone, a pass never feeds less.
         self.prefill_solo = prefill_solo and max(prefill_solo, prefill_chunk)
         self.shared_budget = prefill_chunk  # a pass's prefill tokens beside decoding rounds, at most
-        self._decode_seconds: float | None = None  # recent passes of decoding rounds alone (moving average)
+        # The last passes of decoding rounds alone: their median is the reference (a spike of load
+        # would lift an average, and with it the budget).
+        self._decode_seconds: deque[float] = deque(maxlen=16)
         self.target_passes = 0
         self.progress = clock()  # when a scoring pass last started or a round was committed
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
@@ -355,15 +359,15 @@ class Batcher:
         """Learn from a pass with decoding rounds: alone, their time; beside ``prefill`` tokens,
         whether the shared budget may grow (its pass cost little more) or must shrink."""
         if not prefill:
-            avg = self._decode_seconds
-            self._decode_seconds = took if avg is None else 0.8 * avg + 0.2 * took
+            self._decode_seconds.append(took)
             return
         if not self.prefill_chunk or not self._decode_seconds:
             return
+        alone = statistics.median(self._decode_seconds)
         cap = self.prefill_solo or PREFILL_SOLO_CPU * self.prefill_chunk // PREFILL_CHUNK_CPU
-        if took > SHRINK_ABOVE * self._decode_seconds:
+        if took > SHRINK_ABOVE * alone:
             self.shared_budget = max(self.prefill_chunk, self.shared_budget // 2)
-        elif took <= GROW_BELOW * self._decode_seconds and prefill >= self.shared_budget:
+        elif took <= GROW_BELOW * alone and prefill >= self.shared_budget:
             self.shared_budget = min(cap, 2 * self.shared_budget)
 
 
