@@ -207,6 +207,16 @@ def _llama_unavailable(path: Path) -> str | None:
     return None
 
 
+def _timed(dec: dict[str, list[float]], cpu: dict[str, list[float]], name: str, run: Any) -> None:
+    """One decode: its tokens/s into ``dec``, its CPU ms per token into ``cpu``. CPU time of
+    the whole process: a shared machine's load stretches every contender's wall time; at one
+    thread it hardly moves their CPU time."""
+    c = time.process_time()
+    tokens, rate = run()
+    cpu.setdefault(name, []).append((time.process_time() - c) / max(len(tokens), 1) * 1e3)
+    dec.setdefault(name, []).append(rate)
+
+
 def _hf_unavailable() -> str | None:
     if importlib.util.find_spec("transformers") is None:
         return "transformers is not installed (pip install 'sdcp-fast[compare]')"
@@ -375,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
 
     results: dict[str, Any] = {"command": " ".join(["python bench/cpu.py", *(argv or sys.argv[1:])]),
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                               "load_average": os.getloadavg(), "notes": notes, "decode": {}, "pass_ratio": {},
+                               "load_average": os.getloadavg(), "notes": notes, "decode": {}, "decode_cpu_ms": {},
+                               "pass_ratio": {},
                                "prefill_s": {}, "agreement": {}, "speculation": {}}
     if not why_llama:
         binding = _Binding()
@@ -407,19 +418,22 @@ def main(argv: list[str] | None = None) -> int:
             break
         print(f"bench/cpu.py: {th} thread(s): decode, pass cost, prefill", file=sys.stderr, flush=True)
         dec: dict[str, list[float]] = {}
+        cpu: dict[str, list[float]] = {}
+        timed = partial(_timed, dec, cpu)
         pre: dict[str, list[float]] = {}
         ratio: dict[str, list[float]] = {}
         for _ in range(args.repeats):
             for form, o in ours.items():
-                dec.setdefault(f"ours {form}", []).append(o.greedy(prompt, args.tokens)[1])
+                timed(f"ours {form}", partial(o.greedy, prompt, args.tokens))
                 ratio.setdefault(f"ours {form}", []).append(o.pass_ratio(prompt))
                 pre.setdefault(f"ours {form}", []).append(o.prefill_s(long_prompt))
             if llama is not None:
-                dec.setdefault("llama.cpp", []).append(llama.greedy(prompt, args.tokens)[1])
+                timed("llama.cpp", partial(llama.greedy, prompt, args.tokens))
                 pre.setdefault("llama.cpp", []).append(llama.prefill_s(long_prompt))
             if hf is not None:
-                dec.setdefault("HF transformers (f32)", []).append(hf.greedy(prompt, args.tokens)[1])
+                timed("HF transformers (f32)", partial(hf.greedy, prompt, args.tokens))
         results["decode"][th] = dec
+        results["decode_cpu_ms"][th] = cpu
         results["pass_ratio"][th] = ratio
         results["prefill_s"][th] = pre
         if llama is not None:
@@ -453,6 +467,11 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
     lines.append(f"  {'':<24}" + "".join(f"{f'{th} thread' + ('s' if th > 1 else ''):>22}" for th in threads))
     for n in names:
         lines.append(f"  {n:<24}" + "".join(f"{_range(r['decode'][th].get(n, [])):>22}" for th in threads))
+    if r.get("decode_cpu_ms"):
+        lines.append("decode CPU ms per token (process CPU time; all threads), median (range):")
+        for n in names:
+            lines.append(f"  {n:<24}" + "".join(f"{_range(r['decode_cpu_ms'][th].get(n, [])):>22}"
+                                                 for th in threads))
     for th in threads:
         dec = r["decode"][th]
         if "llama.cpp" in dec:
