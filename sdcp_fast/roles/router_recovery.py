@@ -135,13 +135,13 @@ class Recovery:
                         await self._assign(routed, late)
             for session, assignment in list(self._undelivered.items()):
                 held = self.sessions.get(session)
-                routed = held.routed if held is not None else None
-                if (routed is None or routed.done or routed.drafter != assignment.drafter
-                        or routed.epoch != assignment.epoch):
+                pending = held.routed if held is not None else None
+                if (pending is None or pending.done or pending.drafter != assignment.drafter
+                        or pending.epoch != assignment.epoch):
                     del self._undelivered[session]  # since replaced, or over
                     continue
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
-                    await self._assign(routed, assignment)
+                    await self._assign(pending, assignment)
             for routed in expired_verifiers(open_, self.table, now):
                 await self._failover(routed)
 
