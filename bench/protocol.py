@@ -327,14 +327,35 @@ class Router:
 
 
 async def throughput(router: Router, rule: int, concurrency: int, seconds: float) -> dict[str, Any]:
-    """``concurrency`` sessions at all times for a warm-up, then ``seconds`` measured; the
-    sessions still running then are cancelled."""
+    """``concurrency`` sessions at all times, then ``seconds`` measured; the sessions still
+    running then are cancelled.
 
-    async def keep_one() -> None:
+    The level's first sessions are as far along as in a steady state of sessions of
+    ``SESSION_TOKENS`` replaced at their end: their lengths spread evenly up to it, so that
+    their ends, and the opens that replace them, spread out instead of coming all at once.
+    The window starts a warm-up after each of them has read its first output: opening
+    256 sessions at once takes seconds on a loaded machine, and a window over that burst
+    measures the opens, not the rounds."""
+    running = 0
+    all_running = asyncio.Event()
+
+    async def keep_one(index: int) -> None:
+        first = True
+
+        async def seen(committed: int) -> None:
+            nonlocal first, running
+            if first and committed > 0:
+                first, running = False, running + 1
+                if running == concurrency:
+                    all_running.set()
+
+        await router.session(rule, max(1, SESSION_TOKENS * (index + 1) // concurrency), seen)
         while True:
             await router.session(rule, SESSION_TOKENS)
 
-    tasks = [asyncio.create_task(keep_one()) for _ in range(concurrency)]
+    tasks = [asyncio.create_task(keep_one(i)) for i in range(concurrency)]
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(all_running.wait(), 60.0)
     await asyncio.sleep(min(1.0, seconds / 3))
     await router.counters(drain=True)
     cpu0, t0 = router.d.cpu(), time.perf_counter()
