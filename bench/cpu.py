@@ -209,8 +209,10 @@ def _llama_unavailable(path: Path) -> str | None:
 
 def _timed(dec: dict[str, list[float]], cpu: dict[str, list[float]], name: str, run: Any) -> None:
     """One decode: its tokens/s into ``dec``, its CPU ms per token into ``cpu``. CPU time of
-    the whole process: a shared machine's load stretches every contender's wall time; at one
-    thread it hardly moves their CPU time."""
+    the whole process over the whole call: a shared machine's load stretches every contender's
+    wall time; at one thread it hardly moves their CPU time. For ours the call also starts and
+    stops the in-process deployment (MLC, router, verifier), which its tokens/s, timed by the
+    engine from the first session's opening, leaves out."""
     c = time.process_time()
     tokens, rate = run()
     cpu.setdefault(name, []).append((time.process_time() - c) / max(len(tokens), 1) * 1e3)
@@ -468,7 +470,8 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
     for n in names:
         lines.append(f"  {n:<24}" + "".join(f"{_range(r['decode'][th].get(n, [])):>22}" for th in threads))
     if r.get("decode_cpu_ms"):
-        lines.append("decode CPU ms per token (process CPU time; all threads), median (range):")
+        lines.append("decode CPU ms per token (process CPU time, all threads, the whole call: ours with its "
+                     "deployment's start), median (range):")
         for n in names:
             lines.append(f"  {n:<24}" + "".join(f"{_range(r['decode_cpu_ms'][th].get(n, [])):>22}"
                                                  for th in threads))
