@@ -44,7 +44,7 @@ from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.scoring import verify_batch
 from sdcp_fast.roles.verifier_commit import Committer
-from sdcp_fast.roles.verifier_state import LiveSession, Round
+from sdcp_fast.roles.verifier_state import LiveSession, Round, retire_ended
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -79,6 +79,7 @@ class Batcher:
         self.load = load
         self.metrics = metrics
         self.clock = clock
+        self._retired = 0.0  # when ended sessions were last retired
         self.backend = backend
         self.max_batch = max_batch
         self.batch_wait = batch_wait
@@ -266,6 +267,9 @@ class Batcher:
                     await asyncio.wait_for(self.wake.wait(), idle)
             if self._queue:
                 await self._gather()
+            if (now := self.clock()) - self._retired >= 1.0:  # between passes: it changes the cache
+                self._retired = now
+                retire_ended(self.sessions, self.scorer.release, now)
             batch, chunks = self._compose()
             if batch or chunks:
                 try:

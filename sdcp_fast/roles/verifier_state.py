@@ -12,11 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from sdcp_fast.protocol import Action, SdcpProblem, Verdict
+from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import VerifierSession
 from sdcp_fast.roles.scoring import Scored
 from sdcp_fast.store.interface import Log
@@ -60,6 +61,8 @@ class LiveSession:
     chunks_failed: bool = False  # a pass with a prefill chunk of it failed: the rest goes in one pass
     prefill_started: float | None = None
     prefill_passes: int = 0
+    ended: float | None = None  # when retire_ended first found it ended
+    released: bool = False  # its KV pages are given back to the scorer
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
 
@@ -116,3 +119,34 @@ class Background:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+
+
+ENDED_KEEP = 60.0  # seconds an ended session still answers its output (a resumed stream's tail)
+ENDED_MOST = 256  # ended sessions kept at most; beyond it the oldest are forgotten first
+
+
+def retire_ended(sessions: SessionRegistry[LiveSession], release: Callable[[bytes], None], now: float, *,
+                 keep: float = ENDED_KEEP, most: int = ENDED_MOST) -> int:
+    """Free what ended (finished, failed or fenced) sessions hold: their KV pages at once, their
+    record ``keep`` seconds after it was first found ended, or sooner beyond ``most`` ended ones,
+    so that a long-running verifier's table, memory and per-round scans stay the size of its
+    open sessions. Until then an ended session still answers GET output. Call it between
+    scoring passes: ``release`` changes the scorer's cache. Returns the sessions forgotten."""
+    ended: list[LiveSession] = []
+    for live in sessions.records():
+        if not live.session.closed or live.kv_busy or live.prefilling:
+            continue
+        if live.ended is None:
+            live.ended = now
+        if not live.released:
+            release(live.session.session)
+            live.released = True
+        ended.append(live)
+    ended.sort(key=lambda live: live.ended or now)
+    excess = len(ended) - most
+    forgotten = 0
+    for i, live in enumerate(ended):
+        if i < excess or now - (live.ended or now) >= keep:
+            sessions.remove(live.session.session)
+            forgotten += 1
+    return forgotten
