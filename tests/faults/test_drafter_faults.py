@@ -39,7 +39,7 @@ def not_assigned(up: FaultUp) -> float:
 def test_a_killed_drafter_is_replaced_within_two_ttl_and_the_text_is_unchanged(whole: FaultUp, seed: int) -> None:
     up = whole
     rng = random.Random(seed + 2)
-    batch, expected = steady_jobs(rng, 6, 160, up.m)
+    batch, expected = steady_jobs(rng, 6, 480, up.m)  # long enough to be running at the kill
     took: list[float] = []
 
     async def faults(progress: asyncio.Event) -> None:

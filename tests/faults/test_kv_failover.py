@@ -32,7 +32,7 @@ DRAFTER = "ngram"  # both drafters: a reassignment proposes what the first one w
 M = 3
 SESSIONS = 3
 PROMPT_WORDS = 120  # with the tail about 220 tokens: the prefill a resume from pages saves
-MAX_TOKENS = 128
+MAX_TOKENS = 320  # sessions still running once their first pages are published
 # tiny-target learnt dictionary definitions: after random words its greedy continuation mostly
 # ends with <|endoftext|> within a few dozen tokens; after a phrase repeated this often it goes
 # on repeating it, which the n-gram drafter proposes (so no session needs the verifier to decode

@@ -49,7 +49,7 @@ def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(who
     front end discards: every client sees its uninterrupted run's text."""
     up = whole
     rng = random.Random(seed + 1)
-    batch, expected = steady_jobs(rng, 6, 140, up.m)
+    batch, expected = steady_jobs(rng, 6, 420, up.m)  # long enough to be running at the stop
     stopped: list[str] = []
 
     async def faults(progress: asyncio.Event) -> None:
