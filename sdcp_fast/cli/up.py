@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prefill-chunk", type=int, default=None,
                    help="prompt tokens per scoring pass at most, of each verifier (default: the verifier's own, "
                         "512 on a GPU, 32 on the CPU)")
+    p.add_argument("--prefill-solo", type=int, default=None,
+                   help="prompt tokens a scoring pass feeds at most when no decoding round shares it, of each "
+                        "verifier (default: the verifier's own, 4096 on a GPU, 512 on the CPU)")
     p.add_argument("--routers", type=int, default=1, metavar="N",
                    help="routers over the same routing records, each with its own front end; a client "
                         "resumes its stream at any of them (default 1)")
@@ -53,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     drafters = tuple(d.strip() for d in args.drafters.split(",")) if args.drafters else None
     up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
             status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device,
-            prefill_chunk=args.prefill_chunk,
+            prefill_chunk=args.prefill_chunk, prefill_solo=args.prefill_solo,
             weights=args.weights, routers=max(1, args.routers))
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))

@@ -65,6 +65,7 @@ class Up:
     fixed_m: int | None = None
     max_batch: int | None = None
     prefill_chunk: int | None = None
+    prefill_solo: int | None = None
     device: str | None = None
     weights: str | None = None  # --weights of the router, verifiers and drafters (one form: one digest)
     routers: int = 1
@@ -137,6 +138,7 @@ class Up:
                 *py, "verifier", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--router", router,
                 "--model", model, *common, *self._option("--max-batch", self.max_batch),
                 *self._option("--prefill-chunk", self.prefill_chunk),
+                *self._option("--prefill-solo", self.prefill_solo),
                 *self._option("--device", self.device), *self._option("--weights", self.weights)])
         for name, spec in zip(drafter_uris, drafters, strict=True):
             s[name] = Service(name, "drafter", ports[name], [

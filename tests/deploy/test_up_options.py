@@ -38,3 +38,13 @@ def test_the_prefill_chunk_reaches_the_verifiers_only(tmp_path: Path) -> None:
     default = Up(tmp_path / "default", model="toy")
     default.plan()
     assert not any("--prefill-chunk" in svc.argv for svc in default.services.values())
+
+
+def test_the_prefill_solo_budget_reaches_the_verifiers_only(tmp_path: Path) -> None:
+    up = Up(tmp_path, model="toy", prefill_solo=1024)
+    up.plan()
+    for svc in up.services.values():
+        assert _value(svc.argv, "--prefill-solo") == ("1024" if svc.role == "verifier" else None), svc.name
+    default = Up(tmp_path / "default", model="toy")
+    default.plan()
+    assert not any("--prefill-solo" in svc.argv for svc in default.services.values())
