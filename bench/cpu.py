@@ -159,6 +159,8 @@ class LlamaCpp:
         self.ctx = lib.llama_init_from_model(self.model, cp)
         self.sampler = lib.llama_sampler_init_greedy()
         self.memory = lib.llama_get_memory(self.ctx)
+        self._batch: Any = None
+        self._held = 0
 
     def _decode(self, tokens: list[int]) -> None:
         lib = self.c.lib
@@ -188,8 +190,38 @@ class LlamaCpp:
         self._decode(tokens)
         return time.perf_counter() - t
 
+    def prime(self, tokens: list[int]) -> None:
+        """Hold exactly ``tokens`` in the KV cache (the context of :meth:`pass_s`)."""
+        self.c.lib.llama_memory_clear(self.memory, True)
+        self._decode(tokens)
+        self._held = len(tokens)
+
+    def pass_s(self, tokens: list[int]) -> float:
+        """Thread CPU seconds of one ``llama_decode`` of ``tokens`` after the primed context,
+        with every position's logits out (a verification pass needs them all, and the head is
+        a fifth of the model); the positions are removed from the KV cache again afterwards.
+        At one thread ggml computes on the calling thread, so its thread CPU time is the
+        pass's (it equals the process's to microseconds)."""
+        lib, n, p0 = self.c.lib, len(tokens), self._held
+        if self._batch is None:
+            self._batch = lib.llama_batch_init(64, 0, 1)
+        b = self._batch
+        b.n_tokens = n
+        for i, tok in enumerate(tokens):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, p0 + i, 1, 1
+            b.seq_id[i][0] = 0
+        t = time.thread_time()
+        failed = lib.llama_decode(self.ctx, b)
+        dt = time.thread_time() - t
+        lib.llama_memory_seq_rm(self.memory, 0, p0, -1)
+        if failed:
+            raise RuntimeError("llama_decode failed")
+        return dt
+
     def close(self) -> None:
         lib = self.c.lib
+        if self._batch is not None:
+            lib.llama_batch_free(self._batch)
         lib.llama_sampler_free(self.sampler)
         lib.llama_free(self.ctx)
         lib.llama_model_free(self.model)
@@ -207,16 +239,46 @@ def _llama_unavailable(path: Path) -> str | None:
     return None
 
 
-def _timed(dec: dict[str, list[float]], cpu: dict[str, list[float]], name: str, run: Any) -> None:
+def _cores() -> tuple[int, int, int] | None:
+    """Jiffies of all CPUs since boot from /proc/stat: busy (steal included), stolen by the
+    hypervisor, all; None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            v = [int(x) for x in f.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+    return sum(v) - v[3] - v[4], v[7], sum(v)
+
+
+def _timed(dec: dict[str, list[float]], cpu: dict[str, list[float]], prof: dict[str, dict[str, list[float]]],
+           name: str, run: Any) -> None:
     """One decode: its tokens/s into ``dec``, its CPU ms per token into ``cpu``. CPU time of
     the whole process over the whole call: a shared machine's load stretches every contender's
     wall time; at one thread it hardly moves their CPU time. For ours the call also starts and
     stops the in-process deployment (MLC, router, verifier), which its tokens/s, timed by the
-    engine from the first session's opening, leaves out."""
+    engine from the first session's opening, leaves out.
+
+    ``prof`` gets what the machine did meanwhile: ``others``, the share of all cores' time that
+    other processes held (busy time, steal included, less this process's CPU time), and
+    ``preempted``, this process's involuntary context switches per token (all its threads).
+    With two threads on two cores every parallel region waits for both threads, so a core held
+    by another process stalls the region until the scheduler gives it back."""
+    import resource
+
+    before, nivcsw = _cores(), resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw
     c = time.process_time()
     tokens, rate = run()
-    cpu.setdefault(name, []).append((time.process_time() - c) / max(len(tokens), 1) * 1e3)
+    used = time.process_time() - c
+    n = max(len(tokens), 1)
+    cpu.setdefault(name, []).append(used / n * 1e3)
     dec.setdefault(name, []).append(rate)
+    after = _cores()
+    prof.setdefault("preempted", {}).setdefault(name, []).append(
+        (resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - nivcsw) / n)
+    if before is not None and after is not None and after[2] > before[2]:
+        ours = used * os.sysconf("SC_CLK_TCK")
+        prof.setdefault("others", {}).setdefault(name, []).append(
+            100 * max(after[0] - before[0] - ours, 0) / (after[2] - before[2]))
 
 
 def _hf_unavailable() -> str | None:
@@ -388,7 +450,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"command": " ".join(["python bench/cpu.py", *(argv or sys.argv[1:])]),
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "load_average": os.getloadavg(), "notes": notes, "decode": {}, "decode_cpu_ms": {},
-                               "pass_ratio": {},
+                               "decode_others_pct": {}, "decode_preempted": {}, "pass_ratio": {},
                                "prefill_s": {}, "agreement": {}, "speculation": {}}
     if not why_llama:
         binding = _Binding()
@@ -421,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench/cpu.py: {th} thread(s): decode, pass cost, prefill", file=sys.stderr, flush=True)
         dec: dict[str, list[float]] = {}
         cpu: dict[str, list[float]] = {}
-        timed = partial(_timed, dec, cpu)
+        prof: dict[str, dict[str, list[float]]] = {}
+        timed = partial(_timed, dec, cpu, prof)
         pre: dict[str, list[float]] = {}
         ratio: dict[str, list[float]] = {}
         for _ in range(args.repeats):
@@ -436,6 +499,8 @@ def main(argv: list[str] | None = None) -> int:
                 timed("HF transformers (f32)", partial(hf.greedy, prompt, args.tokens))
         results["decode"][th] = dec
         results["decode_cpu_ms"][th] = cpu
+        results["decode_others_pct"][th] = prof.get("others", {})
+        results["decode_preempted"][th] = prof.get("preempted", {})
         results["pass_ratio"][th] = ratio
         results["prefill_s"][th] = pre
         if llama is not None:
@@ -457,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
                     got = [o.greedy(o.encode(t), args.tokens, d)[1] for t in texts]
                     spec.setdefault(name, []).append(statistics.mean(got) / statistics.mean(base))
             results["speculation"][form] = spec
+    results["load_average_end"] = os.getloadavg()
     print(report(results, threads))
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1, default=str) + "\n")
@@ -475,6 +541,15 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
         for n in names:
             lines.append(f"  {n:<24}" + "".join(f"{_range(r['decode_cpu_ms'][th].get(n, [])):>22}"
                                                  for th in threads))
+    for key, what in (("decode_others_pct", "% of all cores' time held by other processes during each decode "
+                                            "(busy time, steal included, less ours), median (range):"),
+                      ("decode_preempted", "involuntary context switches per token (all our threads), "
+                                           "median (range):")):
+        if any(r.get(key, {}).get(th) for th in threads):
+            lines.append(what)
+            for n in names:
+                lines.append(f"  {n:<24}" + "".join(f"{_range(r[key].get(th, {}).get(n, [])):>22}"
+                                                     for th in threads))
     for th in threads:
         dec = r["decode"][th]
         if "llama.cpp" in dec:
@@ -492,7 +567,9 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
 
 
 def report(r: dict[str, Any], threads: list[int]) -> str:
-    lines = [f"# {r['command']}  ({r['date']}, load average {r['load_average'][0]:.1f})", ""]
+    end = r.get("load_average_end")
+    lines = [f"# {r['command']}  ({r['date']}, load average {r['load_average'][0]:.1f} at the start"
+             + ("" if end is None else f", {end[0]:.1f} at the end") + ")", ""]
     threads = [th for th in threads if th in r["decode"]]  # none with --agree-only
     if threads:
         lines.extend(_timing_lines(r, threads))

@@ -45,6 +45,23 @@ def speedup_bound(a: float, m: float, t_draft: float, t_verify: float, t_pass: f
     return per_round / ((batch * m * t_draft + t_verify) / t_pass)
 
 
+def acceptance_needed(goal: float, m: float, t_draft: float, t_verify: float, t_pass: float) -> float | None:
+    """The smallest acceptance a with :func:`speedup_bound` at least ``goal`` (one session);
+    None when even a = 1 (every draft token accepted) falls short. The bound grows with a."""
+    def reach(a: float) -> float:
+        return speedup_bound(a, m, t_draft, t_verify, t_pass) or 0.0
+
+    if reach(1.0) < goal:
+        return None
+    if reach(0.0) >= goal:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if reach(mid) >= goal else (mid, hi)
+    return hi
+
+
 def itl(chunks: Sequence[tuple[float, int]]) -> list[float]:
     """Inter-token latency per later piece: the gap since the piece before, shared by the
     tokens of the piece (a round commits several tokens at once)."""

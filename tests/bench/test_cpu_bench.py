@@ -33,10 +33,16 @@ def test_smallest_run_reports_every_section_and_why_peers_were_skipped(tmp_path:
     assert set(got["decode"]["1"]) == {"ours q8_0", "ours f32"}
     assert set(got["decode_cpu_ms"]["1"]) == {"ours q8_0", "ours f32"}
     assert all(ms > 0 for v in got["decode_cpu_ms"]["1"].values() for ms in v)
+    # What the machine did meanwhile: other processes' share of the cores, our preemptions.
+    assert set(got["decode_preempted"]["1"]) == {"ours q8_0", "ours f32"}
+    if Path("/proc/stat").exists():
+        assert all(0 <= pct <= 100 for v in got["decode_others_pct"]["1"].values() for pct in v)
+    assert len(got["load_average_end"]) == 3
     assert set(got["pass_ratio"]["1"]) == {"ours q8_0", "ours f32"} and got["speculation"]["q8_0"]["ngram"]
     assert any(n.startswith("llama.cpp skipped: ") for n in got["notes"])
     assert "HF transformers skipped: --skip-hf" in got["notes"]
     assert "decode tokens/s" in text and "decode CPU ms per token" in text and "note: llama.cpp skipped" in text
+    assert "involuntary context switches per token" in text and "at the end)" in text
 
 
 def test_agreement_counts_up_to_the_first_difference() -> None:
