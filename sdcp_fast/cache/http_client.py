@@ -186,8 +186,8 @@ class AsyncMLC:
         await self._call("PUT", "leases/" + lease_id, deterministic_cbor({"ttl_ms": _ms(ttl)}),
                          {"content-type": "application/cbor"})
 
-    async def release(self, lease_id: str) -> None:
-        await self._call("DELETE", "leases/" + lease_id)
+    async def release(self, lease_id: str, *, drop: bool = False) -> None:
+        await self._call("DELETE", "leases/" + lease_id, query={"drop": "1"} if drop else None)
 
     async def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = json.loads((await self._call("GET", "stats")).body)
@@ -280,8 +280,8 @@ class RemoteMLC:
     def renew(self, lease_id: str, ttl: float) -> None:
         self._run(self.aio.renew(lease_id, ttl))
 
-    def release(self, lease_id: str) -> None:
-        self._run(self.aio.release(lease_id))
+    def release(self, lease_id: str, *, drop: bool = False) -> None:
+        self._run(self.aio.release(lease_id, drop=drop))
 
     def prefetch(self, uris: list[str]) -> Future[list[bool]]:
         """Fetch objects in the background (concurrent streams); the next ``get`` of each is

@@ -8,6 +8,7 @@ least recently used unleased objects one tier down (dropped off the last tier: a
 eviction). A read promotes the object to the fastest tier Python can read. A leased object
 is never evicted, demoted or deleted; a lease that expires unreleased reclaims the object
 if the object was put under that lease (its holder is gone), otherwise it only unpins it.
+A birth lease released with ``drop`` deletes its object once no other lease holds it.
 
 Memory is bounded: object bytes by the tier capacities, the index by ``max_objects`` and
 ``index_bytes`` (each object's metadata plus a fixed per-object charge), leases by
@@ -81,6 +82,7 @@ class _Entry:
     leases: set[str] = field(default_factory=set)
     birth_lease: str | None = None  # put under this lease: reclaimed if it expires unreleased
     reclaim: bool = False
+    spent: bool = False  # its birth lease was released with ``drop``: deleted when the last lease goes
     borrowed: bool = False  # the handle is another instance's object in a shared tier: never drop it
 
 
@@ -355,8 +357,11 @@ class MLC:
             heapq.heappush(self._expiry, (now + ttl, lease_id))
             self._compact_expiry()
 
-    def release(self, lease_id: str, *, check: LeaseCheck | None = None) -> None:
-        """Unpin: the object stays until LRU evicts it or someone deletes it."""
+    def release(self, lease_id: str, *, drop: bool = False, check: LeaseCheck | None = None) -> None:
+        """Unpin: the object stays until LRU evicts it or someone deletes it. With ``drop``,
+        the release of an object's birth lease also says the object is spent (a round's q
+        rows after its verdict): it is deleted once no other lease holds it, instead of
+        waiting in the LRU and being demoted to a slower tier to make room."""
         with self._lock:
             self._reap()
             held = self._held(lease_id)
@@ -368,6 +373,10 @@ class MLC:
             entry.leases.discard(lease_id)
             if entry.birth_lease == lease_id:
                 entry.birth_lease = None
+                entry.spent = drop
+            if entry.spent and not entry.leases:
+                self._remove(entry)
+                self._flush()
             self._compact_expiry()
 
     @contextmanager
@@ -441,6 +450,9 @@ class MLC:
                 entry.reclaim = True
             if entry.reclaim and not entry.leases:
                 self.accounting[entry.scope, self.tiers[entry.tier].name].evictions += 1
+                self._remove(entry)
+                self._flush()
+            elif entry.spent and not entry.leases:
                 self._remove(entry)
                 self._flush()
         return now

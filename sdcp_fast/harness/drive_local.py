@@ -118,8 +118,8 @@ class TimedStore:
     async def delete(self, uri: str) -> None:
         await self.store.delete(uri)
 
-    async def release(self, lease: str) -> None:
-        await self.store.release(lease)
+    async def release(self, lease: str, *, drop: bool = False) -> None:
+        await self.store.release(lease, drop=drop)
 
     async def commit_log(self, ref: str) -> Log:
         return _TimedLog(await self.store.commit_log(ref), self.clock)

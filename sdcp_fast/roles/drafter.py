@@ -254,8 +254,10 @@ class DrafterRole:
                     verdict = await sending
                 finally:
                     if lease is not None:
+                        # The round's rows are spent once it is answered (§6.2): deleted, not left
+                        # to fill the MLC's host tier and be demoted to disk to make room.
                         with contextlib.suppress(Exception):
-                            await self.objects.release(lease)
+                            await self.objects.release(lease, drop=True)
                 if prepared is not None:
                     prepared.confirmed = verdict is not None and record.stopped is None and \
                         verdict.emitted == (*proposal.tokens, prepared.guess)

@@ -52,8 +52,8 @@ class Objects:
         """The object's bytes, the caller's own."""
         return await self.store.get(uri)
 
-    async def release(self, lease: str) -> None:
-        await self.store.release(lease)
+    async def release(self, lease: str, *, drop: bool = False) -> None:
+        await self.store.release(lease, drop=drop)
 
     async def delete(self, uri: str) -> None:
         await self.store.delete(uri)

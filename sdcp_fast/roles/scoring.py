@@ -10,6 +10,7 @@ answers the whole batch (a read per session would wait on the device 2 x B times
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -20,6 +21,10 @@ from sdcp_fast import kernels
 from sdcp_fast.model.interfaces import Logits
 from sdcp_fast.protocol import Sampling, ScoreNeeded
 from sdcp_fast.protocol.messages import RULE_GREEDY
+
+# The draft rows of a pass are gathered into one buffer kept per thread up to this size.
+STAGING_BYTES = 512 << 20
+_staging = threading.local()
 
 
 @dataclass
@@ -97,7 +102,7 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Ten
     tokens, cu = _layout(works)
     vocab, dev = rows.shape[1], rows.device
     # The kernels take q and the uniforms on the logits' device (the rows come from the MLC).
-    q = torch.cat([item.q if item.q is not None else torch.zeros(0, vocab) for item in items]).to(dev)
+    q = _draft_rows(items, vocab).to(dev)
     m_max = max(len(w.proposed) for w in works)
     table: list[list[tuple[float, float]]] = []  # [B, M_max + 1, 2], zero-padded: one tensor built
     for work in works:
@@ -114,6 +119,24 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Ten
     accepted, emitted, bad = kernels.verify_speculative(
         rows, temperature, top_k, top_p, q, tokens, cu, uniforms.to(dev), backend=backend)
     return _results(accepted, emitted, bad)
+
+
+def _draft_rows(items: list[Scored], vocab: int) -> torch.Tensor:
+    """The items' draft rows as one ``[D, V]`` float32 tensor, copied into a buffer this
+    thread keeps from pass to pass (up to ``STAGING_BYTES``): a fresh tensor of that size
+    (128 MB for 256 rounds of M = 4 at V = 32,000) is new memory that the copy faults in page
+    by page on every pass, which took ~6x the copy itself (docs/measurements.md, "Rule 2: the
+    q rows")."""
+    parts = [item.q if item.q is not None else torch.zeros(0, vocab) for item in items]
+    rows = sum(int(p.shape[0]) for p in parts)
+    if rows * vocab * 4 > STAGING_BYTES or any(p.dtype != torch.float32 for p in parts):
+        return torch.cat(parts)
+    held = getattr(_staging, "q", None)
+    if held is None or held.shape[1] != vocab or held.shape[0] < rows:
+        held = _staging.q = torch.empty(rows, vocab, dtype=torch.float32)
+    out = held[:rows]
+    torch.cat(parts, out=out)
+    return out
 
 
 def _layout(works: list[ScoreNeeded]) -> tuple[torch.Tensor, torch.Tensor]:

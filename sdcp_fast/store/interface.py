@@ -68,8 +68,9 @@ class Store(Protocol):
     async def delete(self, uri: str) -> None:
         ...
 
-    async def release(self, lease: str) -> None:
-        """Give up a lease (UnknownLease if it expired or was released)."""
+    async def release(self, lease: str, *, drop: bool = False) -> None:
+        """Give up a lease (UnknownLease if it expired or was released). With ``drop``, the
+        object put under this lease is spent: deleted once no other lease holds it."""
         ...
 
     async def commit_log(self, ref: str) -> Log:

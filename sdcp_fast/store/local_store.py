@@ -79,9 +79,9 @@ class LocalStore:
         mlc = self.mlc
         await run_on(mlc, lambda: mlc.delete(uri))
 
-    async def release(self, lease: str) -> None:
+    async def release(self, lease: str, *, drop: bool = False) -> None:
         mlc = self.mlc
-        await run_on(mlc, lambda: mlc.release(lease))
+        await run_on(mlc, lambda: mlc.release(lease, drop=drop))
 
     async def commit_log(self, ref: str) -> Log:
         if ref.startswith("mlc://"):

@@ -40,8 +40,8 @@ class RemoteStore:
     async def delete(self, uri: str) -> None:
         await self.objects.delete(uri)
 
-    async def release(self, lease: str) -> None:
-        await self.objects.release(lease)
+    async def release(self, lease: str, *, drop: bool = False) -> None:
+        await self.objects.release(lease, drop=drop)
 
     async def commit_log(self, ref: str) -> Log:
         if ref.startswith("mlc://"):

@@ -8,6 +8,7 @@ Objects (``<name>`` is an ``mlc://<scope>/<session>/<kind>[/<round>]`` URI witho
   HEAD   /objects/<name>                Content-Length (and MLC-Size), ETag, MLC-Tier, MLC-Leased
   DELETE /objects/<name>
 Leases: POST /leases {uri, ttl_ms} -> {lease}; PUT /leases/<id> {ttl_ms}; DELETE /leases/<id>
+  (``?drop=1``: the release of a birth lease deletes its object once no other lease holds it)
 Commit logs: GET /logs/<name>?from=n (application/cbor-seq of records, ETag of the log; 404
   for a log never appended to); POST /logs/<name> with one CBOR record and If-Match (412 on
   a stale tag, 409 sdcp-stale-epoch when fenced, 413 over the record limit); POST /logs
@@ -281,7 +282,8 @@ class MLCService:
 
     async def release_lease(self, call: Call, lease: str) -> Response:
         mlc, check = self.mlc, policy.may_hold(call.peer)
-        await run_on(mlc, lambda: mlc.release(lease, check=check))
+        drop = call.query.get("drop") == "1"  # a birth lease's object is spent: deleted with it
+        await run_on(mlc, lambda: mlc.release(lease, drop=drop, check=check))
         return Response(204)
 
     # -- commit logs --------------------------------------------------------------------------

@@ -128,6 +128,35 @@ def test_released_object_stays_until_lru_and_becomes_deletable(small_mlc, clock)
     assert not small_mlc.contains(uri(1))
 
 
+def test_a_birth_lease_released_with_drop_deletes_its_spent_object(small_mlc, clock):
+    stored = small_mlc.put(uri(1), b"q", lease_ttl=5)
+    small_mlc.release(stored.lease, drop=True)
+    assert not small_mlc.contains(uri(1))
+    assert small_mlc.stats()["leases"] == 0
+
+
+def test_a_dropped_object_waits_for_its_other_leases(small_mlc, clock):
+    stored = small_mlc.put(uri(1), b"q", lease_ttl=5)
+    verifier = small_mlc.lease(uri(1), 20)
+    small_mlc.release(stored.lease, drop=True)
+    assert bytes(small_mlc.get(uri(1))) == b"q", "another holder still reads it"
+    small_mlc.release(verifier)
+    assert not small_mlc.contains(uri(1))
+    # Dropped while another lease holds it, then that lease expires: gone too.
+    stored = small_mlc.put(uri(2), b"q", lease_ttl=5)
+    small_mlc.lease(uri(2), 10)
+    small_mlc.release(stored.lease, drop=True)
+    clock.advance(11)
+    assert not small_mlc.contains(uri(2))
+
+
+def test_drop_on_a_lease_that_is_not_the_birth_lease_only_unpins(small_mlc, clock):
+    small_mlc.put(uri(1), b"q")
+    extra = small_mlc.lease(uri(1), 5)
+    small_mlc.release(extra, drop=True)
+    assert bytes(small_mlc.get(uri(1))) == b"q"
+
+
 def test_second_lease_keeps_object_when_first_expires(small_mlc, clock):
     stored = small_mlc.put(uri(1), b"q", lease_ttl=5)
     verifier = small_mlc.lease(uri(1), 20)

@@ -117,7 +117,8 @@ def test_joining_mid_session_learns_the_prefix_from_committed_tokens(tmp_path):
 
 def test_q_rows_are_leased_until_the_verdict_and_released_after(tmp_path):
     """§6.2: the drafter holds leases on its draft artifacts until the verdict of the round;
-    it releases them after (§6.3)."""
+    it releases them after (§6.3), and the spent rows go with the lease (nobody reads a
+    round's rows after its verdict; kept, they would fill the MLC)."""
 
     async def scenario():
         async with Rig(str(tmp_path)) as rig:
@@ -128,12 +129,15 @@ def test_q_rows_are_leased_until_the_verdict_and_released_after(tmp_path):
             await assign(rig, opened, state)
             await until(finished(rig))
             await until(lambda: rig.mlc.stats()["leases"] == 0, seconds=2.0)
-            return leases_while_scoring, rig.mlc.stats()["leases"], rig.rounds
+            left = [r for r in range(1, len(rig.rounds) + 1)
+                    if rig.mlc.contains(object_uri(SCOPE, S, "q_rows", r, tag=writer_tag(DRAFTER)))]
+            return leases_while_scoring, rig.mlc.stats()["leases"], rig.rounds, left
 
-    during, after, rounds = run(scenario())
+    during, after, rounds, left = run(scenario())
     assert during and all(n == 1 for n in during)
     assert after == 0
     assert len(rounds) == len(during)
+    assert left == []
 
 
 def test_a_stale_base_resynchronizes_the_drafter(tmp_path):

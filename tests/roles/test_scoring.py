@@ -166,3 +166,20 @@ def test_a_proposal_the_kernel_flags_is_a_bug_not_an_answer() -> None:
     bad.q[0, bad.work.proposed[0]] = 0.0
     with pytest.raises(RuntimeError, match="kernel flagged"):
         verify_batch(items, logits, backend="reference")
+
+
+def test_the_draft_rows_are_gathered_into_one_kept_buffer() -> None:
+    """Rule 2's rows go to the kernel as one ``[D, V]`` tensor, copied into a buffer kept
+    from pass to pass (a fresh one each pass costs its page faults), equal to their concatenation;
+    a larger pass grows it, rows that are not float32 are concatenated as they are."""
+    items, _ = _batch(11, 9, (RULE_SPECULATIVE,))
+    expected = torch.cat([item.q for item in items])
+    first = scoring._draft_rows(items, VOCAB)
+    assert torch.equal(first, expected)
+    again = scoring._draft_rows(items[:4], VOCAB)
+    assert again.data_ptr() == first.data_ptr()
+    assert torch.equal(again, torch.cat([item.q for item in items[:4]]))
+    more, _ = _batch(12, 20, (RULE_SPECULATIVE,))
+    assert torch.equal(scoring._draft_rows(more, VOCAB), torch.cat([item.q for item in more]))
+    doubles = [Scored(item.work, item.q.double()) for item in items[:2]]
+    assert scoring._draft_rows(doubles, VOCAB).dtype == torch.float64

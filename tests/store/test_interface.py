@@ -87,6 +87,19 @@ def test_a_lease_pins_the_object_until_released(opened):
     run(opened, scenario)
 
 
+def test_a_lease_released_with_drop_deletes_the_spent_object(opened):
+    async def scenario(store: Store):
+        lease = await store.put(Q, b"rows", 30.0)
+        assert lease is not None
+        await store.release(lease, drop=True)
+        with pytest.raises(ObjectUnavailable):
+            await store.get(Q)
+        with pytest.raises(UnknownLease):
+            await store.release(lease, drop=True)
+
+    run(opened, scenario)
+
+
 def test_commit_logs_append_on_the_tag_and_are_fenced(opened):
     async def scenario(store: Store):
         log = await store.commit_log(LOG)

@@ -90,6 +90,15 @@ def test_leases_over_http(remote, clock):
         remote.release(stored.lease)
 
 
+def test_lease_release_with_drop_over_http(remote):
+    stored = remote.put(uri(1), b"q", lease_ttl=5)
+    remote.release(stored.lease, drop=True)
+    assert not remote.contains(uri(1))
+    kept = remote.put(uri(2), b"q", lease_ttl=5)
+    remote.release(kept.lease)  # without drop the object stays, unpinned
+    assert remote.contains(uri(2)) and not remote.head(uri(2)).leased
+
+
 def test_tensor_meta_and_prefetch(remote):
     remote.put(uri(1), b"\x00" * 8, meta={"dtype": "float32", "shape": [2]})
     assert remote.prefetch([uri(1), uri(2)]).result(timeout=10) == [True, False]
