@@ -36,7 +36,7 @@ void quantize_activations(uintptr_t x, int64_t rows, int64_t k, uintptr_t q, uin
 }  // namespace
 
 void register_quant(py::module_& m) {
-    m.def("quant_matmul", &quant_matmul, "out[rows, n] = x[rows, k] @ dequant(w)[n, k]^T (raw addresses)",
+    m.def("quant_matmul", &quant_matmul, "out[rows, n] = x[rows, k] @ dequant(w)[n, k]^T, w packed (quant_kernels.h; raw addresses)",
           py::arg("kind"), py::arg("w"), py::arg("n_out"), py::arg("k"), py::arg("x"), py::arg("rows"),
           py::arg("out"), py::arg("threads"));
     m.def("quantize_activations", &quantize_activations, "int8 blocks of x: q, d, d * sum(q)");

@@ -3,7 +3,9 @@
 (``reference``, :mod:`.quant_reference`).
 
 ``quant_matmul(x, w)`` multiplies float32 activations ``[..., K]`` by a
-:class:`QuantWeight` ``[N, K]`` transposed. Both backends quantize the activations to int8
+:class:`QuantWeight` ``[N, K]`` (GGUF's layout) or a :class:`PackedWeight` (:func:`pack`: the
+layout the C++ products read, what a model keeps) transposed; the ``cpu`` backend packs a
+:class:`QuantWeight` first (once in :func:`launcher`, on every call in :func:`quant_matmul`). Both backends quantize the activations to int8
 blocks first (see :mod:`.quant_reference`); they agree to float32 rounding. Each output
 row depends only on its own input row, so a pass over several positions gives each position
 what a one-position pass gives it (bit for bit within one backend and instruction set).
@@ -18,10 +20,20 @@ import torch
 from sdcp_fast import native
 
 from . import quant_reference as ref
-from .quant_reference import BLOCK, BLOCK_BYTES, QUANT_KINDS, QuantWeight, dequantize, quantize
+from .quant_reference import (
+    BLOCK,
+    BLOCK_BYTES,
+    QUANT_KINDS,
+    PackedWeight,
+    QuantWeight,
+    dequantize,
+    pack,
+    quantize,
+    unpack,
+)
 
-__all__ = ["BLOCK", "BLOCK_BYTES", "QUANT_KINDS", "QuantWeight", "dequantize", "isa", "isas", "launcher",
-           "quant_matmul", "quantize", "use_isa"]
+__all__ = ["BLOCK", "BLOCK_BYTES", "QUANT_KINDS", "PackedWeight", "QuantWeight", "dequantize", "isa", "isas",
+           "launcher", "pack", "quant_matmul", "quantize", "unpack", "use_isa"]
 
 QUANT_BACKENDS = ("auto", "reference", "cpu")
 
@@ -52,7 +64,7 @@ def _backend(name: str) -> str:
     return name
 
 
-def quant_matmul(x: torch.Tensor, w: QuantWeight, *, backend: str = "auto",
+def quant_matmul(x: torch.Tensor, w: QuantWeight | PackedWeight, *, backend: str = "auto",
                  threads: int | None = None) -> torch.Tensor:
     """float32 ``[..., N]`` = ``x`` ``[..., K]`` times ``w`` transposed. ``threads``: CPU
     threads of the ``cpu`` backend (default: torch's intra-op count)."""
@@ -62,25 +74,27 @@ def quant_matmul(x: torch.Tensor, w: QuantWeight, *, backend: str = "auto",
     flat = x.reshape(-1, w.k)
     if _backend(backend) == "reference":
         return ref.quant_matmul(flat, w).reshape(*lead, w.n)
-    if x.device.type != "cpu" or w.blocks.device.type != "cpu":
+    packed = w if isinstance(w, PackedWeight) else pack(w)
+    if x.device.type != "cpu" or packed.data.device.type != "cpu":
         raise ValueError("the cpu backend multiplies host tensors only")
     flat = flat.to(torch.float32).contiguous()
-    blocks = w.blocks.contiguous()
+    data = packed.data.contiguous()
     out = torch.empty(flat.shape[0], w.n, dtype=torch.float32)
-    native.module().quant_matmul(QUANT_KINDS[w.kind], blocks.data_ptr(), w.n, w.k, flat.data_ptr(), flat.shape[0],
+    native.module().quant_matmul(QUANT_KINDS[w.kind], data.data_ptr(), w.n, w.k, flat.data_ptr(), flat.shape[0],
                                  out.data_ptr(), threads or torch.get_num_threads())
     return out.reshape(*lead, w.n)
 
 
-def launcher(w: QuantWeight, *, backend: str = "auto") -> Callable[[torch.Tensor], torch.Tensor]:
+def launcher(w: QuantWeight | PackedWeight, *, backend: str = "auto") -> Callable[[torch.Tensor], torch.Tensor]:
     """``f(x)`` = ``quant_matmul(x, w)`` for float32 host ``x`` ``[T, K]``, with the checks on
     ``w`` done once here: a model calls it once per layer per pass, where the per-call cost
     of :func:`quant_matmul`'s checks is a visible share of a one-token pass."""
     if _backend(backend) == "reference":
         return lambda x: ref.quant_matmul(x, w)
-    if w.blocks.device.type != "cpu" or not w.blocks.is_contiguous():
+    packed = w if isinstance(w, PackedWeight) else pack(w)
+    if packed.data.device.type != "cpu" or not packed.data.is_contiguous():
         raise ValueError("the cpu backend needs contiguous host blocks")
-    run, kind, n, k, blocks = native.module().quant_matmul, QUANT_KINDS[w.kind], w.n, w.k, w.blocks
+    run, kind, n, k, blocks = native.module().quant_matmul, QUANT_KINDS[w.kind], w.n, w.k, packed.data
     empty, threads = torch.empty, torch.get_num_threads
 
     def call(x: torch.Tensor) -> torch.Tensor:

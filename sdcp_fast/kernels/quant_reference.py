@@ -10,6 +10,14 @@ for byte as a GGUF file stores them:
 
 Nibbles: byte ``j`` holds value ``j`` in its low four bits and value ``j + 16`` in its high four.
 
+:func:`pack` reorders those bytes into the layout the C++ products read (a
+:class:`PackedWeight`, made once at load; :func:`unpack` is its exact inverse): the output rows
+in groups of ``PACK_COLS`` = 8 (the last group padded with zero rows); per group and block, the 8
+rows' float16 scales, for Q4_1 their 8 mins, then the values in 32-byte pieces, piece ``p``
+holding bytes ``4p .. 4p + 3`` of each row's values, row after row. One 256-bit vector then holds
+4 values of 8 rows (Q8_0: values ``4p .. 4p + 3``; Q4: ``4p .. 4p + 3`` in the low nibbles,
+``16 + 4p ..`` in the high ones), so one broadcast of 4 activation bytes multiplies all 8 rows.
+
 The product :func:`quant_matmul` quantizes each 32-value block of the activations to int8
 (scale ``max|x| / 127``, round half to even), takes the exact integer dot product of each
 pair of blocks and scales it: what the kernels compute, up to the order float32 terms are
@@ -27,6 +35,7 @@ BLOCK = 32
 # Kind codes must match csrc/quant_kernels.h.
 QUANT_KINDS = {"q8_0": 0, "q4_0": 1, "q4_1": 2}
 BLOCK_BYTES = {"q8_0": 34, "q4_0": 18, "q4_1": 20}
+PACK_COLS = 8  # must match kQuantPackCols in csrc/quant_kernels.h
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,60 @@ class QuantWeight:
         return self.blocks.numel()
 
 
+@dataclass(frozen=True)
+class PackedWeight:
+    """``data``: uint8 ``[ceil(N / 8), K / 32 * 8 * BLOCK_BYTES[kind]]``, :func:`pack`'s layout."""
+
+    kind: str
+    data: torch.Tensor
+    n: int
+    k: int
+
+    def __post_init__(self) -> None:
+        if self.kind not in QUANT_KINDS:
+            raise ValueError(f"quant kind must be one of {sorted(QUANT_KINDS)}, not {self.kind!r}")
+        if self.k % BLOCK:
+            raise ValueError(f"k = {self.k} is not a multiple of {BLOCK}")
+        want = (-(-self.n // PACK_COLS), self.k // BLOCK * PACK_COLS * BLOCK_BYTES[self.kind])
+        if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want:
+            raise ValueError(f"packed {self.kind} must be uint8 {want}, not {self.data.dtype} "
+                             f"{tuple(self.data.shape)}")
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def _head(kind: str) -> int:
+    """Bytes of a block before its values: the scale, and Q4_1's min."""
+    return 4 if kind == "q4_1" else 2
+
+
+def pack(w: QuantWeight) -> PackedWeight:
+    """``w``'s blocks in the products' layout (see the module docstring)."""
+    nb, size, head = w.k // BLOCK, BLOCK_BYTES[w.kind], _head(w.kind)
+    groups = -(-w.n // PACK_COLS)
+    b = torch.zeros(groups * PACK_COLS, nb, size, dtype=torch.uint8)
+    b[: w.n] = w.blocks.reshape(w.n, nb, size)
+    b = b.reshape(groups, PACK_COLS, nb, size).transpose(1, 2)  # [G, nb, 8 rows, size]
+    parts = [b[..., i:i + 2].reshape(groups, nb, 2 * PACK_COLS) for i in range(0, head, 2)]
+    vals = b[..., head:].reshape(groups, nb, PACK_COLS, -1, 4).transpose(2, 3)  # [G, nb, piece, row, 4]
+    parts.append(vals.reshape(groups, nb, -1))
+    return PackedWeight(w.kind, torch.cat(parts, -1).reshape(groups, -1).contiguous(), w.n, w.k)
+
+
+def unpack(p: PackedWeight) -> QuantWeight:
+    """The GGUF blocks ``p`` was packed from."""
+    nb, size, head = p.k // BLOCK, BLOCK_BYTES[p.kind], _head(p.kind)
+    groups = p.data.shape[0]
+    g = p.data.reshape(groups, nb, PACK_COLS * size)
+    parts = [g[..., i * PACK_COLS:(i + 2) * PACK_COLS].reshape(groups, nb, PACK_COLS, 2) for i in range(0, head, 2)]
+    vals = g[..., head * PACK_COLS:].reshape(groups, nb, -1, PACK_COLS, 4).transpose(2, 3)
+    parts.append(vals.reshape(groups, nb, PACK_COLS, -1))
+    b = torch.cat(parts, -1).transpose(1, 2).reshape(groups * PACK_COLS, nb * size)[: p.n]
+    return QuantWeight(p.kind, b.contiguous(), p.n, p.k)
+
+
 def _split(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Scales ``d`` and mins ``m`` ``[N, K/32]`` float32 and raw values ``[N, K/32, 32]``
     (int8 for Q8_0, nibbles 0..15 for Q4)."""
@@ -60,7 +123,7 @@ def _split(w: QuantWeight) -> tuple[torch.Tensor, torch.Tensor | None, torch.Ten
     d = b[..., :2].contiguous().view(torch.float16)[..., 0].float()
     if w.kind == "q8_0":
         return d, None, b[..., 2:].contiguous().view(torch.int8)
-    head = 4 if w.kind == "q4_1" else 2
+    head = _head(w.kind)
     m = b[..., 2:4].contiguous().view(torch.float16)[..., 0].float() if w.kind == "q4_1" else None
     qs = b[..., head:]
     return d, m, torch.cat([qs & 0x0F, qs >> 4], dim=-1)
@@ -129,9 +192,11 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, t
     return q.to(torch.int8).reshape(t, k), d, d * q.sum(-1)
 
 
-def quant_matmul(x: torch.Tensor, w: QuantWeight) -> torch.Tensor:
+def quant_matmul(x: torch.Tensor, w: QuantWeight | PackedWeight) -> torch.Tensor:
     """``x`` float32 ``[T, K]`` times ``w`` transposed: float32 ``[T, N]``. Block sums are
     exact; the scaled terms are added in float64."""
+    if isinstance(w, PackedWeight):
+        w = unpack(w)
     q, d, s = quantize_activations(x)
     t = x.shape[0]
     nb = w.k // BLOCK

@@ -43,12 +43,12 @@ class _Linear:
     __slots__ = ("bias", "code", "k", "n", "ptr", "quant", "tensors")
 
     def __init__(self, mod: nn.Module) -> None:
-        qweight = getattr(mod, "qweight", None)
-        self.quant = qweight is not None
+        packed = getattr(mod, "packed_weight", None)  # a QuantLinear's blocks, packed for the products
+        self.quant = packed is not None
         bias = getattr(mod, "bias", None)
         if self.quant:
-            w = qweight.blocks
-            self.code, self.n, self.k = QUANT_KINDS[qweight.kind], qweight.n, qweight.k
+            w = packed.data
+            self.code, self.n, self.k = QUANT_KINDS[packed.kind], packed.n, packed.k
         else:
             assert isinstance(mod, nn.Linear)
             w = mod.weight.detach()

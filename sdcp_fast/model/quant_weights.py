@@ -15,8 +15,10 @@
   decoding of the same weights.
 
 The quantized layers multiply with :func:`sdcp_fast.kernels.quant.quant_matmul` (activations
-rounded to int8 blocks, as llama.cpp does). The embedding stays float (rows are gathered,
-not multiplied); a tied output head gets its own quantized copy of the embedding's blocks.
+rounded to int8 blocks, as llama.cpp does). A layer keeps its blocks only in the packed layout
+the products read (:func:`sdcp_fast.kernels.quant.pack`, the same bytes reordered, so 8 output
+rows are multiplied at once); the GGUF blocks are unpacked from it when asked for. The
+embedding stays float (rows are gathered, not multiplied); a tied output head gets its own quantized copy of the embedding's blocks.
 A quantized model's ``state_dict`` holds the dequantized weights, so its weights digest
 (§4.1) names the values it multiplies by.
 """
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from sdcp_fast.kernels.quant import QuantWeight, dequantize, launcher, quantize
+from sdcp_fast.kernels.quant import PackedWeight, QuantWeight, dequantize, launcher, pack, quantize, unpack
 
 from . import loader, weights
 from .llama import Transformer
@@ -42,19 +44,24 @@ _GGUF_KINDS = {"Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_1": "q4_1"}
 class QuantLinear(nn.Module):
     """``y = x W^T + b`` with ``W`` in quantized blocks; float32 out (cast to ``x``'s dtype)."""
 
-    def __init__(self, w: QuantWeight, bias: torch.Tensor | None = None, *, in_state: bool = True,
+    def __init__(self, w: QuantWeight | PackedWeight, bias: torch.Tensor | None = None, *, in_state: bool = True,
                  parts: list[tuple[str, int]] | None = None) -> None:
         super().__init__()
-        self.qweight = w
+        self.packed_weight = w if isinstance(w, PackedWeight) else pack(w)  # the only copy of the blocks
         self.in_state = in_state  # False: a copy of another tensor (a tied head), left out of state_dict
         # Rows of several layers fused into one product (q|k|v, gate|up): their names and row
         # counts, so that state_dict still holds each layer's own tensors.
         self.parts = parts
-        self._run = launcher(w)
+        self._run = launcher(self.packed_weight)
         self.in_features, self.out_features = w.k, w.n
-        self.register_buffer("blocks", w.blocks, persistent=False)
+        self.register_buffer("packed", self.packed_weight.data, persistent=False)
         self.bias = None if bias is None else nn.Parameter(bias.detach().float(), requires_grad=False)
         self._register_state_dict_hook(_dequantized_state)
+
+    @property
+    def qweight(self) -> QuantWeight:
+        """The blocks in GGUF's layout (unpacked on each access: for inspection, not for passes)."""
+        return unpack(self.packed_weight)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -69,7 +76,7 @@ class QuantLinear(nn.Module):
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"{self.in_features}, {self.out_features}, {self.qweight.kind}, bias={self.bias is not None}"
+        return f"{self.in_features}, {self.out_features}, {self.packed_weight.kind}, bias={self.bias is not None}"
 
 
 def _dequantized_state(module: QuantLinear, state: dict[str, Any], prefix: str, _meta: Any) -> None:
@@ -185,9 +192,9 @@ def _fuse(mod: nn.Module, names: tuple[str, ...], fused: str) -> None:
     if not all(isinstance(p, QuantLinear) and p.parts is None for p in parts):
         return
     lin = [p for p in parts if isinstance(p, QuantLinear)]
-    if len({(p.qweight.kind, p.in_features, p.bias is None) for p in lin}) != 1:
+    if len({(p.packed_weight.kind, p.in_features, p.bias is None) for p in lin}) != 1:
         return
-    w = QuantWeight(lin[0].qweight.kind, torch.cat([p.qweight.blocks for p in lin]),
+    w = QuantWeight(lin[0].packed_weight.kind, torch.cat([p.qweight.blocks for p in lin]),
                     sum(p.out_features for p in lin), lin[0].in_features)
     bias = None if lin[0].bias is None else torch.cat([p.bias for p in lin if p.bias is not None])
     for n in names:

@@ -1,7 +1,7 @@
-"""Quantized-weight products: the block formats (GGUF's bytes), the plain-torch reference
-against "dequantize, then matmul", and the C++ kernels under every instruction set this CPU
-runs against the reference, on odd shapes (N not a multiple of the vector width, one block,
-one row, rows that are not a multiple of the kernels' row group)."""
+"""Quantized-weight products: the block formats (GGUF's bytes), the packed layout the kernels
+read, the plain-torch reference against "dequantize, then matmul", and the C++ kernels under
+every instruction set this CPU runs against the reference, on odd shapes (N not a multiple of
+the 8-row packing, one block, one row, rows that are not a multiple of the kernels' row group)."""
 
 from __future__ import annotations
 
@@ -89,6 +89,48 @@ def test_kernel_matches_reference(isa: str, kind: str, shape: tuple[int, int, in
     torch.testing.assert_close(got, ref.quant_matmul(x, qw), rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_pack_is_a_reordering_that_unpack_undoes(kind: str, shape: tuple[int, int, int]) -> None:
+    n, k, _ = shape
+    _, qw = _case(kind, n, k, 1)
+    p = quant.pack(qw)
+    assert p.data.shape == (-(-n // 8), k // 32 * 8 * ref.BLOCK_BYTES[kind])
+    assert torch.equal(quant.unpack(p).blocks, qw.blocks)
+    # Bytes only move: the padding rows are zero, the rest is the GGUF bytes in another order.
+    assert torch.equal(p.data.flatten().sort().values[-qw.blocks.numel():], qw.blocks.flatten().sort().values)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_packed_layout(kind: str) -> None:
+    """Group 1 (rows 8..15), block 1: the 8 scales, Q4_1's mins, then piece p = bytes 4p..4p+3
+    of each row's values, row after row."""
+    _, qw = _case(kind, 19, 64, 1)
+    size, head = ref.BLOCK_BYTES[kind], 4 if kind == "q4_1" else 2
+    blocks = qw.blocks.reshape(19, 2, size)
+    got = quant.pack(qw).data[1].reshape(2, 8 * size)[1]
+    want = [blocks[8:16, 1, 0:2].flatten()]
+    if kind == "q4_1":
+        want.append(blocks[8:16, 1, 2:4].flatten())
+    want += [blocks[8:16, 1, head + 4 * p:head + 4 * p + 4].flatten() for p in range((size - head) // 4)]
+    assert torch.equal(got, torch.cat(want))
+    last = quant.pack(qw).data[2].reshape(2, 8 * size)  # rows 16..18 and five zero rows
+    assert torch.equal(quant.unpack(quant.pack(qw)).blocks[16:], qw.blocks[16:]) and last.any()
+
+
+@needs_native
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_kernel_on_packed_weights_matches_reference(isa: str, kind: str, shape: tuple[int, int, int]) -> None:
+    n, k, t = shape
+    x, qw = _case(kind, n, k, t, seed=2 * n + k + t)
+    p = quant.pack(qw)
+    got = quant.launcher(p, backend="cpu")(x)
+    torch.testing.assert_close(got, ref.quant_matmul(x, qw), rtol=1e-5, atol=1e-4)
+    assert torch.equal(ref.quant_matmul(x, p), ref.quant_matmul(x, qw))
+    assert torch.equal(quant.quant_matmul(x, p, backend="cpu"), got)
+
+
 @needs_native
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_row_gets_the_same_bits_alone_or_in_a_batch(isa: str, kind: str) -> None:
@@ -123,3 +165,5 @@ def test_leading_dimensions_and_bad_shapes() -> None:
         quant.quantize(torch.randn(2, 32), "q5_k")
     with pytest.raises(ValueError, match="uint8"):
         ref.QuantWeight("q8_0", torch.zeros(2, 33, dtype=torch.uint8), 2, 32)
+    with pytest.raises(ValueError, match="packed"):
+        ref.PackedWeight("q8_0", torch.zeros(2, 34 * 8, dtype=torch.uint8), 17, 32)  # 17 rows need 3 groups
