@@ -6,6 +6,14 @@
 // Frames are serialised as soon as they are submitted (flush_frames after every call), as
 // the pure-Python path does: frames leave in the order the adapter asked for them, and the
 // send windows it reads have already been charged for what it sent.
+//
+// A server may ask for whole requests (set_whole_requests): a request whose headers, body and
+// END_STREAM all arrive in one receive() call is handed on as one REQUEST event, its body in
+// one bytes object and its flow-controlled bytes already returned to the peer's windows,
+// instead of HEADERS, DATA... and ENDED. Its parts are held only until that call returns, so
+// the memory is bounded by the bytes passed in; a request still unfinished then is handed on
+// as the usual events. respond() is the answer's counterpart: headers, body and END_STREAM in
+// one call when the body fits the peer's windows.
 #include <nghttp2/nghttp2.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -36,6 +44,13 @@ enum Kind : int {
   GOAWAY = 7,      // (kind, 0, (last stream id, debug bytes), error code)
   SETTINGS_ACK = 8,
   PING = 9,        // (kind, 0, opaque data, 0)
+  REQUEST = 10,    // whole request (server): (kind, sid, [(name, value)], flow-controlled length, body bytes)
+};
+
+struct Pending {  // a request whose END_STREAM has not arrived yet in this receive() call
+  py::list fields;
+  std::string body;
+  int64_t length = 0;  // body bytes, returned to the peer's windows
 };
 
 class ProtocolError : public std::runtime_error {
@@ -95,6 +110,8 @@ class Session {
     if (max_streams_ != UINT32_MAX) advertise_max_streams(start);
   }
 
+  void set_whole_requests(bool on) { whole_ = on && !client_; }
+
   void increment_window(int32_t stream_id, int32_t delta) {
     check(nghttp2_submit_window_update(s_, NGHTTP2_FLAG_NONE, stream_id, delta));
     flush_frames();
@@ -108,10 +125,20 @@ class Session {
     PyBytes_AsStringAndSize(data.ptr(), &buf, &len);
     ssize_t rv = nghttp2_session_mem_recv(s_, reinterpret_cast<const uint8_t*>(buf), static_cast<size_t>(len));
     if (rv < 0) {
+      pending_.clear();
+      pending_order_.clear();
+      consumed_.clear();
       flush_frames();  // nghttp2 queued the GOAWAY that says why
       throw ProtocolError(std::string("HTTP/2 protocol error: ") + nghttp2_strerror(static_cast<int>(rv)));
     }
-    flush_frames();  // SETTINGS ACK, PING ACK, RST_STREAM of a refused stream...
+    flush_pending();  // requests not complete in these bytes: the usual events
+    // The bytes of whole requests are buffered now (the adapter bounds them as it does DATA).
+    for (auto& [sid, n] : consumed_) {
+      if (nghttp2_session_find_stream(s_, sid) != nullptr) nghttp2_session_consume_stream(s_, sid, n);
+      nghttp2_session_consume_connection(s_, n);
+    }
+    consumed_.clear();
+    flush_frames();  // SETTINGS ACK, PING ACK, RST_STREAM of a refused stream, WINDOW_UPDATE...
     py::list out = events_;
     events_ = py::list();
     return out;
@@ -126,6 +153,33 @@ class Session {
 
   int32_t submit_headers(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields,
                          bool end_stream) {
+    int32_t sid = headers_frame(stream_id, fields, end_stream);
+    flush_frames();
+    return sid;
+  }
+
+  // A response in one call: its headers, then its body and END_STREAM, when the body fits
+  // both send windows (false, with nothing sent: send it with send_data as the windows open).
+  bool respond(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields, py::buffer body) {
+    py::buffer_info info = body.request();
+    size_t size = static_cast<size_t>(info.size * info.itemsize);
+    if (client_ || nghttp2_session_find_stream(s_, stream_id) == nullptr || local_closed(stream_id))
+      throw StreamClosed(std::to_string(stream_id));
+    if (size > 0 && static_cast<int64_t>(size) > send_window(stream_id)) return false;
+    headers_frame(stream_id, fields, size == 0);
+    flush_frames();  // the HEADERS frame first, as send_headers then send_data would
+    if (size > 0) {
+      auto& out = out_streams_[stream_id];
+      out.buffer.append(static_cast<const char*>(info.ptr), size);
+      out.end = true;
+      schedule(stream_id, out);
+    }
+    return true;
+  }
+
+ private:
+  int32_t headers_frame(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields,
+                        bool end_stream) {
     std::vector<nghttp2_nv> nva;
     nva.reserve(fields.size());
     for (auto& [name, value] : fields) {
@@ -145,10 +199,10 @@ class Session {
       sid = nghttp2_submit_headers(s_, flags, stream_id, nullptr, nva.data(), nva.size(), nullptr);
     }
     check(sid);
-    flush_frames();
     return sid;
   }
 
+ public:
   void send_data(int32_t stream_id, py::buffer data, bool end_stream) {
     py::buffer_info info = data.request();
     auto& out = writable(stream_id);
@@ -218,6 +272,30 @@ class Session {
   std::unordered_set<int32_t> inbound_;  // streams the peer opened that are not closed  // nghttp2 advertises the bound but leaves enforcing it to us
   std::unordered_map<int32_t, Outgoing> out_streams_;
   std::unordered_set<int32_t> reset_by_us_, reported_;
+  bool whole_ = false;  // set_whole_requests
+  std::unordered_map<int32_t, Pending> pending_;
+  std::vector<int32_t> pending_order_;  // pending_'s streams in the order their headers came
+  std::vector<std::pair<int32_t, size_t>> consumed_;  // bytes of whole requests to return to the windows
+
+  // Hand on the requests still pending as the usual events (HEADERS, then their body as one
+  // DATA event), in the order their headers arrived.
+  void flush_pending() {
+    if (pending_.empty()) {
+      pending_order_.clear();
+      return;
+    }
+    std::unordered_map<int32_t, Pending> held;
+    held.swap(pending_);
+    for (int32_t sid : pending_order_) {
+      auto it = held.find(sid);
+      if (it == held.end()) continue;
+      Pending& p = it->second;
+      events_.append(py::make_tuple(static_cast<int>(HEADERS), sid, std::move(p.fields), 0));
+      if (p.length > 0)
+        events_.append(py::make_tuple(static_cast<int>(DATA), sid, py::bytes(p.body), p.length));
+    }
+    pending_order_.clear();
+  }
 
   // SETTINGS_MAX_CONCURRENT_STREAMS is advertised to the peer but kept from nghttp2: once the
   // peer acknowledges it, nghttp2 ends the whole connection for a stream past it, where RFC
@@ -293,6 +371,9 @@ class Session {
   }
 
   void emit(int kind, int32_t sid, py::object payload, int64_t n) {
+    // Window updates, SETTINGS ACK and PING concern no request; anything else (a reset, a
+    // GOAWAY, SETTINGS, a stream's own events) keeps its place after the pending requests.
+    if (!pending_.empty() && kind != WINDOW && kind != SETTINGS_ACK && kind != PING) flush_pending();
     events_.append(py::make_tuple(kind, sid, std::move(payload), n));
   }
 
@@ -372,7 +453,16 @@ class Session {
 
   static int on_data_chunk(nghttp2_session*, uint8_t, int32_t stream_id, const uint8_t* data, size_t len,
                            void* user) {
-    self(user)->emit(DATA, stream_id, py::bytes(reinterpret_cast<const char*>(data), len), static_cast<int64_t>(len));
+    Session* me = self(user);
+    if (!me->pending_.empty()) {
+      auto it = me->pending_.find(stream_id);
+      if (it != me->pending_.end()) {
+        it->second.body.append(reinterpret_cast<const char*>(data), len);
+        it->second.length += static_cast<int64_t>(len);  // as a DATA event counts it (nghttp2 consumes padding)
+        return 0;
+      }
+    }
+    me->emit(DATA, stream_id, py::bytes(reinterpret_cast<const char*>(data), len), static_cast<int64_t>(len));
     return 0;
   }
 
@@ -388,13 +478,37 @@ class Session {
         me->headers_.erase(it);
         me->header_bytes_.erase(sid);
         int kind = frame->headers.cat == NGHTTP2_HCAT_HEADERS ? TRAILERS : HEADERS;
+        if (me->whole_ && kind == HEADERS) {
+          if (ended) {
+            me->events_.append(py::make_tuple(static_cast<int>(REQUEST), sid, fields, 0, py::bytes()));
+          } else {
+            Pending& p = me->pending_[sid];
+            p.fields = std::move(fields);
+            me->pending_order_.push_back(sid);
+          }
+          break;
+        }
         me->emit(kind, sid, fields, ended);
         if (ended) me->emit(ENDED, sid, py::none(), 0);
         break;
       }
-      case NGHTTP2_DATA:
+      case NGHTTP2_DATA: {
+        if (!me->pending_.empty()) {
+          auto it = me->pending_.find(sid);
+          if (it != me->pending_.end()) {
+            Pending& p = it->second;
+            if (ended) {
+              me->consumed_.emplace_back(sid, static_cast<size_t>(p.length));
+              me->events_.append(py::make_tuple(static_cast<int>(REQUEST), sid, std::move(p.fields), p.length,
+                                                py::bytes(p.body)));
+              me->pending_.erase(it);
+            }
+            break;
+          }
+        }
         if (ended) me->emit(ENDED, sid, py::none(), 0);
         break;
+      }
       case NGHTTP2_RST_STREAM:
         me->reported_.insert(sid);
         me->emit(RESET, sid, py::bool_(true), frame->rst_stream.error_code);
@@ -457,7 +571,9 @@ PYBIND11_MODULE(_h2, m) {
       .def("increment_window", &Session::increment_window)
       .def("receive", &Session::receive)
       .def("data_to_send", &Session::data_to_send)
+      .def("set_whole_requests", &Session::set_whole_requests)
       .def("submit_headers", &Session::submit_headers)
+      .def("respond", &Session::respond)
       .def("send_data", &Session::send_data)
       .def("end_stream", &Session::end_stream)
       .def("reset_stream", &Session::reset_stream)

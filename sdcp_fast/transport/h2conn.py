@@ -104,13 +104,14 @@ class H2Protocol(asyncio.Protocol):
     """The shared half of a connection; :meth:`on_event` is the side-specific rest."""
 
     client_side = False
+    whole_requests = False  # nghttp2 may hand on a request received whole as one event (server)
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         # Outbound fields are ours (lower-case, no connection-specific ones: outbound_fields),
         # so h2's per-field checks of what we send are skipped; what we receive is checked.
         # nghttp2 where it is built (h2native says which), else h2: the same surface either way.
-        native = native_connection(self.client_side)
+        native = native_connection(self.client_side, self.whole_requests)
         self.conn = cast(_Connection, native) if native is not None else _Connection(h2.config.H2Configuration(
             client_side=self.client_side, header_encoding=None,
             validate_outbound_headers=False, normalize_outbound_headers=False))

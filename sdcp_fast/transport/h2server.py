@@ -29,6 +29,7 @@ from sdcp_fast.transport.base import Handler, Request, Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.fields import header_dict, outbound_fields
 from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
+from sdcp_fast.transport.h2native import WholeRequest
 from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
 from sdcp_fast.transport.tls import peer_of
 
@@ -51,12 +52,15 @@ class _Incoming:
 
 
 class _ServerProtocol(H2Protocol):
+    whole_requests = True
+
     def __init__(self, server: H2Server) -> None:
         super().__init__(server.limits)
         self.server = server
         self.peer: Peer | None = None
         self.streams: dict[int, _Incoming] = {}
         self.buffered = 0  # request-body bytes held for streams whose request has not ended
+        self._respond_now = getattr(self.conn, "respond", None)  # nghttp2: a response in one call
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -80,45 +84,20 @@ class _ServerProtocol(H2Protocol):
                 self._drop_body(incoming)
 
     def on_event(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
+        if isinstance(event, WholeRequest):  # nghttp2: headers, body and end at once
+            incoming = self._started(event.stream_id, event.headers, True)
+            if incoming is not None and event.data:
+                self._received(event.stream_id, incoming, event.data)
+            self._ended(event.stream_id)
+        elif isinstance(event, h2.events.DataReceived):
             ack(self.conn, event)
             incoming = self.streams.get(event.stream_id)
-            if incoming is None or incoming.answered:
-                return
-            incoming.size += len(event.data)
-            if incoming.size > self.limits.max_body:
-                self._refuse_body(event.stream_id, incoming)
-            elif self.buffered + len(event.data) > max(self.limits.max_buffered, self.limits.max_body):
-                # Bodies of all this connection's streams together: one stream over it is
-                # refused, so many streams cannot each hold up to max_body.
-                self._refuse_body(event.stream_id, incoming, 503, "request bodies on this connection over "
-                                  f"{max(self.limits.max_buffered, self.limits.max_body)} bytes")
-            elif self.server.buffered + len(event.data) > max(self.limits.max_buffered_total, self.limits.max_body):
-                # And of all connections: many connections cannot each hold max_buffered.
-                self._refuse_body(event.stream_id, incoming, 503, "request bodies on this server over "
-                                  f"{max(self.limits.max_buffered_total, self.limits.max_body)} bytes")
-            else:
-                incoming.chunks.append(event.data)
-                self._hold(len(event.data))
+            if incoming is not None:
+                self._received(event.stream_id, incoming, event.data)
         elif isinstance(event, h2.events.RequestReceived):
-            if self.draining:
-                # After our GOAWAY (RFC 9113 §6.8): not processed, safe for the client to retry.
-                self.conn.reset_stream(event.stream_id, ErrorCodes.REFUSED_STREAM)
-                return
-            incoming = _Incoming(event.headers)
-            self.streams[event.stream_id] = incoming
-            self.stream_started()
-            length = next((v for k, v in event.headers if k == b"content-length"), None)
-            if length is not None and length.isdigit() and int(length) > self.limits.max_body:
-                self._refuse_body(event.stream_id, incoming)
-            elif not event.stream_ended and self.limits.request_timeout > 0:
-                incoming.timer = self.loop.call_later(self.limits.request_timeout, self._too_slow,
-                                                      event.stream_id, incoming)
+            self._started(event.stream_id, event.headers, event.stream_ended is not None)
         elif isinstance(event, h2.events.StreamEnded):
-            incoming = self.streams.get(event.stream_id)
-            if incoming is not None and not incoming.answered:
-                incoming.answered = True
-                self.loop.create_task(self._respond(event.stream_id, incoming))
+            self._ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
             incoming = self.streams.get(event.stream_id)
             if incoming is not None and incoming.pump is not None:
@@ -129,6 +108,49 @@ class _ServerProtocol(H2Protocol):
         elif isinstance(event, h2.events.ConnectionTerminated):
             if self.active_streams == 0:
                 self._final_close()
+
+    def _started(self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool) -> _Incoming | None:
+        """A request's headers: its stream is ours until answered (None: refused)."""
+        if self.draining:
+            # After our GOAWAY (RFC 9113 §6.8): not processed, safe for the client to retry.
+            self.conn.reset_stream(stream_id, ErrorCodes.REFUSED_STREAM)
+            return None
+        incoming = _Incoming(headers)
+        self.streams[stream_id] = incoming
+        self.stream_started()
+        length = next((v for k, v in headers if k == b"content-length"), None)
+        if length is not None and length.isdigit() and int(length) > self.limits.max_body:
+            self._refuse_body(stream_id, incoming)
+        elif not ended and self.limits.request_timeout > 0:
+            incoming.timer = self.loop.call_later(self.limits.request_timeout, self._too_slow, stream_id, incoming)
+        return incoming
+
+    def _received(self, stream_id: int, incoming: _Incoming, data: bytes) -> None:
+        """Body bytes of a request (already returned to the client's windows): held within
+        the body bounds, else the request is refused."""
+        if incoming.answered:
+            return
+        incoming.size += len(data)
+        if incoming.size > self.limits.max_body:
+            self._refuse_body(stream_id, incoming)
+        elif self.buffered + len(data) > max(self.limits.max_buffered, self.limits.max_body):
+            # Bodies of all this connection's streams together: one stream over it is
+            # refused, so many streams cannot each hold up to max_body.
+            self._refuse_body(stream_id, incoming, 503, "request bodies on this connection over "
+                              f"{max(self.limits.max_buffered, self.limits.max_body)} bytes")
+        elif self.server.buffered + len(data) > max(self.limits.max_buffered_total, self.limits.max_body):
+            # And of all connections: many connections cannot each hold max_buffered.
+            self._refuse_body(stream_id, incoming, 503, "request bodies on this server over "
+                              f"{max(self.limits.max_buffered_total, self.limits.max_body)} bytes")
+        else:
+            incoming.chunks.append(data)
+            self._hold(len(data))
+
+    def _ended(self, stream_id: int) -> None:
+        incoming = self.streams.get(stream_id)
+        if incoming is not None and not incoming.answered:
+            incoming.answered = True
+            self.loop.create_task(self._respond(stream_id, incoming))
 
     def _too_slow(self, stream_id: int, incoming: _Incoming) -> None:
         if incoming.answered or self.transport is None:
@@ -215,11 +237,14 @@ class _ServerProtocol(H2Protocol):
             fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
             fields.append(("content-length", str(len(body))))
             try:
-                self.conn.send_headers(stream_id, fields, end_stream=not body)
-                if body:
-                    await self.send_body(stream_id, body)
+                if self._respond_now is not None and self._respond_now(stream_id, fields, body):
+                    self.flush_stream_end()  # nghttp2 took headers, body and end in one call
                 else:
-                    self.flush_stream_end()
+                    self.conn.send_headers(stream_id, fields, end_stream=not body)
+                    if body:
+                        await self.send_body(stream_id, body)
+                    else:
+                        self.flush_stream_end()
                 open_ = self.conn.streams.get(stream_id)  # h2's table, or the native one's .get
                 if stop_reading and open_ is not None and not open_.closed:
                     # Answered before the request ended: ask the client to stop sending
