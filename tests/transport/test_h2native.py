@@ -178,3 +178,89 @@ def test_garbage_is_a_protocol_error_with_a_goaway() -> None:
     with pytest.raises(h2.exceptions.ProtocolError):
         server.receive_data(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
     assert server.data_to_send()  # GOAWAY (or at least our SETTINGS) still goes out
+
+
+# -- whole requests and one-call responses (the server's) -----------------------------------
+
+def _whole_server() -> h2native.NativeConnection:
+    conn = h2native.NativeConnection(False, whole_requests=True)
+    conn.local_settings = {4: 1 << 20, 3: 8}
+    conn.initiate_connection()
+    return conn
+
+
+@needs_native
+def test_a_request_received_whole_is_one_event_with_its_bytes_returned() -> None:
+    client, server = _h2(True), _whole_server()
+    _pump(client, server)
+    bodyless = client.get_next_available_stream_id()
+    client.send_headers(bodyless, REQUEST, end_stream=True)
+    sid = client.get_next_available_stream_id()
+    client.send_headers(sid, REQUEST)
+    for part in b"abc":
+        client.send_data(sid, bytes([part]) * 16_000)
+    client.send_data(sid, b"d" * 10_000, end_stream=True)
+    assert client.outbound_flow_control_window == 65_535 - 58_000
+    got = server.receive_data(client.data_to_send())
+    assert [type(e) for e in got] == [h2native.WholeRequest, h2native.WholeRequest]
+    body = b"a" * 16_000 + b"b" * 16_000 + b"c" * 16_000 + b"d" * 10_000
+    assert [(e.stream_id, e.data) for e in got] == [(bodyless, b""), (sid, body)]
+    assert (b"x-k", b"v") in got[1].headers
+    _pump(client, server)  # the server's WINDOW_UPDATE: the body's bytes are the client's to send again
+    assert client.outbound_flow_control_window == 65_535
+
+
+@needs_native
+def test_a_request_split_over_reads_comes_as_the_usual_events() -> None:
+    client, server = _h2(True), _whole_server()
+    _pump(client, server)
+    sid = client.get_next_available_stream_id()
+    client.send_headers(sid, REQUEST)
+    client.send_data(sid, b"x" * 1000)
+    first = server.receive_data(client.data_to_send())
+    assert [type(e) for e in first] == [h2.events.RequestReceived, h2.events.DataReceived]
+    assert first[1].data == b"x" * 1000 and first[1].flow_controlled_length == 1000
+    client.send_data(sid, b"y" * 10, end_stream=True)
+    second = server.receive_data(client.data_to_send())
+    assert [type(e) for e in second] == [h2.events.DataReceived, h2.events.StreamEnded]
+
+
+@needs_native
+def test_a_reset_or_goaway_after_an_unfinished_request_keeps_its_place() -> None:
+    client, server = _h2(True), _whole_server()
+    _pump(client, server)
+    sid = client.get_next_available_stream_id()
+    client.send_headers(sid, REQUEST)
+    client.send_data(sid, b"x" * 10)
+    client.reset_stream(sid, ErrorCodes.CANCEL)
+    got = server.receive_data(client.data_to_send())
+    assert [type(e) for e in got] == [h2.events.RequestReceived, h2.events.DataReceived, h2.events.StreamReset]
+    other = client.get_next_available_stream_id()
+    client.send_headers(other, REQUEST)
+    client.close_connection()
+    got = server.receive_data(client.data_to_send())
+    assert [type(e) for e in got] == [h2.events.RequestReceived, h2.events.ConnectionTerminated]
+
+
+@needs_native
+def test_respond_sends_headers_body_and_end_at_once_when_the_windows_allow() -> None:
+    client, server = _h2(True), _whole_server()
+    _pump(client, server)
+    small = client.get_next_available_stream_id()
+    client.send_headers(small, REQUEST, end_stream=True)
+    large = client.get_next_available_stream_id()
+    client.send_headers(large, REQUEST, end_stream=True)
+    _pump(client, server)
+    assert server.respond(small, [(":status", "200"), ("content-length", "5")], b"hello")
+    assert not server.respond(large, [(":status", "200")], b"z" * 70_000)  # over the 65,535 window
+    seen, _ = _pump(client, server)
+    (response,) = _of(seen, h2.events.ResponseReceived)
+    assert response.stream_id == small and response.headers[0] == (b":status", b"200")
+    assert [e.data for e in _of(seen, h2.events.DataReceived)] == [b"hello"]
+    assert [e.stream_id for e in _of(seen, h2.events.StreamEnded)] == [small]
+    assert server.streams.get(small) is None and server.streams.get(large) is not None
+    assert server.respond(large, [(":status", "204")], b"")
+    seen, _ = _pump(client, server)
+    assert [e.stream_id for e in _of(seen, h2.events.StreamEnded)] == [large]
+    with pytest.raises(h2.exceptions.StreamClosedError):
+        server.respond(large, [(":status", "200")], b"late")
