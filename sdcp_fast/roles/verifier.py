@@ -52,7 +52,7 @@ from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.verifier_batch import Batcher
 from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_kv import KvPublisher
-from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
+from sdcp_fast.roles.verifier_state import Background, Deadlines, LiveSession, Round, RoundInfo
 from sdcp_fast.roles.wire import (
     Routes,
     SdcpClient,
@@ -121,6 +121,7 @@ class VerifierRole:
         self.metrics: VerifierMetrics = VerifierMetrics.mount(self.routes)
         self._tasks: list[asyncio.Task[None]] = []
         self._background = Background()
+        self._deadlines = Deadlines()  # of the output long-polls
         # Pages of the committed prefix (docs/reliability.md, scenario 2): "auto" takes them from a
         # scorer with a paged cache; None publishes and imports nothing.
         self.kv = KvPublisher(
@@ -133,7 +134,8 @@ class VerifierRole:
         self.batcher = Batcher(
             scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
             metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,
-            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk, prefill_solo=prefill_solo)
+            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk, prefill_solo=prefill_solo,
+            inline_cheap=self.kv.target_kv is None)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         self.routes.add("POST", r"proposals", self._post_proposal)
@@ -175,6 +177,8 @@ class VerifierRole:
             for future in live.waiting.values():
                 if not future.done():
                     future.cancel()
+            live.notify()  # the output readers answer what there is
+        self._deadlines.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         self.kv.close()
@@ -349,9 +353,11 @@ class VerifierRole:
             remaining = deadline - self.clock()
             if out.tokens or out.final or remaining <= 0:
                 return out
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):  # a timer, not wait_for's task per poll
-                    await live.changed.wait()
+            loop = asyncio.get_running_loop()
+            reader: asyncio.Future[None] = loop.create_future()
+            live.readers.append(reader)  # woken by the commit that releases tokens
+            self._deadlines.add(loop.time() + remaining, reader)  # or when the wait is over
+            await reader
 
     async def _post_proposal(self, request: Request) -> Verdict:
         peer = request.peer

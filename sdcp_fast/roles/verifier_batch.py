@@ -26,9 +26,11 @@ import asyncio
 import contextlib
 import logging
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
 import torch
 
@@ -47,6 +49,7 @@ from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_state import LiveSession, Round, retire_ended
 
 log = logging.getLogger("sdcp_fast.verifier")
+T = TypeVar("T")
 
 LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with the session id
 # Context tokens one pass feeds at most, beside its decoding rounds, by default. A pass on a GPU
@@ -59,6 +62,9 @@ PREFILL_CHUNK_CPU = 32
 PREFILL_SOLO_GPU = 4096
 PREFILL_SOLO_CPU = 512
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
+# Seconds: a scoring call this short (a fixed-logit scorer) is cheaper on the event loop than
+# the thread hop (a future, a wake-up of the thread and of the loop, the GIL handed over).
+INLINE_BELOW = 0.0005
 # A shared pass's prefill budget follows measured pass times (from prefill_chunk up to
 # prefill_solo): doubled after a pass that fed a full budget beside decoding rounds in at most
 # GROW_BELOW times a recent pass of decoding rounds alone, halved after one above SHRINK_ABOVE.
@@ -71,7 +77,7 @@ class Batcher:
                  committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
                  clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
                  self_decode_idle: float | None, prefill_chunk: int | None = None,
-                 prefill_solo: int | None = None) -> None:
+                 prefill_solo: int | None = None, inline_cheap: bool = True) -> None:
         self.scorer = scorer
         self.sessions = sessions
         self.objects = objects
@@ -104,6 +110,16 @@ class Batcher:
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
         self._queue: list[Round] = []
         self._fetching = 0
+        # Proposals a gathering batch waits for before it counts the sessions that owe one again
+        # (0 when none gathers: each proposal wakes the batcher), so that it does not walk every
+        # session on each proposal's arrival.
+        self._expected = 0
+        # Whether the last scoring call took under INLINE_BELOW: the next pass of decoding rounds
+        # alone then calls the scorer on the event loop, not through its thread (the hop costs
+        # more than such a pass). Not where the scorer's thread also copies KV pages out of its
+        # cache (``inline_cheap`` False): a pass must not run beside that.
+        self.inline_cheap = inline_cheap
+        self._cheap = False
 
     @property
     def queued(self) -> int:
@@ -111,7 +127,12 @@ class Batcher:
         return len(self._queue) + self._fetching
 
     async def submit(self, item: Round, proposal: Proposal) -> Verdict:
-        """Queue a drafter's round (after its q rows, under rule 2) and wait for its verdict."""
+        """Queue a drafter's round (after its q rows, under rule 2) and wait for its verdict.
+
+        The caller's cancellation (its client went away) leaves the round to be verified: a
+        retry of the same request waits for its verdict (``live.waiting``). Not through
+        ``asyncio.shield``, whose outer future and callbacks every round paid for: the round's
+        future is only replaced by a fresh one, which the round settles instead."""
         live, future, round_ = item.live, item.future, item.work.round
         assert future is not None
         live.waiting[round_] = future  # before the rows are fetched: retries wait on it
@@ -122,9 +143,17 @@ class Batcher:
                 live.waiting.pop(round_, None)
                 raise
         self._queue.append(item)
-        self.wake.set()
+        self._expected -= 1
+        if self._expected <= 0 or len(self._queue) >= self.max_batch:
+            self.wake.set()
         try:
-            return await asyncio.shield(future)
+            return await future
+        except asyncio.CancelledError:
+            if future.cancelled() and item.future is future:
+                item.future = asyncio.get_running_loop().create_future()
+                if live.waiting.get(round_) is future:
+                    live.waiting[round_] = item.future
+            raise
         finally:
             if live.waiting.get(round_) is future and future.done():
                 del live.waiting[round_]
@@ -138,6 +167,7 @@ class Batcher:
             if item.live.session.state is State.SCORING:
                 item.live.session.abandon()
             item.settle(problem)
+        self.wake.set()  # a gathering batch no longer waits for this session
         return len(mine)
 
     async def _fetch_q(self, item: Round, proposal: Proposal) -> None:
@@ -173,15 +203,25 @@ class Batcher:
                 owed += 1
         return owed
 
-    def _self_decoding(self) -> list[LiveSession]:
-        lives = self.sessions.records()
-        if self.self_decode_idle is not None:
-            now = self.clock()
-            for live in lives:
-                s = live.session
-                if s.state is State.READY and s.drafter is None and now - live.opened >= self.self_decode_idle:
-                    s.begin_self_decoding(load=self.load.percent())
-        return [live for live in lives if live.session.state is State.SELF_DECODING]
+    def _survey(self) -> tuple[list[LiveSession], list[LiveSession]]:
+        """One walk over the sessions: those self-decoding (started for the sessions no drafter
+        was assigned to for ``self_decode_idle``), and those that still need prefill chunks, in
+        the order they were opened."""
+        self_decoding: list[LiveSession] = []
+        chunked: list[LiveSession] = []
+        idle = self.self_decode_idle
+        now = self.clock() if idle is not None else 0.0
+        for live in self.sessions.records():
+            s = live.session
+            state = s.state
+            if state is State.READY and idle is not None and s.drafter is None and now - live.opened >= idle:
+                s.begin_self_decoding(load=self.load.percent())
+                state = s.state
+            if state is State.SELF_DECODING:
+                self_decoding.append(live)
+            if not live.prefilled and self._chunked(live):
+                chunked.append(live)
+        return self_decoding, chunked
 
     @staticmethod
     def _unfed(live: LiveSession) -> int:
@@ -214,7 +254,7 @@ class Batcher:
         context fits what is left of the prefill budget, then prefill chunks of the sessions
         whose context does not, in the order they were opened: ``(session, context end)``. The
         budget is ``prefill_chunk`` when a decoding round shares the pass, else ``prefill_solo``."""
-        self_decoding = self._self_decoding()
+        self_decoding, waiting = self._survey()
         budget = (self.shared_budget if self._shared(self_decoding) else self.prefill_solo) or None
         if not self.prefill_chunk:
             budget = None
@@ -239,7 +279,6 @@ class Batcher:
             if fits(live):
                 batch.append(Round(live.session.self_decode(), live=live))
         chunks: list[tuple[LiveSession, int]] = []
-        waiting = [live for live in self.sessions.records() if self._chunked(live)]
         self.load.prefill = sum(self._unfed(live) for live in waiting)
         if budget is None or budget > 0:
             in_pass = {id(item.live) for item in batch}
@@ -258,8 +297,7 @@ class Batcher:
     async def run(self) -> None:
         """Form and score batches until cancelled."""
         while True:
-            if not self._queue and not self._self_decoding() and not any(
-                    self._chunked(live) for live in self.sessions.records()):
+            if not self._queue and not any(self._survey()):
                 self.wake.clear()
                 # Unassigned sessions are looked at again while self-decoding them is enabled.
                 idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)
@@ -288,15 +326,22 @@ class Batcher:
                     await asyncio.sleep(0)
 
     async def _gather(self) -> None:
-        """Wait until no session owes a proposal, the batch is full, or ``batch_wait`` passed."""
+        """Wait until no session owes a proposal, the batch is full, or ``batch_wait`` passed.
+        The sessions are counted again once as many proposals as were owed came in, or on any
+        other wake-up (an assignment, a session opened or cancelled), not on each proposal."""
         deadline = self.clock() + self.batch_wait
-        while self._owed() and len(self._queue) < self.max_batch:
+        while (owed := self._owed()) and len(self._queue) < self.max_batch:
             remaining = deadline - self.clock()
             if remaining <= 0:
                 return
             self.wake.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), remaining)
+            self._expected = owed
+            try:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(remaining):  # a timer, not wait_for's task per wake-up
+                        await self.wake.wait()
+            finally:
+                self._expected = 0
 
     async def _pass(self, batch: list[Round], chunks: Sequence[tuple[LiveSession, int]] = ()) -> None:
         """One scoring pass over ``batch`` and the prefill ``chunks``, then the rounds' commits
@@ -327,7 +372,13 @@ class Batcher:
         for live, _ in chunks:
             live.prefilling = True  # a cancel releases its cache only after this pass
         try:
-            logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
+            if self._cheap and not starting:
+                t0 = time.perf_counter()
+                logits = self.scorer.score(requests)
+                spent = time.perf_counter() - t0
+            else:  # off the loop when offloaded
+                logits, spent = await self.objects.call(_timed, self.scorer.score, requests)
+            self._cheap = self.inline_cheap and spent < INLINE_BELOW
         finally:
             self.load.done()
             for live, _ in chunks:
@@ -356,8 +407,6 @@ class Batcher:
         scored = [(item, accepted, token) for item, (accepted, token) in zip(batch, results, strict=True)]
         if any(await self.committer.commit_batch(scored, len(batch))):
             self.progress = self.clock()
-        if self._self_decoding():
-            self.wake.set()
 
     def _adapt(self, took: float, prefill: int) -> None:
         """Learn from a pass with decoding rounds: alone, their time; beside ``prefill`` tokens,
@@ -383,6 +432,13 @@ def default_prefill_chunk(scorer: object, *, solo: bool = False) -> int:
     if solo:
         return PREFILL_SOLO_CPU if on_cpu else PREFILL_SOLO_GPU
     return PREFILL_CHUNK_CPU if on_cpu else PREFILL_CHUNK_GPU
+
+
+def _timed(score: Callable[..., T], requests: list[ScoreRequest]) -> tuple[T, float]:
+    """``score(requests)`` and the seconds it took, timed where it runs."""
+    t0 = time.perf_counter()
+    out = score(requests)
+    return out, time.perf_counter() - t0
 
 
 def _context(live: LiveSession, end: int) -> tuple[int, ...]:

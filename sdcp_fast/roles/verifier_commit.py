@@ -118,9 +118,10 @@ class Committer:
         trouble (a fence, another writer, a failure) is not the others'."""
         done = [False] * len(scored)
         pending: list[tuple[int, Round, CommitRecord]] = []
+        load = self.load.percent()  # the same for every round of the pass
         for k, (item, accepted, token) in enumerate(scored):
             try:
-                append = item.live.session.complete_scoring(accepted, token, load=self.load.percent())
+                append = item.live.session.complete_scoring(accepted, token, load=load)
             except Exception as exc:
                 _not_committed(item, exc)
                 continue
@@ -137,20 +138,32 @@ class Committer:
         failed = [i for i, result in enumerate(results) if not isinstance(result, str)]
         outcomes: list[str | None | BaseException] = []
         outcomes.extend(results)
-        read = await asyncio.gather(*(self._outcome(pending[i][1].live, pending[i][2], results[i]) for i in failed),
-                                    return_exceptions=True)
-        for i, outcome in zip(failed, read, strict=True):
-            outcomes[i] = outcome
+        if failed:
+            read = await asyncio.gather(*(self._outcome(pending[i][1].live, pending[i][2], results[i])
+                                          for i in failed), return_exceptions=True)
+            for i, outcome in zip(failed, read, strict=True):
+                outcomes[i] = outcome
         for (k, item, _), outcome in zip(pending, outcomes, strict=True):
             try:
-                done[k] = await self._answer(item, outcome, batch)
+                if not isinstance(outcome, str):
+                    await self._not_appended(item, outcome)
+                    continue
+                # Appended (the common case, answered without a coroutine per round).
+                live, session = item.live, item.live.session
+                live.etag = outcome
+                round_done = session.append_done(ok=True)
+                assert isinstance(round_done, RoundDone)
+                if session.state in (State.FINISHED, State.FAILED):
+                    await self.publish_output(live)  # the whole output, once, before anyone is told it ended
+                self._release(item, round_done, batch)
+                done[k] = True
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)
         return done
 
-    async def _answer(self, item: Round, etag: str | None | BaseException, batch: int) -> bool:
-        """The round after its append: the log's new tag, None when a newer epoch or another
-        writer owns the log, or why nothing is known to be appended."""
+    async def _not_appended(self, item: Round, etag: None | BaseException) -> None:
+        """The round whose record is not appended: None when a newer epoch or another writer
+        owns the log, or why nothing is known to be appended."""
         live, session = item.live, item.live.session
         if isinstance(etag, BaseException):
             # Nothing is known to be appended: release nothing (§6.3), and leave the round so
@@ -160,20 +173,12 @@ class Committer:
             # was "pending" and no append was tried again.)
             session.append_done(ok=False)
             item.settle(InternalError("the commit log could not be appended"))
-            return False
-        if etag is None:  # a newer epoch owns the log: discard, stop serving (§6.3, §6.8)
-            await self.publish_output(live)  # what this epoch committed, for its readers
-            session.append_done(ok=False, fenced=True)
-            live.fail_waiting(StaleEpoch("the commit log was fenced by a newer epoch"))
-            item.settle(StaleEpoch("the commit log was fenced by a newer epoch"))
-            return False
-        live.etag = etag
-        done = session.append_done(ok=True)
-        assert isinstance(done, RoundDone)
-        if session.state in (State.FINISHED, State.FAILED):
-            await self.publish_output(live)  # the whole output, once, before anyone is told it ended
-        self._release(item, done, batch)
-        return True
+            return
+        # A newer epoch owns the log: discard, stop serving (§6.3, §6.8).
+        await self.publish_output(live)  # what this epoch committed, for its readers
+        session.append_done(ok=False, fenced=True)
+        live.fail_waiting(StaleEpoch("the commit log was fenced by a newer epoch"))
+        item.settle(StaleEpoch("the commit log was fenced by a newer epoch"))
 
     async def _outcome(self, live: LiveSession, record: CommitRecord, result: str | Exception) -> str | None:
         """The log's new etag; None if a fence or another writer owns the log now; raises if
