@@ -16,6 +16,8 @@ per-token acceptance a, (1 - a^(M+1)) / (1 - a) are committed per pass, and cost
 M + 1 positions (the ratio c(M)) plus M drafted tokens (``--draft-cost``, in one-position
 passes each): the bound is their quotient, at each acceptance of ``--acceptance``, and for each
 goal of ``--goals`` the acceptance it needs (none: not even with every token accepted).
+Beside the passes, the time to read the model file's bytes from memory once: a pass bound by
+its weights' bytes would cost about that, at any number of positions.
 
     python bench/cpu_pass.py                       # SmolLM2: q4 and f32, llama.cpp, M = 1..4
     python bench/cpu_pass.py --weights q4 --reps 20
@@ -89,6 +91,22 @@ def measure(model: str, form: str, context: int, reps: int, ms: list[int],
         out[name]["ratios"] = {m: statistics.median(t[m + 1]) / one for m in ms}
         out[name]["ratio"] = out[name]["ratios"][max(ms)]
     return out
+
+
+def read_ms(nbytes: int, reps: int) -> dict[str, float]:
+    """Thread CPU ms to read ``nbytes`` from memory once (a torch sum over them as int64, one
+    thread; a buffer far larger than the caches): the floor of a pass bound by the weights'
+    bytes, beside which the passes above show how far they are bound by compute instead."""
+    import torch
+
+    torch.set_num_threads(1)
+    buf = torch.ones(max(nbytes // 8, 1), dtype=torch.int64)
+    got = []
+    for _ in range(max(reps, 3)):
+        t = time.thread_time()
+        buf.sum()
+        got.append(time.thread_time() - t)
+    return {"median": 1e3 * statistics.median(got), "min": 1e3 * min(got)}
 
 
 def bound_table(ratios: dict[str, dict[int, float]], acceptance: list[float], goals: list[float],
@@ -171,6 +189,11 @@ def main(argv: list[str] | None = None) -> int:
         if llama is not None:
             llama.close()
     first = args.weights.split(",")[0]
+    nbytes = path.stat().st_size if path.is_file() else 0
+    if nbytes:
+        res["read_ms"] = rd = read_ms(nbytes, args.reps)
+        print(f"reading {nbytes / 1e6:.0f} MB ({path.name}'s bytes) from memory once: {rd['median']:.2f} "
+              f"({rd['min']:.2f}) ms, thread CPU time, 1 thread (a torch sum over them as int64)")
     side = [f"ours {first} (native) {ratios[f'{first} native'][max(ms)]:.2f}x"]
     if LLAMA in res["forms"][first]:
         side.append(f"llama.cpp {ratios[f'{LLAMA} (GGUF)'][max(ms)]:.2f}x")

@@ -25,6 +25,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sdcp_fast.harness.figures import speedup_bound
+
+BY_M = (1, 2, 3, 4)  # the draft lengths the why line's bound is given for
+GOAL = 1.3  # the speedup a pass must leave room for, in the why line
 
 @dataclass(frozen=True)
 class Timed:
@@ -98,6 +102,9 @@ def comparison(pairs: Sequence[tuple[Timed, Timed]], identical: list[bool] | Non
         "pass_cost": round(cost, 2),
         "bound_from_costs": round(bound / max(cost, 1e-9), 2),
         "acceptance": round(sum(s.accepted for s, _ in pairs) / proposed, 3) if proposed else None,
+        "tokens_per_round_by_m": ({m: round(speedup_bound(sum(s.accepted for s, _ in pairs) / proposed, m,
+                                                          0.0, 1.0, 1.0) or 0.0, 2) for m in BY_M}
+                                  if proposed else None),
         "mean_m": round(proposed / max(1, sum(s.rounds for s, _ in pairs)), 2) if proposed else None,
         "pairs": [{"speculative_s": round(s.seconds, 3), "target_only_s": round(b.seconds, 3),
                    "first": "speculative" if i % 2 == 0 else "target-only", "speedup": round(x, 2)}
@@ -142,6 +149,14 @@ def why(base: dict[str, Any]) -> list[str]:
              f"({base['ms_drafting_per_session_pass']:.2f} ms of it drafting) vs {ms['target_only']:.2f} ms "
              f"target-only, {base['pass_cost']}x the cost; the bound from the measured acceptance and costs: "
              f"{base['bound']}x / {base['pass_cost']} = {base['bound_from_costs']}x"]
+    by_m = base.get("tokens_per_round_by_m")
+    if by_m:
+        per = ", ".join(f"M={m} {t}" for m, t in by_m.items())
+        room = ", ".join(f"{t / GOAL:.2f}" for t in by_m.values())
+        lines.append(f"  by M, were each draft token accepted independently at {base['acceptance']:.0%}: a round "
+                     f"commits {per} tokens, so a round (its pass over M + 1 positions and the drafting) pays only "
+                     f"below that many one-position passes, and {GOAL}x needs it below {room} "
+                     f"(bench/cpu_pass.py measures a pass over M + 1 positions against one position)")
     if base["bound_from_costs"] < 1:
         lines.append(f"  speculation cannot pay here: a speculative session pass would have to cost at most "
                      f"{base['bound']}x a target-only one (it costs {base['pass_cost']}x), or commit at least "

@@ -88,3 +88,20 @@ def test_a_wide_range_that_never_crosses_one_keeps_the_sign(capsys: pytest.Captu
     report({"sessions": [], "tokens": 40, "baseline": got}, argparse.Namespace(json=False), [], "summary")
     text = capsys.readouterr().out
     assert "its sign is not (every pair agrees)" in text and "noise" not in text
+
+
+def test_the_why_gives_tokens_per_round_and_the_room_for_each_m(capsys: pytest.CaptureFixture[str]) -> None:
+    # Acceptance 0.5: a round of M drafts commits 1 + 0.5 + ... + 0.5^M tokens.
+    spec = Timed(40, 3.0, 30, proposed=60, accepted=30, rounds=30, session_passes=30)
+    base = Timed(40, 2.0, 40, session_passes=40)
+    got = comparison([(spec, base)], [True])
+    assert got["tokens_per_round_by_m"] == {1: 1.5, 2: 1.75, 3: 1.88, 4: 1.94}
+    report({"sessions": [], "tokens": 40, "baseline": got}, argparse.Namespace(json=False), [], "summary")
+    text = capsys.readouterr().out
+    assert "accepted independently at 50%: a round commits M=1 1.5, M=2 1.75, M=3 1.88, M=4 1.94 tokens" in text
+    assert "1.3x needs it below 1.15, 1.35, 1.45, 1.49" in text
+
+
+def test_target_only_pairs_give_no_bound_by_m() -> None:
+    got = comparison([(Timed(40, 1.0, 10), Timed(40, 2.0, 40))], None)
+    assert got["tokens_per_round_by_m"] is None
