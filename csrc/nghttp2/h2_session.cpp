@@ -7,13 +7,14 @@
 // the pure-Python path does: frames leave in the order the adapter asked for them, and the
 // send windows it reads have already been charged for what it sent.
 //
-// A server may ask for whole requests (set_whole_requests): a request whose headers, body and
-// END_STREAM all arrive in one receive() call is handed on as one REQUEST event, its body in
-// one bytes object and its flow-controlled bytes already returned to the peer's windows,
-// instead of HEADERS, DATA... and ENDED. Its parts are held only until that call returns, so
-// the memory is bounded by the bytes passed in; a request still unfinished then is handed on
-// as the usual events. respond() is the answer's counterpart: headers, body and END_STREAM in
-// one call when the body fits the peer's windows.
+// A connection may ask for whole messages (set_whole_messages): a request (server) or response
+// (client) whose headers, body and END_STREAM all arrive in one receive() call is handed on as
+// one WHOLE event, its body in one bytes object and its flow-controlled bytes already returned
+// to the peer's windows, instead of HEADERS, DATA... and ENDED. Its parts are held only until
+// that call returns, so the memory is bounded by the bytes passed in; a message still
+// unfinished then is handed on as the usual events. send_message() is the sending side's
+// counterpart: headers, then the body and END_STREAM in the same call when the body fits the
+// peer's windows.
 #include <nghttp2/nghttp2.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -44,10 +45,10 @@ enum Kind : int {
   GOAWAY = 7,      // (kind, 0, (last stream id, debug bytes), error code)
   SETTINGS_ACK = 8,
   PING = 9,        // (kind, 0, opaque data, 0)
-  REQUEST = 10,    // whole request (server): (kind, sid, [(name, value)], flow-controlled length, body bytes)
+  WHOLE = 10,      // whole message: (kind, sid, [(name, value)], flow-controlled length, body bytes)
 };
 
-struct Pending {  // a request whose END_STREAM has not arrived yet in this receive() call
+struct Pending {  // a message whose END_STREAM has not arrived yet in this receive() call
   py::list fields;
   std::string body;
   int64_t length = 0;  // body bytes, returned to the peer's windows
@@ -110,7 +111,7 @@ class Session {
     if (max_streams_ != UINT32_MAX) advertise_max_streams(start);
   }
 
-  void set_whole_requests(bool on) { whole_ = on && !client_; }
+  void set_whole_messages(bool on) { whole_ = on; }
 
   void increment_window(int32_t stream_id, int32_t delta) {
     check(nghttp2_submit_window_update(s_, NGHTTP2_FLAG_NONE, stream_id, delta));
@@ -131,8 +132,8 @@ class Session {
       flush_frames();  // nghttp2 queued the GOAWAY that says why
       throw ProtocolError(std::string("HTTP/2 protocol error: ") + nghttp2_strerror(static_cast<int>(rv)));
     }
-    flush_pending();  // requests not complete in these bytes: the usual events
-    // The bytes of whole requests are buffered now (the adapter bounds them as it does DATA).
+    flush_pending();  // messages not complete in these bytes: the usual events
+    // The bytes of whole messages are buffered now (the adapter bounds them as it does DATA).
     for (auto& [sid, n] : consumed_) {
       if (nghttp2_session_find_stream(s_, sid) != nullptr) nghttp2_session_consume_stream(s_, sid, n);
       nghttp2_session_consume_connection(s_, n);
@@ -158,17 +159,18 @@ class Session {
     return sid;
   }
 
-  // A response in one call: its headers, then its body and END_STREAM, when the body fits
-  // both send windows (false, with nothing sent: send it with send_data as the windows open).
-  bool respond(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields, py::buffer body) {
+  // A message's headers (END_STREAM with them when the body is empty), then its body and
+  // END_STREAM when the body fits both send windows: true when all of it is sent, false when
+  // the body is left to send_data as the windows open.
+  bool send_message(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields,
+                    py::buffer body) {
     py::buffer_info info = body.request();
     size_t size = static_cast<size_t>(info.size * info.itemsize);
-    if (client_ || nghttp2_session_find_stream(s_, stream_id) == nullptr || local_closed(stream_id))
-      throw StreamClosed(std::to_string(stream_id));
-    if (size > 0 && static_cast<int64_t>(size) > send_window(stream_id)) return false;
     headers_frame(stream_id, fields, size == 0);
     flush_frames();  // the HEADERS frame first, as send_headers then send_data would
-    if (size > 0) {
+    if (size == 0) return true;
+    if (static_cast<int64_t>(size) > send_window(stream_id)) return false;
+    {
       auto& out = out_streams_[stream_id];
       out.buffer.append(static_cast<const char*>(info.ptr), size);
       out.end = true;
@@ -272,12 +274,12 @@ class Session {
   std::unordered_set<int32_t> inbound_;  // streams the peer opened that are not closed  // nghttp2 advertises the bound but leaves enforcing it to us
   std::unordered_map<int32_t, Outgoing> out_streams_;
   std::unordered_set<int32_t> reset_by_us_, reported_;
-  bool whole_ = false;  // set_whole_requests
+  bool whole_ = false;  // set_whole_messages
   std::unordered_map<int32_t, Pending> pending_;
   std::vector<int32_t> pending_order_;  // pending_'s streams in the order their headers came
-  std::vector<std::pair<int32_t, size_t>> consumed_;  // bytes of whole requests to return to the windows
+  std::vector<std::pair<int32_t, size_t>> consumed_;  // bytes of whole messages to return to the windows
 
-  // Hand on the requests still pending as the usual events (HEADERS, then their body as one
+  // Hand on the messages still pending as the usual events (HEADERS, then their body as one
   // DATA event), in the order their headers arrived.
   void flush_pending() {
     if (pending_.empty()) {
@@ -371,8 +373,8 @@ class Session {
   }
 
   void emit(int kind, int32_t sid, py::object payload, int64_t n) {
-    // Window updates, SETTINGS ACK and PING concern no request; anything else (a reset, a
-    // GOAWAY, SETTINGS, a stream's own events) keeps its place after the pending requests.
+    // Window updates, SETTINGS ACK and PING concern no message; anything else (a reset, a
+    // GOAWAY, SETTINGS, a stream's own events) keeps its place after the pending messages.
     if (!pending_.empty() && kind != WINDOW && kind != SETTINGS_ACK && kind != PING) flush_pending();
     events_.append(py::make_tuple(kind, sid, std::move(payload), n));
   }
@@ -480,7 +482,7 @@ class Session {
         int kind = frame->headers.cat == NGHTTP2_HCAT_HEADERS ? TRAILERS : HEADERS;
         if (me->whole_ && kind == HEADERS) {
           if (ended) {
-            me->events_.append(py::make_tuple(static_cast<int>(REQUEST), sid, fields, 0, py::bytes()));
+            me->events_.append(py::make_tuple(static_cast<int>(WHOLE), sid, fields, 0, py::bytes()));
           } else {
             Pending& p = me->pending_[sid];
             p.fields = std::move(fields);
@@ -499,7 +501,7 @@ class Session {
             Pending& p = it->second;
             if (ended) {
               me->consumed_.emplace_back(sid, static_cast<size_t>(p.length));
-              me->events_.append(py::make_tuple(static_cast<int>(REQUEST), sid, std::move(p.fields), p.length,
+              me->events_.append(py::make_tuple(static_cast<int>(WHOLE), sid, std::move(p.fields), p.length,
                                                 py::bytes(p.body)));
               me->pending_.erase(it);
             }
@@ -571,9 +573,9 @@ PYBIND11_MODULE(_h2, m) {
       .def("increment_window", &Session::increment_window)
       .def("receive", &Session::receive)
       .def("data_to_send", &Session::data_to_send)
-      .def("set_whole_requests", &Session::set_whole_requests)
+      .def("set_whole_messages", &Session::set_whole_messages)
       .def("submit_headers", &Session::submit_headers)
-      .def("respond", &Session::respond)
+      .def("send_message", &Session::send_message)
       .def("send_data", &Session::send_data)
       .def("end_stream", &Session::end_stream)
       .def("reset_stream", &Session::reset_stream)

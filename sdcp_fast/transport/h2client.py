@@ -31,12 +31,13 @@ from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.fields import header_dict, outbound_fields
 from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
+from sdcp_fast.transport.h2native import WholeMessage
 
 CLIENT_LIMITS = Limits(max_body=256 * (1 << 20), idle_timeout=60.0)
 
 
 class _Pending:
-    __slots__ = ("future", "status", "headers", "chunks", "size", "queue")
+    __slots__ = ("future", "status", "headers", "chunks", "size", "queue", "acked")
 
     def __init__(self, future: asyncio.Future[Response], streamed: bool = False) -> None:
         self.future = future
@@ -46,6 +47,7 @@ class _Pending:
         self.size = 0
         # Streamed: DATA frames, then None at the end or the error that ended the stream.
         self.queue: asyncio.Queue[bytes | TransportError | None] | None = asyncio.Queue() if streamed else None
+        self.acked = 0  # streamed bytes queued that were returned to the server's windows on arrival
 
 
 class _ClientProtocol(H2Protocol):
@@ -70,7 +72,14 @@ class _ClientProtocol(H2Protocol):
             pending.queue.put_nowait(error)
 
     def on_event(self, event: h2.events.Event) -> None:
-        if isinstance(event, h2.events.DataReceived):
+        if isinstance(event, WholeMessage):  # nghttp2: headers, body and end at once
+            pending = self.pending.get(event.stream_id)
+            if pending is not None:
+                self._headers(pending, event.headers)
+                if event.data:
+                    self._received(event.stream_id, pending, event.data)
+            self._ended(event.stream_id)
+        elif isinstance(event, h2.events.DataReceived):
             pending = self.pending.get(event.stream_id)
             if pending is not None and pending.queue is not None and pending.future.done():
                 # Acknowledged when read (the reader's pace sets the server's).
@@ -82,31 +91,14 @@ class _ClientProtocol(H2Protocol):
                         self.conn.acknowledge_received_data(padding, event.stream_id)
                 return
             ack(self.conn, event)
-            if pending is None:
-                return
-            pending.size += len(event.data)
-            if pending.size > self.limits.max_body:
-                self._fail(event.stream_id, TransportError(f"response body over {self.limits.max_body} bytes"))
-                self._reset(event.stream_id, ErrorCodes.CANCEL)
-            else:
-                pending.chunks.append(event.data)
+            if pending is not None:
+                self._received(event.stream_id, pending, event.data)
         elif isinstance(event, h2.events.ResponseReceived):
             pending = self.pending.get(event.stream_id)
             if pending is not None:
-                for name, value in event.headers:
-                    if name == b":status":
-                        pending.status = int(value)
-                pending.headers = header_dict(event.headers)
-                if pending.queue is not None and not pending.future.done() and pending.status >= 200:
-                    pending.future.set_result(Response(pending.status, b"", pending.headers))
+                self._headers(pending, event.headers)
         elif isinstance(event, h2.events.StreamEnded):
-            pending = self.pending.pop(event.stream_id, None)
-            if pending is not None and pending.queue is not None and pending.future.done():
-                pending.queue.put_nowait(None)
-            elif pending is not None and not pending.future.done():
-                chunks = pending.chunks
-                body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-                pending.future.set_result(Response(pending.status, body, pending.headers))
+            self._ended(event.stream_id)
         elif isinstance(event, h2.events.StreamReset):
             code = ErrorCodes(event.error_code) if event.error_code in ErrorCodes._value2member_map_ \
                 else event.error_code
@@ -121,6 +113,36 @@ class _ClientProtocol(H2Protocol):
             self._wake_slots(all_=True)
             if not self.pending:
                 self._final_close()
+
+    def _headers(self, pending: _Pending, headers: list[tuple[bytes, bytes]]) -> None:
+        for name, value in headers:
+            if name == b":status":
+                pending.status = int(value)
+        pending.headers = header_dict(headers)
+        if pending.queue is not None and not pending.future.done() and pending.status >= 200:
+            pending.future.set_result(Response(pending.status, b"", pending.headers))
+
+    def _received(self, stream_id: int, pending: _Pending, data: bytes) -> None:
+        """Body bytes already returned to the server's windows."""
+        if pending.queue is not None and pending.future.done():
+            pending.queue.put_nowait(data)  # streamed
+            pending.acked += len(data)
+            return
+        pending.size += len(data)
+        if pending.size > self.limits.max_body:
+            self._fail(stream_id, TransportError(f"response body over {self.limits.max_body} bytes"))
+            self._reset(stream_id, ErrorCodes.CANCEL)
+        else:
+            pending.chunks.append(data)
+
+    def _ended(self, stream_id: int) -> None:
+        pending = self.pending.pop(stream_id, None)
+        if pending is not None and pending.queue is not None and pending.future.done():
+            pending.queue.put_nowait(None)
+        elif pending is not None and not pending.future.done():
+            chunks = pending.chunks
+            body = chunks[0] if len(chunks) == 1 else b"".join(chunks)
+            pending.future.set_result(Response(pending.status, body, pending.headers))
 
     def on_lost(self, exc: Exception | None) -> None:
         self.lost = exc
@@ -159,8 +181,9 @@ class _ClientProtocol(H2Protocol):
         self.stream_started()
         handed_off = False
         try:
-            self.conn.send_headers(stream_id, fields, end_stream=not body)
-            if body:
+            if self.send_message(stream_id, fields, body):
+                self.flush_stream_end()
+            else:
                 try:
                     # A streamed response's future is done at its headers, not at its end.
                     await self.send_body(stream_id, body, abandon=None if streamed else pending.future)
@@ -168,8 +191,6 @@ class _ClientProtocol(H2Protocol):
                     # Reset, or answered early (e.g. 413): the future says which.
                     if not pending.future.done():
                         self._fail(stream_id, TransportError("stream closed while sending the request"))
-            else:
-                self.flush_stream_end()
             response = await pending.future
             if pending.queue is None:
                 return response
@@ -206,9 +227,11 @@ class _ClientProtocol(H2Protocol):
                 if isinstance(item, TransportError):
                     ended = True
                     raise item
-                if item and self.transport is not None:
+                unacked = len(item) - min(len(item), pending.acked)
+                pending.acked -= len(item) - unacked
+                if unacked and self.transport is not None:
                     try:
-                        self.conn.acknowledge_received_data(len(item), stream_id)
+                        self.conn.acknowledge_received_data(unacked, stream_id)
                         self.flush_soon()
                     except (h2.exceptions.StreamClosedError, h2.exceptions.ProtocolError):
                         pass

@@ -104,17 +104,18 @@ class H2Protocol(asyncio.Protocol):
     """The shared half of a connection; :meth:`on_event` is the side-specific rest."""
 
     client_side = False
-    whole_requests = False  # nghttp2 may hand on a request received whole as one event (server)
+    whole_messages = True  # nghttp2 hands on a message received whole as one event (WholeMessage)
 
     def __init__(self, limits: Limits) -> None:
         self.limits = limits
         # Outbound fields are ours (lower-case, no connection-specific ones: outbound_fields),
         # so h2's per-field checks of what we send are skipped; what we receive is checked.
         # nghttp2 where it is built (h2native says which), else h2: the same surface either way.
-        native = native_connection(self.client_side, self.whole_requests)
+        native = native_connection(self.client_side, self.whole_messages)
         self.conn = cast(_Connection, native) if native is not None else _Connection(h2.config.H2Configuration(
             client_side=self.client_side, header_encoding=None,
             validate_outbound_headers=False, normalize_outbound_headers=False))
+        self._send_message = getattr(native, "send_message", None)  # nghttp2's one-call message
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self.loop.create_future()
@@ -285,6 +286,15 @@ class H2Protocol(asyncio.Protocol):
         for waiter in waiters:
             if not waiter.done():
                 waiter.set_result(None)
+
+    def send_message(self, stream_id: int, fields: list[tuple[str, str]], body: bytes) -> bool:
+        """Headers (ending the stream when ``body`` is empty), then, with nghttp2 and when it
+        fits the peer's windows, ``body`` and the end in the same call. True: all of it is
+        queued; False: :meth:`send_body` still has to send ``body``."""
+        if self._send_message is not None:
+            return self._send_message(stream_id, fields, body)
+        self.conn.send_headers(stream_id, fields, end_stream=not body)
+        return not body
 
     async def send_body(self, stream_id: int, body: bytes, abandon: asyncio.Future[Any] | None = None) -> None:
         """Send ``body`` and end the stream, in frames that fit the peer's windows.

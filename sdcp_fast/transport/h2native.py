@@ -4,10 +4,11 @@
 :mod:`sdcp_fast.transport.h2conn` uses (``receive_data`` -> ``h2.events`` objects,
 ``send_headers``/``send_data``/``end_stream``/``reset_stream``, windows, ``data_to_send``),
 raising ``h2.exceptions`` as h2 does, so the asyncio adapters run unchanged on either.
-Two additions the server uses where they exist: ``whole_requests=True`` hands a request whose
-headers, body and end all came in one ``receive_data`` call on as one :class:`WholeRequest`
-(its bytes already returned to the peer's windows) instead of three events, and
-:meth:`NativeConnection.respond` sends a response's headers, body and end in one call.
+Two additions the adapters use where they exist: ``whole_messages=True`` hands a request
+(server) or response (client) whose headers, body and end all came in one ``receive_data``
+call on as one :class:`WholeMessage` (its bytes already returned to the peer's windows)
+instead of three events, and :meth:`NativeConnection.send_message` sends a message's headers,
+body and end in one call when the body fits the peer's windows.
 The frames, HPACK and flow-control arithmetic are nghttp2's (``sdcp_fast._h2``, built from
 ``csrc/nghttp2/`` where libnghttp2's headers are found); only the event objects are made here.
 
@@ -32,7 +33,7 @@ from h2.errors import ErrorCodes
 PY, C = "py-h2", "c-h2"
 
 # Event kinds sent by csrc/nghttp2/h2_session.cpp (enum Kind).
-_HEADERS, _TRAILERS, _DATA, _ENDED, _RESET, _WINDOW, _SETTINGS, _GOAWAY, _SETTINGS_ACK, _PING, _REQUEST = range(11)
+_HEADERS, _TRAILERS, _DATA, _ENDED, _RESET, _WINDOW, _SETTINGS, _GOAWAY, _SETTINGS_ACK, _PING, _WHOLE = range(11)
 
 
 @functools.cache
@@ -84,15 +85,16 @@ def implementation() -> str:
     return PY
 
 
-def native_connection(client_side: bool, whole_requests: bool = False) -> NativeConnection | None:
+def native_connection(client_side: bool, whole_messages: bool = False) -> NativeConnection | None:
     """A nghttp2 connection when that is the implementation in use, else None (use h2's)."""
-    return NativeConnection(client_side, whole_requests) if implementation() == C else None
+    return NativeConnection(client_side, whole_messages) if implementation() == C else None
 
 
-class WholeRequest(h2.events.Event):
-    """A request received whole (server, ``whole_requests``): what ``RequestReceived``, its
-    ``DataReceived`` events and ``StreamEnded`` would say, as one event. Its body's bytes were
-    returned to the peer's windows already (no ``acknowledge_received_data``)."""
+class WholeMessage(h2.events.Event):
+    """A request (server) or response (client) received whole (``whole_messages``): what
+    ``RequestReceived``/``ResponseReceived``, its ``DataReceived`` events and ``StreamEnded``
+    would say, as one event. Its body's bytes were returned to the peer's windows already (no
+    ``acknowledge_received_data``)."""
 
     __slots__ = ("stream_id", "headers", "data")
 
@@ -102,7 +104,7 @@ class WholeRequest(h2.events.Event):
         self.data = data
 
     def __repr__(self) -> str:
-        return f"<WholeRequest stream_id:{self.stream_id}, headers:{self.headers}, data:{len(self.data)} bytes>"
+        return f"<WholeMessage stream_id:{self.stream_id}, headers:{self.headers}, data:{len(self.data)} bytes>"
 
 
 class _Streams:
@@ -137,14 +139,14 @@ class _RemoteSettings:
 class NativeConnection:
     """The part of ``h2.connection.H2Connection`` the transport uses, on nghttp2."""
 
-    def __init__(self, client_side: bool, whole_requests: bool = False) -> None:
+    def __init__(self, client_side: bool, whole_messages: bool = False) -> None:
         mod = _load()[0]
         if mod is None:
             raise ImportError(status())
         self._mod = mod
         self._s = mod.Session(client_side)
-        if whole_requests:
-            self._s.set_whole_requests(True)
+        if whole_messages:
+            self._s.set_whole_messages(True)
         self.client_side = client_side
         self.local_settings: h2.settings.Settings | dict[int, int] = {}
         # Set by the adapter as on h2; nghttp2 takes both bounds from the SETTINGS we send.
@@ -190,11 +192,12 @@ class NativeConnection:
     def send_headers(self, stream_id: int, headers: list[tuple[str, str]], end_stream: bool = False) -> None:
         self._call(self._s.submit_headers, stream_id, headers, end_stream)
 
-    def respond(self, stream_id: int, headers: list[tuple[str, str]], body: bytes) -> bool:
-        """Headers, ``body`` and END_STREAM at once; False (nothing sent) when the body does
-        not fit the peer's windows now: then ``send_headers`` and ``send_data`` as they open."""
+    def send_message(self, stream_id: int, headers: list[tuple[str, str]], body: bytes) -> bool:
+        """``send_headers`` (ending the stream when ``body`` is empty), then ``body`` and
+        END_STREAM when it fits the peer's windows now: True when all of it was sent, False
+        when the body is still to send (``send_data`` as the windows open)."""
         try:
-            return bool(self._s.respond(stream_id, headers, body))
+            return bool(self._s.send_message(stream_id, headers, body))
         except self._mod.StreamClosed as exc:
             raise h2.exceptions.StreamClosedError(stream_id) from exc
         except self._mod.ProtocolError as exc:
@@ -222,7 +225,7 @@ class NativeConnection:
         except self._mod.ProtocolError as exc:
             raise h2.exceptions.ProtocolError(str(exc)) from exc
         client_side = self.client_side
-        return [WholeRequest(item[1], item[2], item[4]) if item[0] == _REQUEST else _event(client_side, *item)
+        return [WholeMessage(item[1], item[2], item[4]) if item[0] == _WHOLE else _event(client_side, *item)
                 for item in raw]
 
 

@@ -29,7 +29,7 @@ from sdcp_fast.transport.base import Handler, Request, Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.fields import header_dict, outbound_fields
 from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
-from sdcp_fast.transport.h2native import WholeRequest
+from sdcp_fast.transport.h2native import WholeMessage
 from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
 from sdcp_fast.transport.tls import peer_of
 
@@ -52,15 +52,12 @@ class _Incoming:
 
 
 class _ServerProtocol(H2Protocol):
-    whole_requests = True
-
     def __init__(self, server: H2Server) -> None:
         super().__init__(server.limits)
         self.server = server
         self.peer: Peer | None = None
         self.streams: dict[int, _Incoming] = {}
         self.buffered = 0  # request-body bytes held for streams whose request has not ended
-        self._respond_now = getattr(self.conn, "respond", None)  # nghttp2: a response in one call
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -84,7 +81,7 @@ class _ServerProtocol(H2Protocol):
                 self._drop_body(incoming)
 
     def on_event(self, event: h2.events.Event) -> None:
-        if isinstance(event, WholeRequest):  # nghttp2: headers, body and end at once
+        if isinstance(event, WholeMessage):  # nghttp2: headers, body and end at once
             incoming = self._started(event.stream_id, event.headers, True)
             if incoming is not None and event.data:
                 self._received(event.stream_id, incoming, event.data)
@@ -237,14 +234,10 @@ class _ServerProtocol(H2Protocol):
             fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
             fields.append(("content-length", str(len(body))))
             try:
-                if self._respond_now is not None and self._respond_now(stream_id, fields, body):
-                    self.flush_stream_end()  # nghttp2 took headers, body and end in one call
+                if self.send_message(stream_id, fields, body):
+                    self.flush_stream_end()
                 else:
-                    self.conn.send_headers(stream_id, fields, end_stream=not body)
-                    if body:
-                        await self.send_body(stream_id, body)
-                    else:
-                        self.flush_stream_end()
+                    await self.send_body(stream_id, body)
                 open_ = self.conn.streams.get(stream_id)  # h2's table, or the native one's .get
                 if stop_reading and open_ is not None and not open_.closed:
                     # Answered before the request ended: ask the client to stop sending

@@ -180,10 +180,10 @@ def test_garbage_is_a_protocol_error_with_a_goaway() -> None:
     assert server.data_to_send()  # GOAWAY (or at least our SETTINGS) still goes out
 
 
-# -- whole requests and one-call responses (the server's) -----------------------------------
+# -- whole messages and one-call sends -----------------------------------------------------
 
 def _whole_server() -> h2native.NativeConnection:
-    conn = h2native.NativeConnection(False, whole_requests=True)
+    conn = h2native.NativeConnection(False, whole_messages=True)
     conn.local_settings = {4: 1 << 20, 3: 8}
     conn.initiate_connection()
     return conn
@@ -202,7 +202,7 @@ def test_a_request_received_whole_is_one_event_with_its_bytes_returned() -> None
     client.send_data(sid, b"d" * 10_000, end_stream=True)
     assert client.outbound_flow_control_window == 65_535 - 58_000
     got = server.receive_data(client.data_to_send())
-    assert [type(e) for e in got] == [h2native.WholeRequest, h2native.WholeRequest]
+    assert [type(e) for e in got] == [h2native.WholeMessage, h2native.WholeMessage]
     body = b"a" * 16_000 + b"b" * 16_000 + b"c" * 16_000 + b"d" * 10_000
     assert [(e.stream_id, e.data) for e in got] == [(bodyless, b""), (sid, body)]
     assert (b"x-k", b"v") in got[1].headers
@@ -243,7 +243,7 @@ def test_a_reset_or_goaway_after_an_unfinished_request_keeps_its_place() -> None
 
 
 @needs_native
-def test_respond_sends_headers_body_and_end_at_once_when_the_windows_allow() -> None:
+def test_send_message_sends_headers_body_and_end_at_once_when_the_windows_allow() -> None:
     client, server = _h2(True), _whole_server()
     _pump(client, server)
     small = client.get_next_available_stream_id()
@@ -251,16 +251,29 @@ def test_respond_sends_headers_body_and_end_at_once_when_the_windows_allow() -> 
     large = client.get_next_available_stream_id()
     client.send_headers(large, REQUEST, end_stream=True)
     _pump(client, server)
-    assert server.respond(small, [(":status", "200"), ("content-length", "5")], b"hello")
-    assert not server.respond(large, [(":status", "200")], b"z" * 70_000)  # over the 65,535 window
+    assert server.send_message(small, [(":status", "200"), ("content-length", "5")], b"hello")
+    assert not server.send_message(large, [(":status", "200")], b"z" * 70_000)  # over the 65,535 window
     seen, _ = _pump(client, server)
-    (response,) = _of(seen, h2.events.ResponseReceived)
-    assert response.stream_id == small and response.headers[0] == (b":status", b"200")
+    assert [(e.stream_id, e.headers[0]) for e in _of(seen, h2.events.ResponseReceived)] == \
+        [(small, (b":status", b"200")), (large, (b":status", b"200"))]
     assert [e.data for e in _of(seen, h2.events.DataReceived)] == [b"hello"]
     assert [e.stream_id for e in _of(seen, h2.events.StreamEnded)] == [small]
     assert server.streams.get(small) is None and server.streams.get(large) is not None
-    assert server.respond(large, [(":status", "204")], b"")
-    seen, _ = _pump(client, server)
-    assert [e.stream_id for e in _of(seen, h2.events.StreamEnded)] == [large]
     with pytest.raises(h2.exceptions.StreamClosedError):
-        server.respond(large, [(":status", "200")], b"late")
+        server.send_message(small, [(":status", "200")], b"late")
+
+
+@needs_native
+def test_a_native_client_gets_a_whole_response_and_sends_a_request_in_one_call() -> None:
+    client, server = h2native.NativeConnection(True, whole_messages=True), _h2(False)
+    client.initiate_connection()
+    _pump(client, server)
+    sid = client.get_next_available_stream_id()
+    assert client.send_message(sid, REQUEST, b"ping")
+    _, got = _pump(client, server)
+    assert [e.data for e in _of(got, h2.events.DataReceived)] == [b"ping"] and _of(got, h2.events.StreamEnded)
+    server.send_headers(sid, [(":status", "200")])
+    server.send_data(sid, b"pong", end_stream=True)
+    (response,) = client.receive_data(server.data_to_send())
+    assert isinstance(response, h2native.WholeMessage)
+    assert (response.stream_id, response.headers, response.data) == (sid, [(b":status", b"200")], b"pong")
