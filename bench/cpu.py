@@ -16,7 +16,8 @@ the next:
   prompt's first difference; and llama.cpp with an f32 KV cache against its own defaults, which
   says how many of those tokens are near-ties that any difference in rounding flips.
 - speculation: each of ``--drafters`` against target-only decoding on the demo's prompts (tokens/s
-  ratio, same weights, same loop).
+  ratio, same weights, same loop), over the prompts and for each prompt (each runs alone, one
+  session).
 
     python bench/cpu.py                         # everything (minutes)
     python bench/cpu.py --quick                 # fewer repeats and prompts
@@ -451,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "load_average": os.getloadavg(), "notes": notes, "decode": {}, "decode_cpu_ms": {},
                                "decode_others_pct": {}, "decode_preempted": {}, "pass_ratio": {},
-                               "prefill_s": {}, "agreement": {}, "speculation": {}}
+                               "prefill_s": {}, "agreement": {}, "speculation": {},
+                               "speculation_by_prompt": {}, "spec_prompts": []}
     if not why_llama:
         binding = _Binding()
         results["llama_cpp"] = {"binding": binding.name, "system_info": binding.system_info}
@@ -467,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     demo_texts = [p["text"] for p in evals if p["kind"] == "copy"][:1] + [p["text"] for p in evals
                                                                           if p["kind"] == "chat"]
     spec_texts = [t if chat is None else chat(t) for t in demo_texts][: args.spec_prompts]
+    results["spec_prompts"] = demo_texts[: args.spec_prompts]
     if args.agree_only:
         threads = threads[:1] if why_llama is None else []
     for th in threads:
@@ -515,13 +518,17 @@ def main(argv: list[str] | None = None) -> int:
         texts = spec_texts
         for form, o in ours.items():
             spec: dict[str, list[float]] = {}
+            each: dict[str, list[list[float]]] = {}
             drafters = {d: make_drafter(d, o.lm) for d in args.drafters.split(",") if d}
             for _ in range(max(1, args.repeats - 1)):
                 base = [o.greedy(o.encode(t), args.tokens)[1] for t in texts]
                 for name, d in drafters.items():
                     got = [o.greedy(o.encode(t), args.tokens, d)[1] for t in texts]
                     spec.setdefault(name, []).append(statistics.mean(got) / statistics.mean(base))
+                    for i, (g, b) in enumerate(zip(got, base, strict=True)):
+                        each.setdefault(name, [[] for _ in texts])[i].append(g / b)
             results["speculation"][form] = spec
+            results["speculation_by_prompt"][form] = each
     results["load_average_end"] = os.getloadavg()
     print(report(results, threads))
     if args.out:
@@ -584,6 +591,10 @@ def report(r: dict[str, Any], threads: list[int]) -> str:
         lines.append("speculation speedup (tokens/s vs target-only, same weights):")
         for form, s in r["speculation"].items():
             lines.append(f"  {form}: " + ", ".join(f"{d} {_range(v)}" for d, v in s.items()))
+        lines.append("  each prompt alone (one session):")
+        for form, by in r.get("speculation_by_prompt", {}).items():
+            for i, text in enumerate(r.get("spec_prompts", [])):
+                lines.append(f"    {form} {text[:40]!r}: " + ", ".join(f"{d} {_range(v[i])}" for d, v in by.items()))
     if "llama_cpp" in r:
         lines.append(f"llama.cpp through {r['llama_cpp']['binding']}: {r['llama_cpp']['system_info']}")
     lines.extend(f"note: {n}" for n in r["notes"])

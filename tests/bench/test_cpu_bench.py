@@ -43,6 +43,8 @@ def test_smallest_run_reports_every_section_and_why_peers_were_skipped(tmp_path:
     assert "HF transformers skipped: --skip-hf" in got["notes"]
     assert "decode tokens/s" in text and "decode CPU ms per token" in text and "note: llama.cpp skipped" in text
     assert "involuntary context switches per token" in text and "at the end)" in text
+    assert len(got["speculation_by_prompt"]["q8_0"]["ngram"]) == len(got["spec_prompts"]) == 1
+    assert "each prompt alone (one session):" in text
 
 
 def test_agreement_counts_up_to_the_first_difference() -> None:
