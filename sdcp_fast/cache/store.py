@@ -225,6 +225,14 @@ class MLC:
             entry.birth_lease = lease
             return Stored(entry.etag, self.tiers[i].name, lease)
 
+    def stores_as_is(self, data: Any, size: int) -> bool:
+        """Whether a put of ``data`` now would keep it without a copy or a move: ``bytes``
+        that the fastest host-readable tier keeps as they are (``adopts_bytes``) and that fit
+        there beside what it holds. A hint for where to run the put (read without the lock)."""
+        i = self._read_tier
+        tier = self.tiers[i]
+        return type(data) is bytes and getattr(tier, "adopts_bytes", False) and self._used[i] + size <= tier.capacity
+
     def get(self, uri: str) -> memoryview:
         """The whole object; a read-only view of the stored bytes (no copy) on host tiers."""
         with self._lock:

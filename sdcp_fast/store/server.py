@@ -204,8 +204,11 @@ class MLCService:
                 if meta is not None and not (isinstance(meta, dict) and all(isinstance(k, str) for k in meta)):
                     raise BadRequest("meta must be a map with text keys")
             ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
+            # A body the host tier keeps as it came (no copy, nothing moved) is put inline: the
+            # thread hop would cost more than the put.
+            moves = 0 if mlc.stores_as_is(data, len(data)) else len(body)
             stored = await run_on(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
-                                                       check=check), len(body))  # data and meta
+                                                       check=check), moves)  # data and meta
         finally:
             budget.give(len(body))
             release_body(body)

@@ -203,7 +203,7 @@ def test_held_view_survives_delete_and_buffer_reuse(small_mlc):
 
 def test_unshared_buffers_are_reused(small_mlc):
     host = small_mlc.tiers[0]
-    small_mlc.put(uri(1), blob(1, 1024))
+    small_mlc.put(uri(1), bytearray(blob(1, 1024)))  # copied into a buffer of the tier's (bytes may be kept as they are)
     small_mlc.delete(uri(1))
     assert host._pooled == 1024, "a buffer nobody views goes back to the pool"
 
@@ -250,3 +250,23 @@ def test_reading_from_a_full_lower_tier_swaps_instead_of_evicting_a_third_object
         stats = mlc.stats()
         assert [t["used"] for t in stats["tiers"]] == [200 << 10, 200 << 10]
         assert sum(c["evictions"] for tiers in stats["scopes"].values() for c in tiers.values()) == 0
+
+
+def test_bytes_are_kept_as_they_came_on_a_host_tier_without_cuda(small_mlc):
+    """An immutable ``bytes`` object (a request body at the MLC server) is stored without a
+    copy where the host tier needs no pinned buffers; a bytearray is still copied."""
+    host = small_mlc.tiers[0]
+    data = blob(3, 2048)
+    assert small_mlc.stores_as_is(data, len(data)) == host.adopts_bytes
+    small_mlc.put(uri(1), data)
+    view = small_mlc.get(uri(1))
+    assert bytes(view) == data and (view.obj is data) == host.adopts_bytes
+    assert not small_mlc.stores_as_is(bytearray(data), len(data))
+    assert not small_mlc.stores_as_is(data, 4096), "no room beside what the tier holds: the put moves objects"
+    # Moved down to disk and back, deleted: the kept bytes are never handed out for reuse.
+    small_mlc.put(uri(2), blob(4, 3000))
+    assert tier_of(small_mlc, uri(1)) == "disk" and bytes(small_mlc.get(uri(1))) == data
+    small_mlc.delete(uri(1))
+    small_mlc.delete(uri(2))
+    small_mlc.put(uri(5), bytearray(2048))
+    assert data == blob(3, 2048)

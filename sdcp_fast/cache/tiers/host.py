@@ -10,12 +10,18 @@ otherwise cost a 4 KiB page and one of the process's ``vm.max_map_count`` mappin
 default), and puts failed with ``MemoryError`` once ~65,000 small objects were held, far
 below ``max_objects``. Should the mappings still run out, the buffer is pageable rather than
 the put refused.
+
+Without CUDA, an object given as ``bytes`` (immutable: nobody can write it after the put) is
+kept as it is, with no copy: the MLC server hands over a request body so, and a q-rows put
+then costs no 512 KB copy and no buffer. With CUDA, objects are copied into pinned buffers,
+which device copies need.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import warnings
 from typing import Any
 
 from sdcp_fast import native
@@ -91,7 +97,14 @@ class HostTier:
             return memoryview(buf.numpy())
         return memoryview(buf)
 
+    @property
+    def adopts_bytes(self) -> bool:
+        """Whether :meth:`write` keeps a ``bytes`` object as it is (no copy)."""
+        return not self._torch_pinned
+
     def write(self, key: str, data: Any) -> Any:
+        if type(data) is bytes and not self._torch_pinned:
+            return data  # immutable: stored as it is
         if self._torch_pinned and hasattr(data, "untyped_storage") and data.device.type == "cuda":
             buf = self._alloc(data.numel() * data.element_size())
             from sdcp_fast.cache.tiers.device import copy_async
@@ -127,15 +140,19 @@ class HostTier:
 
         if self._torch_pinned:
             return handle
-        return torch.frombuffer(handle, dtype=torch.uint8) if len(handle) else torch.empty(0, dtype=torch.uint8)
+        if not len(handle):
+            return torch.empty(0, dtype=torch.uint8)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # bytes kept as they came: read-only, as documented
+            return torch.frombuffer(handle, dtype=torch.uint8)
 
     def drop(self, handle: Any) -> None:
         # A buffer still exported to a reader (a memoryview from get) must not be reused:
         # the reader would see the next object's bytes. Callers pass the handle as a
         # temporary so that only this frame holds it.
         n = len(handle)
-        if not n or n > self._pool_limit or sys.getrefcount(handle) > _UNSHARED_REFS:
-            return
+        if not n or n > self._pool_limit or type(handle) is bytes or sys.getrefcount(handle) > _UNSHARED_REFS:
+            return  # bytes kept as they came are nobody's to reuse
         while self._pooled + n > self._pool_limit:  # oldest size class first
             size = next(iter(self._pool))
             self._pool[size].pop()
