@@ -233,6 +233,12 @@ class MLC:
         tier = self.tiers[i]
         return type(data) is bytes and getattr(tier, "adopts_bytes", False) and self._used[i] + size <= tier.capacity
 
+    def reads_as_view(self, head: Head) -> bool:
+        """Whether reading the object of ``head`` gives a view of its stored bytes with no copy
+        and no move (it is in the tier reads promote to, which Python reads in place)."""
+        tier = self.tiers[self._read_tier]
+        return tier.host_readable and head.tier == tier.name
+
     def get(self, uri: str) -> memoryview:
         """The whole object; a read-only view of the stored bytes (no copy) on host tiers."""
         with self._lock:

@@ -223,7 +223,10 @@ class MLCService:
         check = policy.may_read(call.peer, parsed)
         spec = call.headers.get("range")
         span = None if spec is None else _span(spec)
-        hint = (await run_on(mlc, lambda: mlc.head(uri))).size  # where to copy; the answer's head comes with the bytes
+        # Where to read: inline when the answer is a view of bytes in memory (the thread hop
+        # would cost more), else on a worker thread. The answer's head comes with the bytes.
+        before = await run_on(mlc, lambda: mlc.head(uri))
+        hint = 0 if mlc.reads_as_view(before) else before.size
         # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
         head, view = await run_on(mlc, lambda: mlc.read(uri, span, check=check), hint)
         headers = {"etag": head.etag, "accept-ranges": "bytes", "mlc-tier": head.tier}

@@ -270,3 +270,11 @@ def test_bytes_are_kept_as_they_came_on_a_host_tier_without_cuda(small_mlc):
     small_mlc.delete(uri(2))
     small_mlc.put(uri(5), bytearray(2048))
     assert data == blob(3, 2048)
+
+
+def test_reads_as_view_only_where_a_read_neither_copies_nor_moves(small_mlc):
+    small_mlc.put(uri(1), blob(1, 2048))
+    assert small_mlc.reads_as_view(small_mlc.head(uri(1)))
+    small_mlc.put(uri(2), blob(2, 3000))  # uri(1) moves down to disk
+    assert tier_of(small_mlc, uri(1)) == "disk"
+    assert not small_mlc.reads_as_view(small_mlc.head(uri(1))), "a read promotes it first"
