@@ -66,8 +66,9 @@ LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
 # the thread hop (a future, a wake-up of the thread and of the loop, the GIL handed over).
 INLINE_BELOW = 0.0005
 # A shared pass's prefill budget follows measured pass times (from prefill_chunk up to
-# prefill_solo): doubled after a pass that fed a full budget beside decoding rounds in at most
-# GROW_BELOW times a recent pass of decoding rounds alone, halved after one above SHRINK_ABOVE.
+# prefill_solo): doubled after a pass that fed a full budget beside decoding rounds (or held a
+# session's first round back for lack of it) in at most GROW_BELOW times a recent pass of
+# decoding rounds alone, halved after one above SHRINK_ABOVE.
 GROW_BELOW = 1.25
 SHRINK_ABOVE = 1.75
 
@@ -102,6 +103,9 @@ class Batcher:
         # 0 (the rest in one pass) or at least the chunk: alone, a pass never feeds less.
         self.prefill_solo = prefill_solo and max(prefill_solo, prefill_chunk)
         self.shared_budget = prefill_chunk  # a pass's prefill tokens beside decoding rounds, at most
+        # The last pass composed left a round in the queue for lack of the shared budget: its
+        # first rounds' short contexts (a few tokens each) may never add up to a full budget.
+        self._held_back = False
         # The last passes of decoding rounds alone: their median is the reference (a spike of load
         # would lift an average, and with it the budget).
         self._decode_seconds: deque[float] = deque(maxlen=16)
@@ -255,16 +259,21 @@ class Batcher:
         whose context does not, in the order they were opened: ``(session, context end)``. The
         budget is ``prefill_chunk`` when a decoding round shares the pass, else ``prefill_solo``."""
         self_decoding, waiting = self._survey()
-        budget = (self.shared_budget if self._shared(self_decoding) else self.prefill_solo) or None
+        shared = self._shared(self_decoding)
+        budget = (self.shared_budget if shared else self.prefill_solo) or None
         if not self.prefill_chunk:
             budget = None
         batch: list[Round] = []
         left: list[Round] = []
+        self._held_back = False
 
         def fits(live: LiveSession) -> bool:
             nonlocal budget
             cost = 0 if live.prefilled or live.chunks_failed else self._unfed(live)
-            if len(batch) >= self.max_batch or (budget is not None and cost > budget):
+            if len(batch) >= self.max_batch:
+                return False
+            if budget is not None and cost > budget:
+                self._held_back = self._held_back or shared
                 return False
             if budget is not None:
                 budget -= cost
@@ -397,7 +406,7 @@ class Batcher:
             live.prefilled = True
         took = self.clock() - started
         if decoding:
-            self._adapt(took, prefill)
+            self._adapt(took, prefill, held_back=self._held_back)
         if took >= LONG_PASS:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
                         sum(fed), ", ".join(r.session.hex() for r in requests))
@@ -408,9 +417,10 @@ class Batcher:
         if any(await self.committer.commit_batch(scored, len(batch))):
             self.progress = self.clock()
 
-    def _adapt(self, took: float, prefill: int) -> None:
+    def _adapt(self, took: float, prefill: int, *, held_back: bool = False) -> None:
         """Learn from a pass with decoding rounds: alone, their time; beside ``prefill`` tokens,
-        whether the shared budget may grow (its pass cost little more) or must shrink."""
+        whether the shared budget may grow (its pass cost little more, and it was all fed or
+        ``held_back`` a round) or must shrink."""
         if not prefill:
             self._decode_seconds.append(took)
             return
@@ -420,7 +430,7 @@ class Batcher:
         cap = self.prefill_solo or PREFILL_SOLO_CPU * self.prefill_chunk // PREFILL_CHUNK_CPU
         if took > SHRINK_ABOVE * alone:
             self.shared_budget = max(self.prefill_chunk, self.shared_budget // 2)
-        elif took <= GROW_BELOW * alone and prefill >= self.shared_budget:
+        elif took <= GROW_BELOW * alone and (prefill >= self.shared_budget or held_back):
             self.shared_budget = min(cap, 2 * self.shared_budget)
 
 

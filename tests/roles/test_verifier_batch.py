@@ -169,14 +169,16 @@ def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path, monkeyp
     decoding session, in chunks of 4 (``prefill_chunk``, not grown here); the output is one
     pass's either way."""
     monkeypatch.setattr(verifier_batch, "GROW_BELOW", 0.0)
-    alone, shared = [PROMPTS[0]], [PROMPTS[0], [7]]
+    # The decoding session opens first: opened second, it could still be opening while the
+    # long prompt's first solo passes ran (their number followed the machine's load).
+    alone, shared = [PROMPTS[0]], [[7], PROMPTS[0]]
     whole_alone, _ = _decode(tmp_path, 0, False, prompts=alone)
     tokens, runner = _decode(tmp_path, 4, False, solo=16, prompts=alone)
     assert tokens == whole_alone
     assert runner.fed[:3] == [[16], [16], [13]]  # two solo chunks, then the first round takes the rest
 
-    whole_shared, _ = _decode(tmp_path, 0, False, prompts=shared, max_new=[10, 30])
-    tokens, runner = _decode(tmp_path, 4, False, solo=16, prompts=shared, max_new=[10, 30])
+    whole_shared, _ = _decode(tmp_path, 0, False, prompts=shared, max_new=[30, 10])
+    tokens, runner = _decode(tmp_path, 4, False, solo=16, prompts=shared, max_new=[30, 10])
     assert tokens == whole_shared
     both = [f for f in runner.fed if len(f) == 2]
     assert len(both) >= 10 and max(max(f) for f in both) <= 4  # the short session decodes in each of them
@@ -199,6 +201,23 @@ def test_the_shared_budget_follows_pass_times():
     for took, prefill, budget in steps:
         b._adapt(took, prefill)
         assert b.shared_budget == budget, (took, prefill)
+
+
+def test_a_pass_that_held_a_round_back_for_lack_of_budget_lets_it_grow():
+    """First rounds of short prompts (a few context tokens each) seldom add up to exactly the
+    shared budget: a pass that left one queued for lack of it counts as a full one (it grows when
+    the pass cost little more, and a slow pass still halves it)."""
+    b = verifier_batch.Batcher(
+        FedRunner(random_model(), block_size=4), SessionRegistry(), objects=None, committer=None, load=VerifierLoad(4),
+        metrics=None, clock=time.monotonic, backend="reference", max_batch=4, batch_wait=0.0, self_decode_idle=None,
+        prefill_chunk=32, prefill_solo=128)
+    for took in (1.0, 1.0):
+        b._adapt(took, 0)
+    steps = [(1.1, 30, False, 32), (1.1, 30, True, 64), (1.2, 62, True, 128), (1.0, 3, True, 128),
+             (2.0, 30, True, 64)]
+    for took, prefill, held_back, budget in steps:
+        b._adapt(took, prefill, held_back=held_back)
+        assert b.shared_budget == budget, (took, prefill, held_back)
 
 
 def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
