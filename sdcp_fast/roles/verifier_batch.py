@@ -106,8 +106,10 @@ class Batcher:
         # The last pass composed left a round in the queue for lack of the shared budget: its
         # first rounds' short contexts (a few tokens each) may never add up to a full budget.
         self._held_back = False
-        # The last passes of decoding rounds alone: their median is the reference (a spike of load
-        # would lift an average, and with it the budget).
+        # Seconds per round of the last passes of decoding rounds alone: their median, times a
+        # pass's rounds, is the reference (a spike of load would lift an average, and with it the
+        # budget; per round, because with many sessions passes without any prefill are rare and
+        # smaller than those with it).
         self._decode_seconds: deque[float] = deque(maxlen=16)
         self.target_passes = 0
         self.progress = clock()  # when a scoring pass last started or a round was committed
@@ -406,7 +408,7 @@ class Batcher:
             live.prefilled = True
         took = self.clock() - started
         if decoding:
-            self._adapt(took, prefill, held_back=self._held_back)
+            self._adapt(took, prefill, held_back=self._held_back, rounds=len(batch))
         if took >= LONG_PASS:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
                         sum(fed), ", ".join(r.session.hex() for r in requests))
@@ -417,16 +419,16 @@ class Batcher:
         if any(await self.committer.commit_batch(scored, len(batch))):
             self.progress = self.clock()
 
-    def _adapt(self, took: float, prefill: int, *, held_back: bool = False) -> None:
-        """Learn from a pass with decoding rounds: alone, their time; beside ``prefill`` tokens,
-        whether the shared budget may grow (its pass cost little more, and it was all fed or
-        ``held_back`` a round) or must shrink."""
+    def _adapt(self, took: float, prefill: int, *, held_back: bool = False, rounds: int = 1) -> None:
+        """Learn from a pass of ``rounds`` decoding rounds: alone, their time per round; beside
+        ``prefill`` tokens, whether the shared budget may grow (its pass cost little more than
+        its rounds alone, and it was all fed or ``held_back`` a round) or must shrink."""
         if not prefill:
-            self._decode_seconds.append(took)
+            self._decode_seconds.append(took / max(1, rounds))
             return
         if not self.prefill_chunk or not self._decode_seconds:
             return
-        alone = statistics.median(self._decode_seconds)
+        alone = statistics.median(self._decode_seconds) * max(1, rounds)
         cap = self.prefill_solo or PREFILL_SOLO_CPU * self.prefill_chunk // PREFILL_CHUNK_CPU
         if took > SHRINK_ABOVE * alone:
             self.shared_budget = max(self.prefill_chunk, self.shared_budget // 2)
