@@ -9,7 +9,8 @@ the next:
   ours through the engine's decoding loop (target-only, the verifier self-decodes), for each
   ``--weights`` form; llama.cpp (llama-cpp-python, optional) on the same file; transformers
   (optional) on the dequantized float weights.
-- pass cost: a verification pass over M + 1 = 5 positions against a one-token pass (ours).
+- pass cost: a verification pass over M + 1 = 5 positions against a one-token pass (ours, and
+  llama.cpp's one ``llama_decode`` of the same positions with every logit out).
 - prefill: ``--prefill`` prompt tokens in one pass (ours, llama.cpp).
 - agreement: ours and llama.cpp's greedy tokens on ``--agree-prompts`` built-in prompts x
   ``--agree-tokens`` tokens (raw, or ``--agree-chat`` in the chat template), counted up to each
@@ -197,12 +198,20 @@ class LlamaCpp:
         self._decode(tokens)
         self._held = len(tokens)
 
-    def pass_s(self, tokens: list[int]) -> float:
-        """Thread CPU seconds of one ``llama_decode`` of ``tokens`` after the primed context,
-        with every position's logits out (a verification pass needs them all, and the head is
-        a fifth of the model); the positions are removed from the KV cache again afterwards.
-        At one thread ggml computes on the calling thread, so its thread CPU time is the
-        pass's (it equals the process's to microseconds)."""
+    def pass_ratio(self, prompt: list[int], m: int = 4, reps: int = 8) -> float:
+        """Median time of a pass over m + 1 new positions / of a one-position pass, as
+        :meth:`Ours.pass_ratio` measures ours (wall time, the prompt's last token first)."""
+        self.prime(prompt[:-1])
+        one = [self.pass_s(prompt[-1:], time.perf_counter) for _ in range(reps)]
+        many = [self.pass_s([prompt[-1], *[11] * m], time.perf_counter) for _ in range(reps)]
+        return statistics.median(many) / statistics.median(one)
+
+    def pass_s(self, tokens: list[int], clock: Any = time.thread_time) -> float:
+        """Thread CPU seconds (or ``clock``'s) of one ``llama_decode`` of ``tokens`` after the
+        primed context, with every position's logits out (a verification pass needs them all,
+        and the head is a fifth of the model); the positions are removed from the KV cache
+        again afterwards. At one thread ggml computes on the calling thread, so its thread CPU
+        time is the pass's (it equals the process's to microseconds)."""
         lib, n, p0 = self.c.lib, len(tokens), self._held
         if self._batch is None:
             self._batch = lib.llama_batch_init(64, 0, 1)
@@ -211,9 +220,9 @@ class LlamaCpp:
         for i, tok in enumerate(tokens):
             b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = tok, p0 + i, 1, 1
             b.seq_id[i][0] = 0
-        t = time.thread_time()
+        t = clock()
         failed = lib.llama_decode(self.ctx, b)
-        dt = time.thread_time() - t
+        dt = clock() - t
         lib.llama_memory_seq_rm(self.memory, 0, p0, -1)
         if failed:
             raise RuntimeError("llama_decode failed")
@@ -497,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
                 pre.setdefault(f"ours {form}", []).append(o.prefill_s(long_prompt))
             if llama is not None:
                 timed("llama.cpp", partial(llama.greedy, prompt, args.tokens))
+                ratio.setdefault("llama.cpp", []).append(llama.pass_ratio(prompt))
                 pre.setdefault("llama.cpp", []).append(llama.prefill_s(long_prompt))
             if hf is not None:
                 timed("HF transformers (f32)", partial(hf.greedy, prompt, args.tokens))
@@ -564,7 +574,7 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
             ratios = ", ".join(f"{n} {statistics.median(v) / lc:.2f}x" for n, v in dec.items() if n.startswith("ours"))
             lines.append(f"  vs llama.cpp at {th} thread(s): {ratios}")
     lines.append("")
-    lines.append("pass over 5 positions / 1-position pass (ours):")
+    lines.append("pass over 5 positions / 1-position pass (wall time, median of 8; llama.cpp on the same GGUF):")
     for th in threads:
         lines.append(f"  {th} thread(s): " + ", ".join(f"{n} {_range(v)}" for n, v in r["pass_ratio"][th].items()))
     lines.append("prefill seconds:")

@@ -86,3 +86,23 @@ def test_agreement_mode_reports_each_prompts_prefix() -> None:
     assert got["ours q4"] == {"same": 5, "total": 8, "prompts": 2, "identical": 1, "prefix": [4, 1]}
     assert got["ours q4 vs llama.cpp with an f32 KV cache"]["prefix"] == [2, 1]
     assert got["llama.cpp with an f32 KV cache, no flash attention"]["prefix"] == [2, 4]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama-cpp-python is an optional peer and is not installed")
+def test_llama_cpp_verification_pass_leaves_its_cache_at_the_context() -> None:
+    from sdcp_fast.model import loader
+
+    path = loader.resolve("smollm2")
+    if path.suffix != ".gguf":
+        pytest.skip(f"no shipped GGUF here ({path})")
+    llama = _bench().LlamaCpp(path, 1)
+    try:
+        llama.prime([1, 2, 3, 4])
+        for n in (1, 5, 2):
+            assert llama.pass_s([5] * n) > 0
+            assert llama.c.lib.llama_memory_seq_pos_max(llama.memory, 0) == 3
+        assert llama.pass_ratio([1, 2, 3, 4, 5], reps=2) > 0
+        assert llama.c.lib.llama_memory_seq_pos_max(llama.memory, 0) == 3
+    finally:
+        llama.close()

@@ -75,21 +75,3 @@ def test_bound_table_gives_the_bound_and_the_acceptance_each_goal_needs() -> Non
     # M = 4 at cost 4: at most 5 / 4 = 1.25x, so neither goal is reachable.
     assert lines[3].split() == ["x", "4", "4.00", f"{(1 - 0.5 ** 5) / 0.5 / 4:.2f}x", "-", "-"]
 
-
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama-cpp-python is an optional peer and is not installed")
-def test_llama_cpp_pass_leaves_its_cache_at_the_context(tmp_path: Path) -> None:
-    from sdcp_fast.model import loader
-
-    path = loader.resolve("smollm2")
-    if path.suffix != ".gguf":
-        pytest.skip(f"no shipped GGUF here ({path})")
-    cpu = _bench()._cpu_bench()
-    llama = cpu.LlamaCpp(path, 1)
-    try:
-        llama.prime([1, 2, 3, 4])
-        for n in (1, 5, 2):
-            assert llama.pass_s([5] * n) > 0
-            assert llama.c.lib.llama_memory_seq_pos_max(llama.memory, 0) == 3
-    finally:
-        llama.close()
