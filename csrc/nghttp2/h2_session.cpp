@@ -120,11 +120,13 @@ class Session {
 
   // The events of these bytes, and any raised since the last call (a stream nghttp2 closed
   // while frames were being sent).
-  py::list receive(py::bytes data) {
-    char* buf;
-    ssize_t len;
-    PyBytes_AsStringAndSize(data.ptr(), &buf, &len);
-    ssize_t rv = nghttp2_session_mem_recv(s_, reinterpret_cast<const uint8_t*>(buf), static_cast<size_t>(len));
+  // Any contiguous buffer (the adapter passes a view of its receive buffer): nghttp2 and the
+  // events copy what they keep before this returns.
+  py::list receive(py::buffer data) {
+    py::buffer_info info = data.request();
+    const auto* buf = static_cast<const uint8_t*>(info.ptr);
+    size_t len = static_cast<size_t>(info.size * info.itemsize);
+    ssize_t rv = nghttp2_session_mem_recv(s_, buf, len);
     if (rv < 0) {
       pending_.clear();
       pending_order_.clear();

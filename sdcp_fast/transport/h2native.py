@@ -219,9 +219,9 @@ class NativeConnection:
         self._s.consume(stream_id, acknowledged_size)
 
     # -- receiving ---------------------------------------------------------------------
-    def receive_data(self, data: bytes) -> list[h2.events.Event]:
+    def receive_data(self, data: bytes | memoryview) -> list[h2.events.Event]:
         try:
-            raw = self._s.receive(bytes(data))
+            raw = self._s.receive(data)
         except self._mod.ProtocolError as exc:
             raise h2.exceptions.ProtocolError(str(exc)) from exc
         client_side = self.client_side
