@@ -221,7 +221,8 @@ class VerifierRole:
         if request.peer is not None and message.commit_log.startswith("file://"):
             # A path on this verifier's own file system is not a remote peer's to name.
             raise BadRequest("commit_log: a file:// log may be named only by an in-process caller")
-        if message.session not in self.sessions and self._open_sessions() >= self.max_sessions:
+        if (message.session not in self.sessions and len(self.sessions) >= self.max_sessions
+                and self._open_sessions() >= self.max_sessions):  # walked only near the bound
             raise Busy(f"{self.max_sessions} sessions are open at this verifier")
         prompt, committed = await self._open_objects(message)
         if len(prompt if prompt is not None else message.prompt) > self.max_prompt:
