@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -115,7 +116,9 @@ class H2Protocol(asyncio.Protocol):
         self.conn = cast(_Connection, native) if native is not None else _Connection(h2.config.H2Configuration(
             client_side=self.client_side, header_encoding=None,
             validate_outbound_headers=False, normalize_outbound_headers=False))
-        self._send_message = getattr(native, "send_message", None)  # nghttp2's one-call message
+        # nghttp2's one-call message (h2 has none)
+        self._send_message: Callable[[int, list[tuple[str, str]], bytes], bool] | None = \
+            native.send_message if native is not None else None
         self.transport: asyncio.Transport | None = None
         self.loop = asyncio.get_running_loop()
         self.closed: asyncio.Future[None] = self.loop.create_future()
