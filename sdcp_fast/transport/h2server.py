@@ -238,8 +238,8 @@ class _ServerProtocol(H2Protocol):
                     self.flush_stream_end()
                 else:
                     await self.send_body(stream_id, body)
-                open_ = self.conn.streams.get(stream_id)  # h2's table, or the native one's .get
-                if stop_reading and open_ is not None and not open_.closed:
+                open_ = self.conn.streams.get(stream_id) if stop_reading else None  # h2's table, or nghttp2's
+                if open_ is not None and not open_.closed:
                     # Answered before the request ended: ask the client to stop sending
                     # without error (RFC 9113 §8.1).
                     self.conn.reset_stream(stream_id, ErrorCodes.NO_ERROR)
