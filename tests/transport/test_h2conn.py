@@ -77,6 +77,52 @@ def test_server_adapter_fed_one_byte_at_a_time() -> None:
     assert any(isinstance(e, h2.events.StreamEnded) for e in events)
 
 
+def test_server_adapter_fed_whole_requests_bounds_their_bodies() -> None:
+    """Requests in one read (nghttp2 hands each on as one event): answered, and a body over
+    max_body without a content-length is refused as one arriving in pieces is."""
+    async def scenario() -> dict[int, bytes]:
+        server = H2Server(echo, Limits(max_body=1000), "/")
+        protocol, wire = _ServerProtocol(server), FakeTransport()
+        protocol.connection_made(wire)  # type: ignore[arg-type]
+        client = _peer(client_side=True)
+        for stream_id, size in ((1, 1000), (3, 1001), (5, 0)):
+            client.send_headers(stream_id, [(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                                            (":path", "/echo")], end_stream=not size)
+            if size:
+                client.send_data(stream_id, b"b" * size, end_stream=True)
+        protocol.data_received(client.data_to_send())
+        await _settle()
+        statuses = {}
+        for event in client.receive_data(wire.take()):
+            if isinstance(event, h2.events.ResponseReceived):
+                statuses[event.stream_id] = dict(event.headers)[b":status"]
+        assert server.buffered == 0 and not protocol.streams
+        return statuses
+
+    assert run(scenario()) == {1: b"200", 3: b"413", 5: b"200"}
+
+
+def test_client_adapter_fed_a_whole_response() -> None:
+    async def scenario() -> Response:
+        protocol, wire = _ClientProtocol(Limits()), FakeTransport()
+        protocol.connection_made(wire)  # type: ignore[arg-type]
+        server = _peer(client_side=False)
+        exchange = asyncio.ensure_future(protocol.exchange(
+            [(":method", "GET"), (":scheme", "https"), (":authority", "x"), (":path", "/output")], b""))
+        await _settle()
+        request = next(e for e in server.receive_data(wire.take()) if isinstance(e, h2.events.RequestReceived))
+        server.send_headers(request.stream_id, [(":status", "200"), ("content-type", "application/sdcp+cbor")])
+        server.send_data(request.stream_id, b"\xa0" * 700, end_stream=True)
+        protocol.data_received(server.data_to_send())
+        response = await exchange
+        assert not protocol.pending and protocol.active_streams == 0
+        return response
+
+    response = run(scenario())
+    assert response.status == 200 and response.body == b"\xa0" * 700
+    assert response.content_type == "application/sdcp+cbor"
+
+
 def test_client_adapter_fed_one_byte_at_a_time() -> None:
     async def scenario() -> tuple[Response, list[tuple[bytes, bytes]], bytes]:
         protocol, wire = _ClientProtocol(Limits()), FakeTransport()
