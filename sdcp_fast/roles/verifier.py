@@ -134,8 +134,7 @@ class VerifierRole:
         self.batcher = Batcher(
             scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
             metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,
-            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk, prefill_solo=prefill_solo,
-            inline_cheap=self.kv.target_kv is None)
+            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk, prefill_solo=prefill_solo)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         self.routes.add("POST", r"proposals", self._post_proposal)

@@ -26,11 +26,9 @@ import asyncio
 import contextlib
 import logging
 import statistics
-import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import TypeVar
 
 import torch
 
@@ -49,7 +47,6 @@ from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_state import LiveSession, Round, retire_ended
 
 log = logging.getLogger("sdcp_fast.verifier")
-T = TypeVar("T")
 
 LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with the session id
 # Context tokens one pass feeds at most, beside its decoding rounds, by default. A pass on a GPU
@@ -62,9 +59,6 @@ PREFILL_CHUNK_CPU = 32
 PREFILL_SOLO_GPU = 4096
 PREFILL_SOLO_CPU = 512
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
-# Seconds: a scoring call this short (a fixed-logit scorer) is cheaper on the event loop than
-# the thread hop (a future, a wake-up of the thread and of the loop, the GIL handed over).
-INLINE_BELOW = 0.0005
 # A shared pass's prefill budget follows measured pass times (from prefill_chunk up to
 # prefill_solo): doubled after a pass that fed a full budget beside decoding rounds (or held a
 # session's first round back for lack of it) in at most GROW_BELOW times a recent pass of
@@ -78,7 +72,7 @@ class Batcher:
                  committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
                  clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
                  self_decode_idle: float | None, prefill_chunk: int | None = None,
-                 prefill_solo: int | None = None, inline_cheap: bool = True) -> None:
+                 prefill_solo: int | None = None) -> None:
         self.scorer = scorer
         self.sessions = sessions
         self.objects = objects
@@ -120,12 +114,6 @@ class Batcher:
         # (0 when none gathers: each proposal wakes the batcher), so that it does not walk every
         # session on each proposal's arrival.
         self._expected = 0
-        # Whether the last scoring call took under INLINE_BELOW: the next pass of decoding rounds
-        # alone then calls the scorer on the event loop, not through its thread (the hop costs
-        # more than such a pass). Not where the scorer's thread also copies KV pages out of its
-        # cache (``inline_cheap`` False): a pass must not run beside that.
-        self.inline_cheap = inline_cheap
-        self._cheap = False
 
     @property
     def queued(self) -> int:
@@ -383,13 +371,7 @@ class Batcher:
         for live, _ in chunks:
             live.prefilling = True  # a cancel releases its cache only after this pass
         try:
-            if self._cheap and not starting:
-                t0 = time.perf_counter()
-                logits = self.scorer.score(requests)
-                spent = time.perf_counter() - t0
-            else:  # off the loop when offloaded
-                logits, spent = await self.objects.call(_timed, self.scorer.score, requests)
-            self._cheap = self.inline_cheap and spent < INLINE_BELOW
+            logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
         finally:
             self.load.done()
             for live, _ in chunks:
@@ -444,13 +426,6 @@ def default_prefill_chunk(scorer: object, *, solo: bool = False) -> int:
     if solo:
         return PREFILL_SOLO_CPU if on_cpu else PREFILL_SOLO_GPU
     return PREFILL_CHUNK_CPU if on_cpu else PREFILL_CHUNK_GPU
-
-
-def _timed(score: Callable[..., T], requests: list[ScoreRequest]) -> tuple[T, float]:
-    """``score(requests)`` and the seconds it took, timed where it runs."""
-    t0 = time.perf_counter()
-    out = score(requests)
-    return out, time.perf_counter() - t0
 
 
 def _context(live: LiveSession, end: int) -> tuple[int, ...]:
