@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import heapq
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -64,21 +63,17 @@ class LiveSession:
     prefill_passes: int = 0
     ended: float | None = None  # when retire_ended first found it ended
     released: bool = False  # its KV pages are given back to the scorer
-    # The output long-polls waiting for this session's next tokens: one future each, woken
-    # together by notify (no event object rebuilt per round, no timer per poll: Deadlines).
-    readers: list[asyncio.Future[None]] = field(default_factory=list)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
 
     def notify(self) -> None:
         """Wake the output readers: tokens were released, or the session ended."""
-        readers, self.readers = self.readers, []
-        for reader in readers:
-            if not reader.done():
-                reader.set_result(None)
+        self.changed.set()
+        self.changed = asyncio.Event()
 
     def fail_waiting(self, problem: SdcpProblem) -> None:
         """Answer every drafter waiting for a verdict with ``problem``; wake the readers."""
-        self.notify()
+        self.changed.set()
         for future in self.waiting.values():
             if not future.done():
                 future.set_exception(problem)
@@ -104,48 +99,6 @@ class Round(Scored):
             future.set_result(outcome)
         else:
             future.set_exception(outcome)
-
-
-class Deadlines:
-    """Wakes futures at their deadlines (event-loop time) with one timer for all of them: the
-    output long-polls each wait up to a deadline, and a timer per poll (``asyncio.timeout``)
-    cost a timer handle and a heap push through Python comparisons per poll. A future woken
-    sooner stays in the heap until its deadline passes; waking a done future does nothing."""
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._count = 0  # ties broken by arrival: futures are not comparable
-        self._timer: asyncio.TimerHandle | None = None
-        self._armed = float("inf")  # when the timer fires
-
-    def add(self, when: float, future: asyncio.Future[None]) -> None:
-        self._count += 1
-        heapq.heappush(self._heap, (when, self._count, future))
-        if when < self._armed:  # deadlines mostly grow: the timer seldom moves
-            self._arm(when)
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._armed = when
-        self._timer = asyncio.get_running_loop().call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._timer, self._armed = None, float("inf")
-        heap = self._heap
-        now = asyncio.get_running_loop().time()
-        while heap and heap[0][0] <= now:
-            future = heapq.heappop(heap)[2]
-            if not future.done():
-                future.set_result(None)
-        if heap:
-            self._arm(heap[0][0])
-
-    def close(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._timer, self._armed = None, float("inf")
-        self._heap.clear()
 
 
 class Background:
