@@ -276,3 +276,23 @@ def test_a_failed_prefill_chunk_leaves_the_rest_to_one_pass(tmp_path):
         mlc.close()
     assert runner.failed and [r.tokens for r in results] == whole
     assert max(runner.fed[0]) == 45  # after the failure, the 45-token prompt went in one pass
+
+
+def test_a_retry_after_the_first_request_was_cancelled_gets_the_rounds_verdict(tmp_path):
+    """A drafter whose request was cancelled while its round waited for a batch (its client
+    gave up) sends it again: the retry waits for that round's one scoring and gets its verdict."""
+
+    async def scenario():
+        async with Rig(str(tmp_path), batch_wait=0.3) as rig:
+            states = await _open_all(rig, 2)  # the other session owes a proposal: the batch waits
+            p = proposal(states[0], rig.greedy_after(states[0], 2))
+            first = asyncio.create_task(rig.drafter.propose(VERIFIER, p))
+            await asyncio.sleep(0.05)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+            retried = await rig.drafter.propose(VERIFIER, p)
+            return first.cancelled(), retried, rig.scorer.scored, [r.round for r in rig.rounds]
+
+    cancelled, retried, scored, rounds = run(scenario())
+    assert cancelled and retried.round == 1 and rounds == [1]
+    assert len(scored) == 1  # scored once
