@@ -346,6 +346,8 @@ class VerifierRole:
         start = int(raw)
         deadline = self.clock() + self.output_wait
         while True:
+            if live.gone is not None:
+                raise live.gone
             out = live.session.output(start)
             remaining = deadline - self.clock()
             if out.tokens or out.final or remaining <= 0:

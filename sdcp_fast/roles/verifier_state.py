@@ -65,6 +65,9 @@ class LiveSession:
     released: bool = False  # its KV pages are given back to the scorer
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
+    # Why the session left this verifier (cancelled, re-opened at a newer epoch, fenced): its
+    # pending output polls answer it instead of waiting for tokens that will never come.
+    gone: SdcpProblem | None = None
 
     def notify(self) -> None:
         """Wake the output readers: tokens were released, or the session ended."""
@@ -72,8 +75,9 @@ class LiveSession:
         self.changed = asyncio.Event()
 
     def fail_waiting(self, problem: SdcpProblem) -> None:
-        """Answer every drafter waiting for a verdict with ``problem``; wake the readers."""
-        self.changed.set()
+        """Answer every drafter waiting for a verdict and every output reader with ``problem``."""
+        self.gone = problem
+        self.notify()
         for future in self.waiting.values():
             if not future.done():
                 future.set_exception(problem)

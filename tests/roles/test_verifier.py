@@ -644,3 +644,37 @@ def test_malformed_requests_are_400_not_500(tmp_path):
     responses = run(scenario())
     assert [r.status for r in responses] == [400] * 5
     assert all(json.loads(r.body)["type"].endswith("sdcp-bad-request") for r in responses)
+
+
+def test_a_cancel_answers_the_pending_output_polls_at_once(tmp_path):
+    """A router's cancel ends the session here: an output poll already waiting on it answers
+    sdcp-unknown-session at once, without holding the event loop until its deadline (it once
+    spun there, freezing the verifier for the whole wait)."""
+
+    async def scenario():
+        async with Rig(str(tmp_path), output_wait=30.0) as rig:
+            await rig.open(S)
+            poll = asyncio.create_task(_problem(rig.router.output(VERIFIER, S, 0)))
+            await asyncio.sleep(0.05)
+            assert not poll.done()
+            loop = asyncio.get_running_loop()
+            t0 = loop.time()
+            ticks = 0
+
+            async def ticker():
+                nonlocal ticks
+                while True:
+                    await asyncio.sleep(0.01)
+                    ticks += 1
+
+            ticking = asyncio.create_task(ticker())
+            await rig.router.cancel(VERIFIER, S)
+            answer = await asyncio.wait_for(poll, 5.0)
+            elapsed = loop.time() - t0
+            await asyncio.sleep(0.1)
+            ticking.cancel()
+            return answer, elapsed, ticks
+
+    answer, elapsed, ticks = run(scenario())
+    assert answer[:2] == ("sdcp-unknown-session", 404)
+    assert elapsed < 5.0 and ticks >= 3
