@@ -8,10 +8,11 @@ proposal has sent it, or ``batch_wait`` seconds later, whichever is first
 batch. Rule 2's q rows are fetched and checked before a round joins the queue.
 
 Prefill is chunked: one pass feeds at most ``prefill_chunk`` context tokens that are not yet
-in the model's cache, beside its decoding rounds. A session whose context is longer gets it
-fed in chunks from its opening on (a chunk is a request with no proposal and a prefix of the
-context: the scorer keeps what it computed and computes what is missing), and its first round
-joins a pass once the rest fits, so a long prompt never holds the other sessions' rounds for
+in the model's cache, beside its decoding rounds (a first round's context no longer than the M + 1 positions a
+decoding round carries is not counted: such a short prompt costs a pass what a round does). A
+session whose context is longer gets it fed in chunks from its opening on (a chunk is a request
+with no proposal and a prefix of the context: the scorer keeps what it computed and computes
+what is missing), and its first round joins a pass once the rest fits, so a long prompt never holds the other sessions' rounds for
 longer than one chunk's work per pass. A pass that no decoding round shares (none queued, no
 session self-decoding or owing a proposal) feeds up to ``prefill_solo`` tokens instead: the
 small chunk protects other sessions' latency, and with none waiting it would only delay the
@@ -224,6 +225,19 @@ class Batcher:
         n = len(live.session.prompt) + live.session.committed
         return n - min(live.fed, n - 1)
 
+    @staticmethod
+    def _charge(live: LiveSession, proposed: int) -> int:
+        """The prefill budget a round of ``live`` with ``proposed`` tokens takes: none once its
+        session is prefilled, or when the context its pass feeds is no longer than the
+        ``proposed`` + 1 positions a decoding round carries (such a first round costs a pass
+        about what a second decoding round would; the budget keeps long prompts from stretching
+        a pass, and charged, 3-token prompts would let only budget / 3 new sessions into one),
+        else all of that context."""
+        if live.prefilled:
+            return 0
+        unfed = Batcher._unfed(live)
+        return 0 if unfed <= proposed + 1 else unfed
+
     def _chunked(self, live: LiveSession) -> bool:
         """Whether ``live`` still needs prefill chunks before its first round's pass."""
         s = live.session
@@ -257,9 +271,9 @@ class Batcher:
         left: list[Round] = []
         self._held_back = False
 
-        def fits(live: LiveSession) -> bool:
+        def fits(live: LiveSession, proposed: int) -> bool:
             nonlocal budget
-            cost = 0 if live.prefilled or live.chunks_failed else self._unfed(live)
+            cost = 0 if live.chunks_failed else self._charge(live, proposed)
             if len(batch) >= self.max_batch:
                 return False
             if budget is not None and cost > budget:
@@ -270,12 +284,12 @@ class Batcher:
             return True
 
         for item in self._queue:
-            (batch if fits(item.live) else left).append(item)
+            (batch if fits(item.live, len(item.work.proposed)) else left).append(item)
         self._queue = left  # rounds left wait, in their order, for a later pass
         for live in self_decoding:
             if len(batch) >= self.max_batch:
                 break
-            if fits(live):
+            if fits(live, 0):
                 batch.append(Round(live.session.self_decode(), live=live))
         chunks: list[tuple[LiveSession, int]] = []
         self.load.prefill = sum(self._unfed(live) for live in waiting)
@@ -349,7 +363,7 @@ class Batcher:
         fed = [len(r.proposal) + (1 if item.live.prefilled else self._unfed(item.live))
                for item, r in zip(batch, requests, strict=True)]
         decoding = any(item.live.prefilled for item in batch)
-        prefill = sum(self._unfed(item.live) - 1 for item in batch if not item.live.prefilled)
+        prefill = sum(self._charge(item.live, len(item.work.proposed)) for item in batch)
         prefill += sum(end - live.fed for live, end in chunks)
         for live, end in chunks:
             requests.append(ScoreRequest(live.session.session, _context(live, end), ()))

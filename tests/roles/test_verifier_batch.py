@@ -24,7 +24,7 @@ from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.store import embedded
 from tests.model.conftest import random_model
 
-from .rolekit import VERIFIER, Rig, contract, proposal, run, sid
+from .rolekit import PROMPT, VERIFIER, Rig, contract, proposal, run, sid
 
 SESSIONS = [sid(40 + i) for i in range(5)]
 
@@ -218,6 +218,29 @@ def test_a_pass_that_held_a_round_back_for_lack_of_budget_lets_it_grow():
     for took, prefill, held_back, budget in steps:
         b._adapt(took, prefill, held_back=held_back)
         assert b.shared_budget == budget, (took, prefill, held_back)
+
+
+@pytest.mark.parametrize(("sessions", "prompt", "batch_wait", "sizes"), [
+    (24, PROMPT, 5.0, [24]),  # 3 context tokens each: within a round's own M + 1 = 3 positions
+    (4, (1, 4, 7, 1), 0.5, [2, 2])])  # 4: charged in full, two such first rounds to an 8-token budget
+def test_a_first_round_over_a_short_context_is_not_charged_to_the_prefill_budget(tmp_path, sessions, prompt,
+                                                                                batch_wait, sizes):
+    """A first round whose context is no longer than the M + 1 positions a decoding round
+    carries does not count against a pass's prefill budget: many new sessions with short
+    prompts all go in one pass (charged, an 8-token budget took two 3-token ones a pass),
+    while a longer context still counts in full."""
+
+    async def scenario():
+        async with Rig(str(tmp_path), batch_wait=batch_wait, max_batch=64, prefill_chunk=8, prefill_solo=8) as rig:
+            states = [(await rig.open(sid(100 + i), contract(max_new=32), m_init=2, prompt=prompt))[1]
+                      for i in range(sessions)]
+            verdicts = await asyncio.gather(*(rig.drafter.propose(VERIFIER, proposal(s, rig.greedy_after(s, 2, prompt)))
+                                              for s in states))
+            return verdicts, rig.verifier.target_passes, [r.batch for r in rig.rounds]
+
+    verdicts, passes, batches = run(scenario())
+    assert [v.round for v in verdicts] == [1] * sessions and all(v.accepted == 2 for v in verdicts)
+    assert passes == len(sizes) and batches == [n for n in sizes for _ in range(n)]
 
 
 def test_seeded_rule2_output_is_the_same_chunked_or_not(tmp_path):
