@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 NEG_INF = tl.constexpr(float("-inf"))
+FLT_MIN = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal number
 
 
 @triton.jit
@@ -287,6 +288,7 @@ def profile_write_kernel(logits_ptr, part_max_ptr, part_sum_ptr, part_arg_ptr, t
         offs = (split * CHUNK + c) * BLOCK + tl.arange(0, BLOCK)
         x = _load_row(logits_ptr + row * V, offs, V)
         prob = _probs(x, offs, lmax, norm, temp, thr, thr_id, filtered, greedy)
+        prob = tl.where(prob < FLT_MIN, 0.0, prob)  # the reference's rule for subnormal probabilities
         prob = tl.where(invalid, float("nan"), prob)
         tl.store(probs_ptr + row * V + offs, prob, mask=offs < V)
 

@@ -43,7 +43,15 @@ def profile_probs(logits: torch.Tensor, prof: Profile) -> torch.Tensor:
 
 
 def apply_sampling_profile(logits: torch.Tensor, prof: Profile) -> torch.Tensor:
-    return profile_probs(logits, prof).to(torch.float32)
+    """The rows' probabilities as float32; one under float32's smallest normal number is 0.
+
+    Such a probability (below ~1.2e-38, e.g. a token 0.09 logits behind at temperature
+    0.001) has no agreed value among the backends: their exps run in float32, where it falls
+    in the subnormal range (the C++ polynomial returns 0 there, a GPU's exp flushes it), so
+    every backend returns it as 0.
+    """
+    p = profile_probs(logits, prof).to(torch.float32)
+    return torch.where(p < torch.finfo(torch.float32).tiny, 0.0, p)
 
 
 def inverse_cdf(weights: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
