@@ -168,6 +168,10 @@ class Session {
                     py::buffer body) {
     py::buffer_info info = body.request();
     size_t size = static_cast<size_t>(info.size * info.itemsize);
+    if (client_ && size != 0) {
+      request_with_body(stream_id, fields, static_cast<const char*>(info.ptr), size);
+      return true;
+    }
     headers_frame(stream_id, fields, size == 0);
     flush_frames();  // the HEADERS frame first, as send_headers then send_data would
     if (size == 0) return true;
@@ -182,8 +186,8 @@ class Session {
   }
 
  private:
-  int32_t headers_frame(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields,
-                        bool end_stream) {
+  // The fields as nghttp2's name/value pairs, pointing into ``fields`` (which must outlive the submit).
+  static std::vector<nghttp2_nv> name_values(const std::vector<std::pair<std::string, std::string>>& fields) {
     std::vector<nghttp2_nv> nva;
     nva.reserve(fields.size());
     for (auto& [name, value] : fields) {
@@ -191,6 +195,34 @@ class Session {
                      reinterpret_cast<uint8_t*>(const_cast<char*>(value.data())), name.size(), value.size(),
                      NGHTTP2_NV_FLAG_NONE});
     }
+    return nva;
+  }
+
+  // A request and its whole body in one submission. nghttp2 holds a request back while the
+  // peer's limit of concurrent streams is reached and opens its stream later; HEADERS
+  // submitted alone would then go out with no body to follow (the send of the body found no
+  // stream), leaving a stream open at both ends for good. Submitted together, the DATA follows
+  // the HEADERS whenever they go, as the windows allow.
+  void request_with_body(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields,
+                         const char* data, size_t size) {
+    if (static_cast<uint32_t>(stream_id) != nghttp2_session_get_next_stream_id(s_))
+      throw ProtocolError("stream " + std::to_string(stream_id) + " is not the next stream id");
+    std::vector<nghttp2_nv> nva = name_values(fields);
+    nghttp2_data_provider provider;
+    provider.source.ptr = nullptr;
+    provider.read_callback = read_data;
+    int32_t sid = nghttp2_submit_request(s_, nullptr, nva.data(), nva.size(), &provider, nullptr);
+    check(sid);
+    Outgoing& out = out_streams_[sid];
+    out.buffer.assign(data, size);
+    out.end = true;
+    out.submitted = true;
+    flush_frames();
+  }
+
+  int32_t headers_frame(int32_t stream_id, const std::vector<std::pair<std::string, std::string>>& fields,
+                        bool end_stream) {
+    std::vector<nghttp2_nv> nva = name_values(fields);
     uint8_t flags = end_stream ? NGHTTP2_FLAG_END_STREAM : NGHTTP2_FLAG_NONE;
     int32_t sid;
     if (client_) {

@@ -10,6 +10,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+import h2.settings
 import pytest
 from h2.errors import ErrorCodes
 
@@ -277,3 +278,37 @@ def test_a_native_client_gets_a_whole_response_and_sends_a_request_in_one_call()
     (response,) = client.receive_data(server.data_to_send())
     assert isinstance(response, h2native.WholeMessage)
     assert (response.stream_id, response.headers, response.data) == (sid, [(b":status", b"200")], b"pong")
+
+
+@needs_native
+def test_a_request_held_back_by_the_stream_limit_goes_out_with_its_body_later() -> None:
+    """At the server's limit of concurrent streams nghttp2 holds a new request back and opens
+    its stream when one closes: the body goes with it then. (Sent apart from its headers, the
+    body once found no stream, and the held-back headers later opened a stream with no body
+    that stayed open at both ends, until such streams filled the connection.)"""
+    client = h2native.NativeConnection(True)
+    client.initiate_connection()
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False, header_encoding=None))
+    server.initiate_connection()
+    server.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: 2})
+    _pump(client, server)
+    first = client.get_next_available_stream_id()
+    client.send_message(first, REQUEST, b"")
+    second = client.get_next_available_stream_id()
+    client.send_message(second, REQUEST, b"")
+    _pump(client, server)
+    held = client.get_next_available_stream_id()
+    body = b"q" * 100_000  # over the 65,535 initial window too
+    assert client.send_message(held, REQUEST, body)  # queued whole, no StreamClosedError
+    _, got = _pump(client, server)
+    assert not _of(got, h2.events.RequestReceived)  # still held back
+    server.send_headers(first, [(":status", "200")], end_stream=True)
+    _, got = _pump(client, server)
+    assert [e.stream_id for e in _of(got, h2.events.RequestReceived)] == [held]
+    received = b"".join(e.data for e in _of(got, h2.events.DataReceived) if e.stream_id == held)
+    for e in _of(got, h2.events.DataReceived):
+        server.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
+    _, more = _pump(client, server)
+    received += b"".join(e.data for e in _of(more, h2.events.DataReceived) if e.stream_id == held)
+    assert received == body
+    assert [e.stream_id for e in _of(got + more, h2.events.StreamEnded)] == [held]
