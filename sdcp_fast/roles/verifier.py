@@ -52,7 +52,7 @@ from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.verifier_batch import Batcher
 from sdcp_fast.roles.verifier_commit import Committer
 from sdcp_fast.roles.verifier_kv import KvPublisher
-from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
+from sdcp_fast.roles.verifier_state import Background, Deadlines, LiveSession, Round, RoundInfo
 from sdcp_fast.roles.wire import (
     Routes,
     SdcpClient,
@@ -121,6 +121,7 @@ class VerifierRole:
         self.metrics: VerifierMetrics = VerifierMetrics.mount(self.routes)
         self._tasks: list[asyncio.Task[None]] = []
         self._background = Background()
+        self._deadlines = Deadlines()  # of the output long-polls
         # Pages of the committed prefix (docs/reliability.md, scenario 2): "auto" takes them from a
         # scorer with a paged cache; None publishes and imports nothing.
         self.kv = KvPublisher(
@@ -175,6 +176,7 @@ class VerifierRole:
             for future in live.waiting.values():
                 if not future.done():
                     future.cancel()
+        self._deadlines.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
         self.kv.close()
@@ -352,9 +354,13 @@ class VerifierRole:
             remaining = deadline - self.clock()
             if out.tokens or out.final or remaining <= 0:
                 return out
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(remaining):  # a timer, not wait_for's task per poll
-                    await live.changed.wait()
+            # A future woken by the commit that releases tokens (or by the session's end),
+            # else at the deadline: no event and no timer of its own per poll.
+            loop = asyncio.get_running_loop()
+            reader: asyncio.Future[None] = loop.create_future()
+            live.readers.append(reader)
+            self._deadlines.add(loop.time() + remaining, reader)
+            await reader
 
     async def _post_proposal(self, request: Request) -> Verdict:
         peer = request.peer

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -63,7 +64,9 @@ class LiveSession:
     prefill_passes: int = 0
     ended: float | None = None  # when retire_ended first found it ended
     released: bool = False  # its KV pages are given back to the scorer
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    # The output long-polls waiting for this session's next tokens: a future each, woken
+    # together by notify (no event object rebuilt per round; their deadlines: Deadlines).
+    readers: list[asyncio.Future[None]] = field(default_factory=list)
     waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
     # Why the session left this verifier (cancelled, re-opened at a newer epoch, fenced): its
     # pending output polls answer it instead of waiting for tokens that will never come.
@@ -71,8 +74,10 @@ class LiveSession:
 
     def notify(self) -> None:
         """Wake the output readers: tokens were released, or the session ended."""
-        self.changed.set()
-        self.changed = asyncio.Event()
+        readers, self.readers = self.readers, []
+        for reader in readers:
+            if not reader.done():
+                reader.set_result(None)
 
     def fail_waiting(self, problem: SdcpProblem) -> None:
         """Answer every drafter waiting for a verdict and every output reader with ``problem``."""
@@ -103,6 +108,59 @@ class Round(Scored):
             future.set_result(outcome)
         else:
             future.set_exception(outcome)
+
+
+class Deadlines:
+    """Wakes futures at their deadlines (event-loop time) with one timer for all of them.
+
+    The output long-polls each wait up to a deadline; a timer per poll (``asyncio.timeout``)
+    cost a timer handle, its heap entry and a context manager per poll, the largest part of
+    the verifier's output handler at hundreds of sessions. Here one heap holds every
+    deadline and one timer is armed at its earliest. A future answered sooner stays in the
+    heap until its deadline passes; waking a done future does nothing. The loop may run a
+    timer a little before its time (uvloop keeps whole milliseconds): then nothing is due
+    yet and the timer is armed again for the same deadline."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._count = 0  # ties broken by arrival: futures are not comparable
+        self._timer: asyncio.TimerHandle | asyncio.Handle | None = None
+        self._armed = float("inf")  # the deadline the timer is armed for
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, when: float, future: asyncio.Future[None]) -> None:
+        """Wake ``future`` (set its result to None) at loop time ``when`` unless done by then."""
+        self._count += 1
+        heapq.heappush(self._heap, (when, self._count, future))
+        if when < self._armed:  # deadlines mostly grow: the timer seldom moves
+            self._arm(when)
+
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._armed = when
+        self._timer = asyncio.get_running_loop().call_at(when, self._fire)
+
+    def _fire(self) -> None:
+        self._timer, self._armed = None, float("inf")
+        heap = self._heap
+        now = asyncio.get_running_loop().time()
+        while heap and heap[0][0] <= now:
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_result(None)
+        if heap:
+            self._arm(heap[0][0])
+
+    def close(self) -> None:
+        """Cancel the timer and forget the deadlines (the role is closing; its server cancels
+        the handlers still waiting). A later ``add`` arms a timer again."""
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._armed = None, float("inf")
+        self._heap.clear()
 
 
 class Background:

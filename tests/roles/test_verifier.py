@@ -386,6 +386,46 @@ def test_output_waits_then_answers_empty_not_final(tmp_path):
     assert past.tokens == () and past.from_ == 10 and not past.final
 
 
+def test_output_polls_with_different_deadlines_each_answer_at_their_own(tmp_path):
+    """Polls waiting at once with different deadlines (the server's wait changed between
+    them) answer empty in the order of their deadlines, each no sooner than its own; one
+    still waiting when a round commits answers that round's tokens at once; and the
+    deadlines of the answered polls do not wake a later one early."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            _, state = await rig.open(S)
+            loop = asyncio.get_running_loop()
+            answered: list[tuple[float, float]] = []
+            polls = []
+            t0 = loop.time()
+            for wait in (0.30, 0.10, 0.20, 30.0):
+                rig.verifier.output_wait = wait
+
+                async def poll(wait=wait):
+                    out = await rig.router.output(VERIFIER, S, 0)
+                    answered.append((wait, loop.time() - t0))
+                    return out
+
+                polls.append(asyncio.create_task(poll()))
+                await asyncio.sleep(0.01)  # the handler has read its wait
+            empties = await asyncio.wait_for(asyncio.gather(*polls[:3]), 5.0)
+            assert not polls[3].done()
+            verdict = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 2)))
+            woken = await asyncio.wait_for(polls[3], 5.0)
+            rig.verifier.output_wait = 0.05
+            t1 = loop.time()
+            late = await rig.router.output(VERIFIER, S, len(woken.tokens))
+            return empties, answered, woken, verdict, late, loop.time() - t1
+
+    empties, answered, woken, verdict, late, late_wait = run(scenario())
+    assert all(out.tokens == () and not out.final for out in empties)
+    assert [w for w, _ in answered] == [0.10, 0.20, 0.30, 30.0]
+    assert all(at >= w for w, at in answered[:3])
+    assert woken.tokens == verdict.emitted and answered[3][1] < 5.0
+    assert late.tokens == () and late_wait >= 0.045
+
+
 def test_output_from_must_be_a_uint(tmp_path):
     async def scenario():
         async with Rig(str(tmp_path)) as rig:

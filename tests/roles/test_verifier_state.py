@@ -4,10 +4,13 @@ stays the size of its open sessions."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from sdcp_fast.protocol import SdcpProblem
-from sdcp_fast.roles.verifier_state import retire_ended
+from sdcp_fast.roles.verifier_state import Deadlines, retire_ended
+from sdcp_fast.transport.loop import new_loop
 
 from .rolekit import VERIFIER, Rig, contract, proposal, run, sid
 
@@ -53,3 +56,92 @@ def test_beyond_the_count_the_oldest_ended_session_goes_first(tmp_path):
             assert S not in table and T in table
 
     run(scenario())
+
+
+# -- Deadlines: one timer for the output long-polls' deadlines -----------------------------------
+
+
+async def _woken_at(deadlines: Deadlines, delays: list[float]) -> list[float]:
+    """Each future's wake-up time after the start, for deadlines ``delays`` from it."""
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    futures = [loop.create_future() for _ in delays]
+    woken: dict[int, float] = {}
+    for i, (delay, future) in enumerate(zip(delays, futures, strict=True)):
+        future.add_done_callback(lambda _, i=i: woken.__setitem__(i, loop.time() - t0))
+        deadlines.add(t0 + delay, future)
+    await asyncio.wait_for(asyncio.gather(*futures), 5.0)
+    return [woken[i] for i in range(len(delays))]
+
+
+@pytest.mark.parametrize("loop_factory", [asyncio.new_event_loop, new_loop], ids=["asyncio", "transport-loop"])
+def test_deadlines_wake_each_future_at_its_own_deadline_in_any_order(loop_factory):
+    """Many waits with different deadlines, added out of order (a later one first, then an
+    earlier one that must move the timer): each wakes at its deadline, none before it, on
+    asyncio's loop and on the transport's (uvloop's when installed, whose clock keeps whole
+    milliseconds)."""
+    delays = [0.20, 0.05, 0.12, 0.01, 0.05, 0.30, 0.08]
+
+    async def scenario():
+        deadlines = Deadlines()
+        woken = await _woken_at(deadlines, delays)
+        return woken, len(deadlines)
+
+    loop = loop_factory()
+    try:
+        woken, left = loop.run_until_complete(scenario())
+    finally:
+        loop.close()
+    for delay, at in zip(delays, woken, strict=True):
+        assert delay - 0.002 <= at < delay + 1.0, (delay, at)
+    assert sorted(range(len(delays)), key=lambda i: (delays[i], i)) == sorted(
+        range(len(delays)), key=lambda i: (woken[i], i))
+    assert left == 0
+
+
+def test_deadlines_answered_futures_are_skipped_and_the_timer_moves_on():
+    """A future answered before its deadline (a commit woke its poll) is left alone at the
+    deadline; a cancelled one too; the later deadlines still fire."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines()
+        answered, cancelled, late = loop.create_future(), loop.create_future(), loop.create_future()
+        now = loop.time()
+        deadlines.add(now + 0.02, answered)
+        deadlines.add(now + 0.03, cancelled)
+        deadlines.add(now + 0.06, late)
+        answered.set_result(None)
+        cancelled.cancel()
+        await asyncio.wait_for(late, 5.0)
+        return late.done(), loop.time() - now
+
+    done, waited = run(scenario())
+    assert done and waited >= 0.055
+
+
+def test_deadlines_rearm_when_an_earlier_deadline_comes_while_waking_or_after_close():
+    """The timer follows the earliest deadline: one added by a future's callback while the
+    timer's own wake-ups run (as a woken poll that waits again), one earlier than the armed
+    deadline, and one added after ``close`` all fire."""
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        deadlines = Deadlines()
+        first, again, later, sooner = (loop.create_future() for _ in range(4))
+        t0 = loop.time()
+        first.add_done_callback(lambda _: deadlines.add(loop.time() + 0.02, again))
+        deadlines.add(t0 + 0.01, first)
+        deadlines.add(t0 + 1.0, later)
+        await asyncio.wait_for(again, 5.0)
+        deadlines.add(loop.time() + 0.01, sooner)  # earlier than `later`: the timer moves
+        await asyncio.wait_for(sooner, 5.0)
+        early = loop.time() - t0
+        deadlines.close()
+        assert not later.done() and len(deadlines) == 0
+        after = loop.create_future()
+        deadlines.add(loop.time() + 0.01, after)
+        await asyncio.wait_for(after, 5.0)
+        return early
+
+    assert run(scenario()) < 0.9
