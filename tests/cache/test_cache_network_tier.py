@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from mlc_redis import running_redis
 
 from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.cache.tiers.network import RedisTier
+from tests.cache.mlc_redis import running_redis
 
 pytestmark = pytest.mark.services
 SCOPE = bytes(range(16))

@@ -4,10 +4,10 @@ import itertools
 from contextlib import ExitStack, contextmanager
 
 import pytest
-from mlc_etcd import running_etcd
 
 from sdcp_fast.commitlog import open_commit_log
 from sdcp_fast.commitlog.file import FileCommitLog
+from tests.commitlog.mlc_etcd import running_etcd
 
 
 @pytest.fixture(scope="session")

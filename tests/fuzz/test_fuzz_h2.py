@@ -10,8 +10,6 @@ import os
 import random
 from typing import Any
 
-from roles.rolekit import TARGET, assignment, contract, greedy, proposal, session_open, sid
-
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import MEDIA_TYPE, Policy, Sampling, Verdict, session_path_id
 from sdcp_fast.protocol.peer import PeerRole
@@ -23,6 +21,7 @@ from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.roles.rolekit import TARGET, assignment, contract, greedy, proposal, session_open, sid
 
 from .fuzzkit import check_answer, decoder_problem, variants
 

@@ -16,11 +16,20 @@ import random
 from dataclasses import replace
 from typing import Any
 
-import message_strategies as ms
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from roles.rolekit import (
+
+import tests.protocol.message_strategies as ms
+from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Event, SdcpProblem, Status, instance_path_id
+from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER
+from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.roles.frontend import mount_frontend
+from sdcp_fast.roles.frontend_text import ToyWords
+from sdcp_fast.roles.router import RouterRole, SessionSpec
+from sdcp_fast.transport.base import Request
+from sdcp_fast.transport.inprocess import InProcessNetwork
+from tests.roles.rolekit import (
     DRAFTER,
     DRAFTER_PEER,
     ROUTER,
@@ -33,15 +42,6 @@ from roles.rolekit import (
     Clock,
     Rig,
 )
-
-from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Event, SdcpProblem, Status, instance_path_id
-from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER
-from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.roles.frontend import mount_frontend
-from sdcp_fast.roles.frontend_text import ToyWords
-from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.transport.base import Request
-from sdcp_fast.transport.inprocess import InProcessNetwork
 
 from .fuzzkit import (
     EXAMPLES,

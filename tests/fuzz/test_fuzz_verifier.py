@@ -14,11 +14,17 @@ import random
 from dataclasses import replace
 from typing import Any
 
-import message_strategies as ms
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from roles.rolekit import (
+
+import tests.protocol.message_strategies as ms
+from sdcp_fast.cache import object_uri
+from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Output, Policy, Proposal, SessionOpen, Verdict
+from sdcp_fast.protocol.messages import RULE_SPECULATIVE, session_path_id
+from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.transport.base import Request, Response
+from tests.roles.rolekit import (
     DRAFTER,
     DRAFTER_PEER,
     OTHER_PEER,
@@ -31,12 +37,6 @@ from roles.rolekit import (
     proposal,
     sid,
 )
-
-from sdcp_fast.cache import object_uri
-from sdcp_fast.protocol import MEDIA_TYPE, Assignment, Output, Policy, Proposal, SessionOpen, Verdict
-from sdcp_fast.protocol.messages import RULE_SPECULATIVE, session_path_id
-from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.transport.base import Request, Response
 
 from .fuzzkit import EXAMPLES, PER_EXAMPLE, check_answer, decoder_problem, mutate, variants
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from cbor_codecs import require_native_cbor
 
 from sdcp_fast.protocol import cbor
+from tests.protocol.cbor_codecs import require_native_cbor
 
 
 # Module scope: the property tests (hypothesis) refuse function-scoped fixtures.

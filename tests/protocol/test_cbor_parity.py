@@ -10,12 +10,12 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pytest
-from cbor_codecs import require_native_cbor
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.cbor import MAX_DEPTH, py_decode, py_deterministic_cbor
+from tests.protocol.cbor_codecs import require_native_cbor
 
 
 @pytest.fixture(scope="module")

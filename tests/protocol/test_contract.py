@@ -9,7 +9,6 @@ from typing import Any
 import cbor2
 import pytest
 from hypothesis import given
-from message_strategies import CONTRACT, contracts
 
 from sdcp_fast.protocol.contract import (
     CONTRACT_DOMAIN,
@@ -20,6 +19,7 @@ from sdcp_fast.protocol.contract import (
 )
 from sdcp_fast.protocol.messages import Action, Contract, Sampling
 from sdcp_fast.protocol.problems import BadContract
+from tests.protocol.message_strategies import CONTRACT, contracts
 
 MINIMAL: dict[str, Any] = {
     "target": b"\x01" * 32, "tokenizer": b"\x02" * 32, "rule": 1, "m_max": 4, "max_new": 16, "stop": [],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from hypothesis import given
 from hypothesis import strategies as st
-from sessionkit import contract
 
 from sdcp_fast.protocol.control import (
     LOAD_KNEE,
@@ -14,6 +13,7 @@ from sdcp_fast.protocol.control import (
     self_decode_permitted,
 )
 from sdcp_fast.protocol.messages import Action
+from tests.protocol.sessionkit import contract
 
 
 def test_is_low():

@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from sessionkit import DRAFTER, STATUS, VERIFIER, assignment, open_session, proposal, run_round
 
 from sdcp_fast.protocol.drafting import (
     AcceptanceEstimator,
@@ -28,6 +27,7 @@ from sdcp_fast.protocol.problems import (
     StaleEpoch,
 )
 from sdcp_fast.protocol.session import ScoreNeeded
+from tests.protocol.sessionkit import DRAFTER, STATUS, VERIFIER, assignment, open_session, proposal, run_round
 
 
 def test_expected_tokens():
@@ -74,7 +74,7 @@ def test_estimator_tracks_per_token_acceptance():
 
 
 def _pair(**contract_overrides):
-    from sessionkit import contract
+    from tests.protocol.sessionkit import contract
 
     verifier = open_session(contract(**contract_overrides), m_init=3)
     drafter = DrafterSession(assignment(verifier, m_init=3))
@@ -200,7 +200,7 @@ def _toy_argmax(context):
 def test_drafter_and_verifier_agree_through_lost_verdicts_and_failed_appends(steps):
     """Rule 1 end to end: whatever is proposed and whatever is lost or retried, the output is
     greedy decoding and the drafter's base follows the verifier's."""
-    from sessionkit import contract
+    from tests.protocol.sessionkit import contract
 
     verifier = open_session(contract(stop=(), max_new=200, low_rounds=1000), m_init=4)
     drafter = DrafterSession(assignment(verifier, m_init=4))

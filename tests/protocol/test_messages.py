@@ -11,7 +11,6 @@ import pycddl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from message_strategies import BY_CLASS, CONTRACT, EXAMPLES, SAMPLING, any_message
 
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.messages import (
@@ -32,6 +31,7 @@ from sdcp_fast.protocol.messages import (
     session_path_id,
 )
 from sdcp_fast.protocol.problems import BadContract, BadRequest, SdcpProblem
+from tests.protocol.message_strategies import BY_CLASS, CONTRACT, EXAMPLES, SAMPLING, any_message
 
 CLASSES = [cls for cls, _, _ in BY_CLASS]
 ids = [cls.__name__ for cls in CLASSES]

@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sessionkit import DRAFTER, PROMPT, SID, TARGET, assignment, contract, proposal, run_round
 
 from sdcp_fast.protocol.messages import SessionOpen
 from sdcp_fast.protocol.problems import BadContract, BadRequest, StaleEpoch, UnknownSession
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import ScoreNeeded, State
+from tests.protocol.sessionkit import DRAFTER, PROMPT, SID, TARGET, assignment, contract, proposal, run_round
 
 OTHER = b"O" * 16
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from sessionkit import PROMPT, SID, TARGET, VERIFIER, contract, status, table_with
 
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.messages import Action, Event, Policy, Sampling, SessionState
@@ -23,6 +22,7 @@ from sdcp_fast.protocol.routing import (
 )
 from sdcp_fast.protocol.session import VerifierSession
 from sdcp_fast.protocol.status_table import StatusTable
+from tests.protocol.sessionkit import PROMPT, SID, TARGET, VERIFIER, contract, status, table_with
 
 
 def routed(**overrides):

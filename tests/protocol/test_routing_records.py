@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from sessionkit import PROMPT, SID, VERIFIER, contract
 
 from sdcp_fast.protocol.messages import Policy, Resume, Sampling
 from sdcp_fast.protocol.routing import RoutedSession, open_message
@@ -22,6 +21,7 @@ from sdcp_fast.protocol.routing_records import (
     record_of,
     routed_from,
 )
+from tests.protocol.sessionkit import PROMPT, SID, VERIFIER, contract
 
 ROUTER = "https://router.test/"
 

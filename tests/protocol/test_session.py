@@ -5,19 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from sessionkit import (
-    DRAFTER,
-    PROMPT,
-    SID,
-    STATUS,
-    TARGET,
-    assignment,
-    contract,
-    open_session,
-    proposal,
-    q_bytes,
-    run_round,
-)
 
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
@@ -46,6 +33,19 @@ from sdcp_fast.protocol.session import (
     ScoreNeeded,
     State,
     VerifierSession,
+)
+from tests.protocol.sessionkit import (
+    DRAFTER,
+    PROMPT,
+    SID,
+    STATUS,
+    TARGET,
+    assignment,
+    contract,
+    open_session,
+    proposal,
+    q_bytes,
+    run_round,
 )
 
 

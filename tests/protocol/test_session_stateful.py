@@ -8,13 +8,13 @@ from dataclasses import replace
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from sessionkit import DRAFTER, SID, assignment, contract, open_session, proposal, q_bytes
 
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import extend_digest, prefix_digest
 from sdcp_fast.protocol.messages import Policy, Sampling
 from sdcp_fast.protocol.problems import SdcpProblem
 from sdcp_fast.protocol.session import TRANSITIONS, Input, RoundDone, ScoreNeeded, State
+from tests.protocol.sessionkit import DRAFTER, SID, assignment, contract, open_session, proposal, q_bytes
 
 OTHER = "https://drafter-b.example/"
 TOKENS = st.lists(st.integers(0, 5), max_size=5).map(tuple)

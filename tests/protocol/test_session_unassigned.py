@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 import pytest
-from sessionkit import assignment, contract, open_session, run_round
 
 from sdcp_fast.protocol import Action, RoundDone, State
 from sdcp_fast.protocol.session import InvalidTransition
+from tests.protocol.sessionkit import assignment, contract, open_session, run_round
 
 
 def test_an_unassigned_session_self_decodes_when_the_contract_permits_it() -> None:

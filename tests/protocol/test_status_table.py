@@ -3,9 +3,8 @@
 
 from __future__ import annotations
 
-from sessionkit import MODEL_A, MODEL_B, contract, status, table_with
-
 from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier
+from tests.protocol.sessionkit import MODEL_A, MODEL_B, contract, status, table_with
 
 
 def test_status_ttl_expiry():

@@ -13,7 +13,6 @@ from typing import Any
 import h2.config
 import h2.connection
 import h2.events
-from roles.rolekit import TARGET, assignment, contract, greedy, proposal, session_open, sid
 
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import MEDIA_TYPE, SdcpProblem
@@ -25,6 +24,7 @@ from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.h2server import serve
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.roles.rolekit import TARGET, assignment, contract, greedy, proposal, session_open, sid
 
 from .conftest import DRAFTER_A, VERIFIER, Certs
 

@@ -10,7 +10,6 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
-from roles.rolekit import SCOPE, TARGET, assignment, contract, greedy, proposal, session_open, sid
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.policy import may_delete, may_lease, may_put, may_read
@@ -28,6 +27,7 @@ from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.roles.rolekit import SCOPE, TARGET, assignment, contract, greedy, proposal, session_open, sid
 
 from .conftest import DRAFTER_A, DRAFTER_B, ROUTER, VERIFIER, Certs
 

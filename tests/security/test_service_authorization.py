@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-from roles.rolekit import TARGET, contract, session_open, sid
-
 from sdcp_fast.deploy.service import Security, serve_role
 from sdcp_fast.deploy.up import free_port
 from sdcp_fast.model.toy import ToyTarget
@@ -23,6 +21,7 @@ from sdcp_fast.roles.verifier import VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.inprocess import InProcessNetwork
+from tests.roles.rolekit import TARGET, contract, session_open, sid
 
 from .conftest import ROUTER, VERIFIER, Certs
 from .test_security import as_, run, served_verifier

@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from s6kit import DRAFTER, PROMPT, SID, TARGET, VERIFIER, assignment, contract, open_session, proposal
 
 from sdcp_fast.protocol.contract import contract_digest
 from sdcp_fast.protocol.digests import prefix_digest
@@ -14,6 +13,17 @@ from sdcp_fast.protocol.problems import BadContract, NotAssigned
 from sdcp_fast.protocol.routing import RoutedSession, assign
 from sdcp_fast.protocol.session import ScoreNeeded, VerifierSession
 from sdcp_fast.protocol.status_table import StatusTable, choose_drafter
+from tests.spec.s6kit import (
+    DRAFTER,
+    PROMPT,
+    SID,
+    TARGET,
+    VERIFIER,
+    assignment,
+    contract,
+    open_session,
+    proposal,
+)
 
 OPEN = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from s6kit import DRAFTER, STATUS, assignment, open_session, proposal
 
 from sdcp_fast.protocol.drafting import DrafterError, DrafterSession, choose_m, expected_tokens
 from sdcp_fast.protocol.problems import Limit
 from sdcp_fast.protocol.session import ScoreNeeded
+from tests.spec.s6kit import DRAFTER, STATUS, assignment, open_session, proposal
 
 
 def _verify(verifier, prop, accepted, token):

@@ -6,18 +6,11 @@ check's sdcp-forbidden, and changes nothing."""
 
 from __future__ import annotations
 
-import importlib
-import sys
-from pathlib import Path
-
 import pytest
 
 from sdcp_fast.protocol.peer import Peer, PeerRole
+from tests.roles import rolekit
 
-_ROLE_TESTS = str(Path(__file__).resolve().parents[1] / "roles")
-if _ROLE_TESTS not in sys.path:
-    sys.path.append(_ROLE_TESTS)
-rolekit = importlib.import_module("rolekit")
 DRAFTER, ROUTER, VERIFIER, Rig = rolekit.DRAFTER, rolekit.ROUTER, rolekit.VERIFIER, rolekit.Rig
 problem_of, proposal, run, sid = rolekit.problem_of, rolekit.proposal, rolekit.run, rolekit.sid
 

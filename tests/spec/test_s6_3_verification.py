@@ -5,18 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from s6kit import (
-    DRAFTER,
-    PROMPT,
-    SID,
-    STATUS,
-    TARGET,
-    assignment,
-    contract,
-    open_session,
-    proposal,
-    run_round,
-)
 
 from sdcp_fast.protocol import randoms
 from sdcp_fast.protocol.drafting import DrafterSession
@@ -29,6 +17,18 @@ from sdcp_fast.protocol.problems import (
     StaleEpoch,
 )
 from sdcp_fast.protocol.session import Discarded, Pending, RoundDone, ScoreNeeded, State
+from tests.spec.s6kit import (
+    DRAFTER,
+    PROMPT,
+    SID,
+    STATUS,
+    TARGET,
+    assignment,
+    contract,
+    open_session,
+    proposal,
+    run_round,
+)
 
 
 def test_authorization_client_must_be_the_assigned_drafter() -> None:

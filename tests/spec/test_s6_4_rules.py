@@ -11,12 +11,12 @@ from dataclasses import replace
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from s6kit import DRAFTER, SID, contract, open_session, proposal
 
 from sdcp_fast.protocol.acceptance import argmax, greedy, profile_distribution, speculative
 from sdcp_fast.protocol.messages import Sampling
 from sdcp_fast.protocol.problems import BadProposal
 from sdcp_fast.protocol.session import RoundDone, ScoreNeeded
+from tests.spec.s6kit import DRAFTER, SID, contract, open_session, proposal
 
 V = 6
 
@@ -134,7 +134,7 @@ def test_drafter_side_does_not_use_the_verifier_derivation(monkeypatch: pytest.M
     way to the verifier's values (the HMAC derivation, its session object, the CSPRNG) made to
     fail, the core's drafter side still runs a whole exchange: choosing M, proposing, following
     verdicts, retrying, resynchronizing and estimating acceptance draw on none of them."""
-    from s6kit import STATUS, assignment, run_round
+    from tests.spec.s6kit import STATUS, assignment, run_round
 
     from sdcp_fast.protocol import randoms
     from sdcp_fast.protocol.drafting import DrafterSession

@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from s6kit import DRAFTER, assignment, contract, open_session, proposal, run_round
 
 from sdcp_fast.protocol.control import SpeculationControl, is_low
 from sdcp_fast.protocol.messages import Action, Contract
 from sdcp_fast.protocol.problems import BadContract, NotAssigned, SessionClosed
 from sdcp_fast.protocol.session import State
+from tests.spec.s6kit import DRAFTER, assignment, contract, open_session, proposal, run_round
 
 
 @settings(max_examples=50, deadline=None)
@@ -128,7 +128,7 @@ def test_switch_sends_event_and_current_drafter_stops() -> None:
 def test_drafter_stops_proposing_on_switch() -> None:
     """§6.5.2 switch, the drafter's side: after a switch verdict the current drafter MUST stop
     proposing for the session; only a new assignment lets a drafter propose again."""
-    from s6kit import STATUS
+    from tests.spec.s6kit import STATUS
 
     from sdcp_fast.protocol.drafting import DrafterError, DrafterSession
 

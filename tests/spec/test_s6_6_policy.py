@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import pytest
-from s6kit import DRAFTER, PROMPT, SID, VERIFIER, contract, open_session, proposal, run_round
 
 from sdcp_fast.protocol.messages import Policy, Sampling, Status
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.protocol.routing import RoutedSession, assign, policy_update
 from sdcp_fast.protocol.session import ScoreNeeded
 from sdcp_fast.protocol.status_table import StatusTable
+from tests.spec.s6kit import DRAFTER, PROMPT, SID, VERIFIER, contract, open_session, proposal, run_round
 
 
 def test_policy_from_round_must_exceed_current_round() -> None:

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from s6kit import DRAFTER, contract, open_session, proposal, run_round
-
 from sdcp_fast.protocol.messages import Action, Output
+from tests.spec.s6kit import DRAFTER, contract, open_session, proposal, run_round
 
 
 def test_only_tokens_whose_commit_record_was_written_are_returned() -> None:

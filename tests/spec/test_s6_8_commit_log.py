@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from s6kit import DRAFTER, open_session, proposal, run_round
-
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord, append_allowed, append_survived
+from tests.spec.s6kit import DRAFTER, open_session, proposal, run_round
 
 
 def test_commit_records_carry_current_epoch_and_follow_the_last_one() -> None:

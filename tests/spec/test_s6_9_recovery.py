@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from s6kit import (
+
+from sdcp_fast.protocol.commitlog import CommitRecord, append_allowed
+from sdcp_fast.protocol.messages import Status
+from sdcp_fast.protocol.problems import NotAssigned, StaleEpoch
+from sdcp_fast.protocol.routing import RoutedSession, after_open, plan_failover, reassign_expired
+from sdcp_fast.protocol.session import ScoreNeeded, State, VerifierSession
+from sdcp_fast.protocol.status_table import StatusTable
+from tests.spec.s6kit import (
     DRAFTER,
     PROMPT,
     SID,
@@ -17,13 +24,6 @@ from s6kit import (
     proposal,
     run_round,
 )
-
-from sdcp_fast.protocol.commitlog import CommitRecord, append_allowed
-from sdcp_fast.protocol.messages import Status
-from sdcp_fast.protocol.problems import NotAssigned, StaleEpoch
-from sdcp_fast.protocol.routing import RoutedSession, after_open, plan_failover, reassign_expired
-from sdcp_fast.protocol.session import ScoreNeeded, State, VerifierSession
-from sdcp_fast.protocol.status_table import StatusTable
 
 B = "https://drafter-b.example/"
 

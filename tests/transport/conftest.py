@@ -4,11 +4,11 @@ import os
 from collections.abc import Iterator
 
 import pytest
-from transport_util import CLIENT_URI, SERVER_URI, Certs
 
 from sdcp_fast.protocol.peer import PeerRole
 from sdcp_fast.transport import h2native
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
+from tests.transport.transport_util import CLIENT_URI, SERVER_URI, Certs
 
 
 @pytest.fixture(scope="session")

@@ -6,12 +6,12 @@ import json
 import logging
 
 import pytest
-from transport_util import echo, run
 
 from sdcp_fast.transport.binding import is_loopback
 from sdcp_fast.transport.errors import TransportError
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import serve
+from tests.transport.transport_util import echo, run
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost"])

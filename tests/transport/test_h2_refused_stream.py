@@ -10,11 +10,11 @@ import h2.config
 import h2.connection
 import h2.events
 from h2.errors import ErrorCodes
-from transport_util import run
 
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.h2server import serve
+from tests.transport.transport_util import run
 
 LIMIT = 4
 

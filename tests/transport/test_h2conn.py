@@ -8,12 +8,12 @@ import h2.config
 import h2.connection
 import h2.events
 from hyperframe.frame import GoAwayFrame
-from transport_util import echo, run
 
 from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.h2client import _ClientProtocol
 from sdcp_fast.transport.h2conn import Limits, _Connection
 from sdcp_fast.transport.h2server import H2Server, _ServerProtocol
+from tests.transport.transport_util import echo, run
 
 
 class FakeTransport:

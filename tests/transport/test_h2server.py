@@ -10,7 +10,6 @@ import ssl
 import subprocess
 
 import pytest
-from transport_util import CLIENT_URI, Certs, echo, run
 
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.errors import TransportError
@@ -18,6 +17,7 @@ from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.h2server import serve
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.transport.transport_util import CLIENT_URI, Certs, echo, run
 
 MiB = 1 << 20
 

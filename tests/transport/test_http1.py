@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from transport_util import CLIENT_URI, Certs, echo, run
 
 from sdcp_fast.transport.errors import TransportError
 from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.http1 import Http1Transport, serve_http1
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.transport.transport_util import CLIENT_URI, Certs, echo, run
 
 HTTP11 = ("http/1.1",)
 

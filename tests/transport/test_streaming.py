@@ -9,7 +9,6 @@ import ssl
 from collections.abc import AsyncIterator
 
 import aiohttp
-from transport_util import Certs, run
 
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.transport.base import Request, Response
@@ -18,6 +17,7 @@ from sdcp_fast.transport.h2server import serve
 from sdcp_fast.transport.http1 import Http1Transport, serve_http1
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.transport.transport_util import Certs, run
 
 MiB = 1 << 20
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import ssl
 
-from transport_util import Certs
-
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.transport.tls import client_context, peer_of, server_context
+from tests.transport.transport_util import Certs
 
 
 def test_contexts_require_tls13_and_client_certificates(certs: Certs) -> None:
