@@ -6,9 +6,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.sdcp-ready
 SOURCES := pyproject.toml setup.py $(wildcard csrc/*.cpp csrc/*.h csrc/nghttp2/*.cpp csrc/cbor/*.cpp)
 
-.PHONY: demo test check lint typecheck pytest bench vectors clean native fuzz
+.PHONY: demo test check lint typecheck pytest bench vectors clean native fuzz lock test-latest
 
-$(STAMP): $(SOURCES) scripts/bootstrap.sh
+$(STAMP): $(SOURCES) scripts/bootstrap.sh requirements/lock.txt
 	scripts/bootstrap.sh dev
 	@touch $@
 
@@ -23,6 +23,18 @@ test: $(STAMP) check
 	$(BIN)/python -m pytest $(COVERAGE) $(PYTEST_ARGS)
 
 check: lint typecheck
+
+# Refresh requirements/lock.txt from pyproject.toml's ranges (tests/test_lock.py checks they agree).
+lock:
+	scripts/lock.sh
+
+# The same suite on the newest versions pyproject.toml's ranges allow, in a venv of its own, so that
+# a release that breaks us shows up here first and not on a user's machine.
+LATEST := .venv-latest
+test-latest:
+	VENV=$(LATEST) SDCP_LOCK=latest scripts/bootstrap.sh dev
+	scripts/services.sh
+	$(LATEST)/bin/python -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(BIN)/ruff check sdcp_fast tests bench triton_kernels
