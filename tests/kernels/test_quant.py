@@ -133,6 +133,20 @@ def test_kernel_on_packed_weights_matches_reference(isa: str, kind: str, shape: 
 
 @needs_native
 @pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("view", ["transposed", "strided"])
+def test_launcher_reads_non_contiguous_activations_by_their_strides(kind: str, view: str) -> None:
+    """The kernel reads ``x`` by address as ``[T, K]`` rows: a view with other strides must
+    multiply the values it shows, not the bytes behind it."""
+    x, qw = _case(kind, 17, 96, 5, seed=3)
+    # The same values, held where a dense read of the address would find others.
+    held = x.T.contiguous().T if view == "transposed" else torch.cat([x, -x], 1)[:, :96]
+    assert not held.is_contiguous() and torch.equal(held, x)
+    got = quant.launcher(quant.pack(qw), backend="cpu")(held)
+    torch.testing.assert_close(got, ref.quant_matmul(x, qw), rtol=1e-5, atol=1e-4)
+
+
+@needs_native
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_row_gets_the_same_bits_alone_or_in_a_batch(isa: str, kind: str) -> None:
     x, qw = _case(kind, 300, 192, 11)
     together = quant.quant_matmul(x, qw, backend="cpu", threads=2)
