@@ -1,0 +1,59 @@
+"""The CPU pass's products against the modules they stand for: each quantized product equals
+:meth:`QuantLinear.forward` (its bias included), and a whole pass of a model with q/k/v biases
+(Qwen2's layout) gives the logits of the torch modules' pass."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+import torch
+
+from sdcp_fast import native
+from sdcp_fast.kernels import rowwise
+from sdcp_fast.model import cpu_pass, quant_weights
+from sdcp_fast.model.target_scorer import ModelRunner
+
+from .conftest import SMALL, random_model
+
+pytestmark = pytest.mark.skipif(not rowwise.available(), reason=native.status())
+
+# Widths that are multiples of the 32-value block, so q/k/v are quantized with their biases.
+QWEN2 = replace(SMALL, dim=64, n_heads=4, n_kv_heads=2, ffn_dim=96, attention_bias=True)
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+
+
+@pytest.fixture(autouse=True)
+def one_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(form: str, fuse: bool = True) -> torch.nn.Module:
+    return quant_weights.quantize_model(random_model(QWEN2, seed=1), form, fuse=fuse)
+
+
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "apart"])
+@pytest.mark.parametrize("form", ["q8_0", "q4"])
+def test_quantized_products_equal_quant_linear_forward_bias_included(form: str, fuse: bool) -> None:
+    model = _model(form, fuse)
+    layers = [m for m in model.layers.modules() if isinstance(m, quant_weights.QuantLinear)]
+    assert any(m.bias is not None for m in layers)
+    g = torch.Generator().manual_seed(0)
+    for mod in layers:
+        x = torch.randn(5, mod.in_features, generator=g)
+        assert torch.equal(cpu_pass._Linear(mod)(x, 1), mod(x)), mod
+
+
+@pytest.mark.parametrize("form", ["q8_0", "q4"])
+def test_quantized_pass_with_biases_gives_the_torch_modules_logits(form: str) -> None:
+    model = _model(form)
+    fast = ModelRunner(model, block_size=4).prefill(b"s", PROMPT)
+    with mock.patch.object(cpu_pass, "usable", lambda *_: False):  # every layer through its module
+        modules = ModelRunner(model, block_size=4).prefill(b"s", PROMPT)
+    # Float rounding apart (attention, norms summed in another order), the same values.
+    torch.testing.assert_close(fast, modules, rtol=0, atol=1e-3 * float(modules.abs().max()))
