@@ -317,7 +317,9 @@ class RouterRole(Recovery):
             routed = entry.routed
             verifier = routed.verifier
             try:
-                out = await self.client.output(verifier, session, index, timeout=poll)
+                out = await self._poll_output(entry, verifier, index, poll)
+                if out is None:
+                    continue  # failed over meanwhile: poll the new verifier from the same index
             except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
                 if isinstance(exc, SdcpProblem) and exc.suffix == "sdcp-unknown-session":
                     if routed.done:
@@ -345,6 +347,30 @@ class RouterRole(Recovery):
                 if not out.tokens:
                     yield out
                 return
+
+    async def _poll_output(self, entry: _Routed, verifier: str, index: int, poll: float | None) -> Output | None:
+        """One output long-poll at ``verifier``, given up (None) once a fail-over opened the
+        session elsewhere: a stopped or partitioned verifier answers nothing and resets nothing,
+        and its poll would hold the stream until it came back."""
+        opened = entry.opened
+        call = asyncio.ensure_future(self.client.output(verifier, entry.routed.session, index, timeout=poll))
+        try:
+            while True:
+                changed = asyncio.ensure_future(entry.changed.wait())
+                try:
+                    # The timeout only backs up the event: a fail-over sets it once the new verifier holds the session.
+                    done, _ = await asyncio.wait((call, changed), timeout=self.sweep_interval * 4,
+                                                 return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    changed.cancel()
+                if call in done:
+                    return call.result()
+                if entry.opened is not opened:
+                    return None
+                if changed in done:
+                    entry.changed.clear()  # an event or a cancel: the poll answers those itself
+        finally:
+            call.cancel()  # given up, or its reader went away: the transport resets the request
 
     async def text(self, session: bytes) -> tuple[list[int], Action | None]:
         """Every output token of the session and how it ended."""
