@@ -5,20 +5,10 @@ in batch order.
 A batch opens with the first waiting round and closes when every session that owes a
 proposal has sent it, or ``batch_wait`` seconds later, whichever is first
 (docs/interpretations.md, "Verifier batching"); sessions that are self-decoding join every
-batch. Rule 2's q rows are fetched and checked before a round joins the queue.
-
-Prefill is chunked: one pass feeds at most ``prefill_chunk`` context tokens that are not yet
-in the model's cache, beside its decoding rounds (a first round's context no longer than the M + 1 positions a
-decoding round carries is not counted: such a short prompt costs a pass what a round does). A
-session whose context is longer gets it fed in chunks from its opening on (a chunk is a request
-with no proposal and a prefix of the context: the scorer keeps what it computed and computes
-what is missing), and its first round joins a pass once the rest fits, so a long prompt never holds the other sessions' rounds for
-longer than one chunk's work per pass. A pass that no decoding round shares (none queued, no
-session self-decoding or owing a proposal) feeds up to ``prefill_solo`` tokens instead: the
-small chunk protects other sessions' latency, and with none waiting it would only delay the
-long prompt's first token. Beside decoding rounds the budget starts at ``prefill_chunk`` and
-follows measured pass times up to ``prefill_solo`` (``_adapt``): where a chunk costs little
-next to a pass's fixed cost, larger chunks keep the rounds' latency and shorten the prefill.
+batch. Rule 2's q rows are fetched and checked before a round joins the queue. What a pass
+runs (which rounds, which prefill chunks, within which budget) is the plan of
+:mod:`~sdcp_fast.roles.verifier_plan`, computed from the sessions' plain state; here, the
+queue, the waiting and the pass that runs it.
 """
 
 from __future__ import annotations
@@ -26,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import statistics
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -39,33 +27,35 @@ from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
 from sdcp_fast.protocol import Proposal, QUnavailable, SdcpProblem, Verdict
 from sdcp_fast.protocol.problems import InternalError
 from sdcp_fast.protocol.registry import SessionRegistry
-from sdcp_fast.protocol.session import State
+from sdcp_fast.protocol.session import State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.scoring import verify_batch
 from sdcp_fast.roles.verifier_commit import Committer
+from sdcp_fast.roles.verifier_plan import (
+    GROW_BELOW,
+    PREFILL_CHUNK_CPU,
+    PREFILL_CHUNK_GPU,
+    PREFILL_SOLO_CPU,
+    PREFILL_SOLO_GPU,
+    SHRINK_ABOVE,
+    Limits,
+    Plan,
+    Queued,
+    SessionNeed,
+    SharedBudget,
+    chunked,
+    pending,
+    plan,
+    self_decode_due,
+)
 from sdcp_fast.roles.verifier_state import LiveSession, Round, retire_ended
 
 log = logging.getLogger("sdcp_fast.verifier")
 
 LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with the session id
-# Context tokens one pass feeds at most, beside its decoding rounds, by default. A pass on a GPU
-# costs about the same from a few tokens to some hundreds (reading the weights dominates); on a
-# CPU its cost grows with its tokens from a few dozen on (docs/measurements.md, "Chunked prefill").
-PREFILL_CHUNK_GPU = 512
-PREFILL_CHUNK_CPU = 32
-# Context tokens a pass that no decoding round shares feeds at most, by default: larger passes
-# lose little to a pass's fixed cost, and a round arriving meanwhile waits for one such pass.
-PREFILL_SOLO_GPU = 4096
-PREFILL_SOLO_CPU = 512
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
-# A shared pass's prefill budget follows measured pass times (from prefill_chunk up to
-# prefill_solo): doubled after a pass that fed a full budget beside decoding rounds (or held a
-# session's first round back for lack of it) in at most GROW_BELOW times a recent pass of
-# decoding rounds alone, halved after one above SHRINK_ABOVE.
-GROW_BELOW = 1.25
-SHRINK_ABOVE = 1.75
 
 
 class Batcher:
@@ -97,15 +87,8 @@ class Batcher:
         self.prefill_chunk = prefill_chunk
         # 0 (the rest in one pass) or at least the chunk: alone, a pass never feeds less.
         self.prefill_solo = prefill_solo and max(prefill_solo, prefill_chunk)
-        self.shared_budget = prefill_chunk  # a pass's prefill tokens beside decoding rounds, at most
-        # The last pass composed left a round in the queue for lack of the shared budget: its
-        # first rounds' short contexts (a few tokens each) may never add up to a full budget.
-        self._held_back = False
-        # Seconds per round of the last passes of decoding rounds alone: their median, times a
-        # pass's rounds, is the reference (a spike of load would lift an average, and with it the
-        # budget; per round, because with many sessions passes without any prefill are rare and
-        # smaller than those with it).
-        self._decode_seconds: deque[float] = deque(maxlen=16)
+        # The module's constants, read here: a test (or a bench) may set them before it builds one.
+        self.budget = SharedBudget(prefill_chunk, self.prefill_solo, grow_below=GROW_BELOW, shrink_above=SHRINK_ABOVE)
         self.target_passes = 0
         self.progress = clock()  # when a scoring pass last started or a round was committed
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
@@ -120,6 +103,11 @@ class Batcher:
     def queued(self) -> int:
         """Rounds waiting for a pass, or for their q rows."""
         return len(self._queue) + self._fetching
+
+    @property
+    def shared_budget(self) -> int:
+        """A pass's prefill tokens beside decoding rounds, at most (learnt: ``_adapt``)."""
+        return self.budget.value
 
     async def submit(self, item: Round, proposal: Proposal) -> Verdict:
         """Queue a drafter's round (after its q rows, under rule 2) and wait for its verdict.
@@ -191,126 +179,45 @@ class Batcher:
 
     def _owed(self) -> int:
         """Sessions whose drafter may send a proposal now, plus rounds fetching their rows."""
-        owed = self._fetching
-        for live in self.sessions.records():
-            s = live.session
-            if s.state is State.READY and s.drafter is not None and not s.revoked:
-                owed += 1
-        return owed
+        return self._fetching + sum(1 for live in self.sessions.records() if _owes(live.session))
 
-    def _survey(self) -> tuple[list[LiveSession], list[LiveSession]]:
-        """One walk over the sessions: those self-decoding (started for the sessions no drafter
-        was assigned to for ``self_decode_idle``), and those that still need prefill chunks, in
-        the order they were opened."""
-        self_decoding: list[LiveSession] = []
-        chunked: list[LiveSession] = []
+    def _survey(self) -> tuple[list[LiveSession], list[SessionNeed]]:
+        """One walk over the sessions, in the order they were opened: self-decoding is started
+        for those no drafter was assigned to for ``self_decode_idle``; the sessions the plan
+        needs to know of (prefilling, self-decoding or owed a proposal) and their needs."""
+        lives: list[LiveSession] = []
+        needs: list[SessionNeed] = []
         idle = self.self_decode_idle
         now = self.clock() if idle is not None else 0.0
         for live in self.sessions.records():
             s = live.session
-            state = s.state
-            if state is State.READY and idle is not None and s.drafter is None and now - live.opened >= idle:
+            if s.state is State.READY and s.drafter is None and self_decode_due(live.opened, now, idle):
                 s.begin_self_decoding(load=self.load.percent())
-                state = s.state
-            if state is State.SELF_DECODING:
-                self_decoding.append(live)
-            if not live.prefilled and self._chunked(live):
-                chunked.append(live)
-        return self_decoding, chunked
+            if live.prefilled and s.state is not State.SELF_DECODING and not _owes(s):
+                continue  # nothing of it in the plan: its rounds come through the queue
+            lives.append(live)
+            needs.append(_need(live))
+        return lives, needs
 
-    @staticmethod
-    def _unfed(live: LiveSession) -> int:
-        """Context tokens a pass of ``live``'s first round would feed besides its proposal
-        (the scorer recomputes at least the last one)."""
-        n = len(live.session.prompt) + live.session.committed
-        return n - min(live.fed, n - 1)
-
-    @staticmethod
-    def _charge(live: LiveSession, proposed: int) -> int:
-        """The prefill budget a round of ``live`` with ``proposed`` tokens takes: none once its
-        session is prefilled, or when the context its pass feeds is no longer than the
-        ``proposed`` + 1 positions a decoding round carries (such a first round costs a pass
-        about what a second decoding round would; the budget keeps long prompts from stretching
-        a pass, and charged, 3-token prompts would let only budget / 3 new sessions into one),
-        else all of that context."""
-        if live.prefilled:
-            return 0
-        unfed = Batcher._unfed(live)
-        return 0 if unfed <= proposed + 1 else unfed
-
-    def _chunked(self, live: LiveSession) -> bool:
-        """Whether ``live`` still needs prefill chunks before its first round's pass."""
-        s = live.session
-        return (bool(self.prefill_chunk) and not live.prefilled and not live.chunks_failed and not s.closed
-                and s.state is not State.COMMITTING and self._unfed(live) > self.prefill_chunk)
-
-    def _shared(self, self_decoding: Sequence[LiveSession]) -> bool:
-        """Whether a decoding round takes or may soon take the next pass: one queued or fetching
-        its q rows, a self-decoding session, or a proposal owed, of a session not being chunked."""
-        if self._fetching or any(not self._chunked(item.live) for item in self._queue):
-            return True
-        if any(not self._chunked(live) for live in self_decoding):
-            return True
-        for live in self.sessions.records():
-            s = live.session
-            if s.state is State.READY and s.drafter is not None and not s.revoked and not self._chunked(live):
-                return True
-        return False
-
-    def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]]]:
-        """The next pass: queued rounds (up to ``max_batch``), then self-decoding sessions, whose
-        context fits what is left of the prefill budget, then prefill chunks of the sessions
-        whose context does not, in the order they were opened: ``(session, context end)``. The
-        budget is ``prefill_chunk`` when a decoding round shares the pass, else ``prefill_solo``."""
-        self_decoding, waiting = self._survey()
-        shared = self._shared(self_decoding)
-        budget = (self.shared_budget if shared else self.prefill_solo) or None
-        if not self.prefill_chunk:
-            budget = None
-        batch: list[Round] = []
-        left: list[Round] = []
-        self._held_back = False
-
-        def fits(live: LiveSession, proposed: int) -> bool:
-            nonlocal budget
-            cost = 0 if live.chunks_failed else self._charge(live, proposed)
-            if len(batch) >= self.max_batch:
-                return False
-            if budget is not None and cost > budget:
-                self._held_back = self._held_back or shared
-                return False
-            if budget is not None:
-                budget -= cost
-            return True
-
-        for item in self._queue:
-            (batch if fits(item.live, len(item.work.proposed)) else left).append(item)
-        self._queue = left  # rounds left wait, in their order, for a later pass
-        for live in self_decoding:
-            if len(batch) >= self.max_batch:
-                break
-            if fits(live, 0):
-                batch.append(Round(live.session.self_decode(), live=live))
-        chunks: list[tuple[LiveSession, int]] = []
-        self.load.prefill = sum(self._unfed(live) for live in waiting)
-        if budget is None or budget > 0:
-            in_pass = {id(item.live) for item in batch}
-            for live in waiting:
-                if budget is not None and budget <= 0:
-                    break
-                if id(live) in in_pass:
-                    continue
-                n = len(live.session.prompt) + live.session.committed - 1 - live.fed
-                if budget is not None:
-                    n = min(budget, n)
-                    budget -= n
-                chunks.append((live, live.fed + n))
-        return batch, chunks
+    def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]], Plan]:
+        """The next pass as planned: its rounds (queued ones, then self-decoded ones) and its
+        prefill chunks ``(session, context end)``; the rounds it leaves stay queued in order."""
+        lives, needs = self._survey()
+        queue = self._queue
+        limits = Limits(self.max_batch, self.prefill_chunk, self.prefill_solo, self.budget.value)
+        planned = plan(needs, [Queued(_need(item.live), len(item.work.proposed)) for item in queue], limits,
+                       fetching=self._fetching)
+        taken = set(planned.rounds)
+        batch = [queue[i] for i in planned.rounds]
+        self._queue = [item for i, item in enumerate(queue) if i not in taken]
+        batch += [Round(lives[i].session.self_decode(), live=lives[i]) for i in planned.self_decoded]
+        self.load.prefill = planned.waiting
+        return batch, [(lives[i], end) for i, end in planned.chunks], planned
 
     async def run(self) -> None:
         """Form and score batches until cancelled."""
         while True:
-            if not self._queue and not any(self._survey()):
+            if not self._queue and not pending(self._survey()[1], self.prefill_chunk):
                 self.wake.clear()
                 # Unassigned sessions are looked at again while self-decoding them is enabled.
                 idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)
@@ -321,10 +228,10 @@ class Batcher:
             if (now := self.clock()) - self._retired >= 1.0:  # between passes: it changes the cache
                 self._retired = now
                 retire_ended(self.sessions, self.scorer.release, now)
-            batch, chunks = self._compose()
+            batch, chunks, planned = self._compose()
             if batch or chunks:
                 try:
-                    await self._pass(batch, chunks)
+                    await self._pass(batch, chunks, planned)
                 except Exception:  # a scorer or kernel failure: drop the rounds, keep serving
                     log.exception("scoring pass failed")
                     for item in batch:
@@ -356,15 +263,12 @@ class Batcher:
             finally:
                 self._expected = 0
 
-    async def _pass(self, batch: list[Round], chunks: Sequence[tuple[LiveSession, int]] = ()) -> None:
-        """One scoring pass over ``batch`` and the prefill ``chunks``, then the rounds' commits
-        in batch order."""
+    async def _pass(self, batch: list[Round], chunks: Sequence[tuple[LiveSession, int]], planned: Plan) -> None:
+        """One scoring pass over ``batch`` and the prefill ``chunks`` (as ``planned``), then the
+        rounds' commits in batch order."""
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
-        fed = [len(r.proposal) + (1 if item.live.prefilled else self._unfed(item.live))
+        fed = [len(r.proposal) + (1 if item.live.prefilled else _need(item.live).unfed)
                for item, r in zip(batch, requests, strict=True)]
-        decoding = any(item.live.prefilled for item in batch)
-        prefill = sum(self._charge(item.live, len(item.work.proposed)) for item in batch)
-        prefill += sum(end - live.fed for live, end in chunks)
         for live, end in chunks:
             requests.append(ScoreRequest(live.session.session, _context(live, end), ()))
             fed.append(end - live.fed)
@@ -373,15 +277,15 @@ class Batcher:
         self.metrics.batch(len(batch) + len(chunks))  # sessions in the pass, those being prefilled too
         starting = [item.live for item in batch if not item.live.prefilled] + [live for live, _ in chunks]
         for live in starting:
-            if live.prefill_started is None and self._unfed(live) >= LONG_PREFILL:
+            need = _need(live)
+            if live.prefill_started is None and need.unfed >= LONG_PREFILL:
                 live.prefill_started = started
                 how = "in one pass"
-                if self._chunked(live):
+                if chunked(need, self.prefill_chunk):
                     how = f"in chunks of at most {self.prefill_chunk}"
                     if self.prefill_solo != self.prefill_chunk:
                         how += f", {self.prefill_solo or 'the rest'} when no round shares the pass"
-                log.info("session %s: prefill of %d tokens starts (%s)", live.session.session.hex(), self._unfed(live),
-                         how)
+                log.info("session %s: prefill of %d tokens starts (%s)", live.session.session.hex(), need.unfed, how)
         for live, _ in chunks:
             live.prefilling = True  # a cancel releases its cache only after this pass
         try:
@@ -403,8 +307,8 @@ class Batcher:
                          len(item.work.context), self.clock() - live.prefill_started, n, "" if n == 1 else "es")
             live.prefilled = True
         took = self.clock() - started
-        if decoding:
-            self._adapt(took, prefill, held_back=self._held_back, rounds=len(batch))
+        if planned.decoding:
+            self._adapt(took, planned.prefill, held_back=planned.held_back, rounds=len(batch))
         if took >= LONG_PASS:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
                         sum(fed), ", ".join(r.session.hex() for r in requests))
@@ -416,20 +320,8 @@ class Batcher:
             self.progress = self.clock()
 
     def _adapt(self, took: float, prefill: int, *, held_back: bool = False, rounds: int = 1) -> None:
-        """Learn from a pass of ``rounds`` decoding rounds: alone, their time per round; beside
-        ``prefill`` tokens, whether the shared budget may grow (its pass cost little more than
-        its rounds alone, and it was all fed or ``held_back`` a round) or must shrink."""
-        if not prefill:
-            self._decode_seconds.append(took / max(1, rounds))
-            return
-        if not self.prefill_chunk or not self._decode_seconds:
-            return
-        alone = statistics.median(self._decode_seconds) * max(1, rounds)
-        cap = self.prefill_solo or PREFILL_SOLO_CPU * self.prefill_chunk // PREFILL_CHUNK_CPU
-        if took > SHRINK_ABOVE * alone:
-            self.shared_budget = max(self.prefill_chunk, self.shared_budget // 2)
-        elif took <= GROW_BELOW * alone and (prefill >= self.shared_budget or held_back):
-            self.shared_budget = min(cap, 2 * self.shared_budget)
+        """Teach the shared budget a pass's time (:meth:`SharedBudget.adapt`)."""
+        self.budget.adapt(took, prefill, held_back=held_back, rounds=rounds)
 
 
 def default_prefill_chunk(scorer: object, *, solo: bool = False) -> int:
@@ -449,6 +341,20 @@ def _context(live: LiveSession, end: int) -> tuple[int, ...]:
     if end <= len(prompt):
         return tuple(prompt[:end])
     return (*prompt, *s.output(0).tokens[: end - len(prompt)])
+
+
+def _owes(s: VerifierSession) -> bool:
+    """Whether the session's drafter may send a proposal now."""
+    return s.state is State.READY and s.drafter is not None and not s.revoked
+
+
+def _need(live: LiveSession) -> SessionNeed:
+    """What the plan needs to know of ``live``."""
+    s = live.session
+    state = s.state
+    return SessionNeed(id(live), len(s.prompt) + s.committed, live.fed, live.prefilled, live.chunks_failed,
+                       open=not s.closed and state is not State.COMMITTING, self_decoding=state is State.SELF_DECODING,
+                       owes=_owes(s))
 
 
 def _drop(item: Round) -> None:
