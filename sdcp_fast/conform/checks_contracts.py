@@ -22,7 +22,7 @@ from sdcp_fast.protocol import (
 )
 
 if TYPE_CHECKING:
-    from sdcp_fast.conform.kit import Conform
+    from sdcp_fast.conform.checker import Checker
 
 # Valid vectors a verifier may refuse as "not supported" (Table 2), and invalid ones it may
 # accept, because the draft leaves that reading to it (docs/vectors.md).
@@ -30,7 +30,7 @@ BASELINE_VALID = "minimal-greedy"
 INVALID_BY_INTERPRETATION = {"m_max-0": "the CDDL allows m_max 0 (uint .le 64); refusing it is an interpretation"}
 
 
-async def transport(kit: Conform) -> None:
+async def transport(kit: Checker) -> None:
     """§5.1 on sockets of the kit's own (the CLI's probe: TLS 1.2 only, HTTP/1.1 only)."""
     r = kit.report
     if kit.probe is None:
@@ -49,7 +49,7 @@ async def transport(kit: Conform) -> None:
         r.add("mutual-tls", True, f"refused: {type(exc).__name__}")
 
 
-async def authentication(kit: Conform) -> None:
+async def authentication(kit: Checker) -> None:
     r = kit.report
     answer = await kit.as_drafter("POST", "sessions", kit.session_open(kit.contract()).encode())
     served = answer.status == 200
@@ -70,7 +70,7 @@ async def authentication(kit: Conform) -> None:
           f"output of an unknown session {unknown.brief()}")
 
 
-async def contracts(kit: Conform) -> None:
+async def contracts(kit: Checker) -> None:
     r = kit.report
     reference_digests(kit)
     wrong = kit.contract(target=hashlib.sha256(b"not the verifier's model").digest())
@@ -90,7 +90,7 @@ async def contracts(kit: Conform) -> None:
     await contract_vectors(kit)
 
 
-def _vector_file(kit: Conform, name: str) -> dict[str, Any] | None:
+def _vector_file(kit: Checker, name: str) -> dict[str, Any] | None:
     if kit.vectors is None:
         return None
     try:
@@ -101,7 +101,7 @@ def _vector_file(kit: Conform, name: str) -> dict[str, Any] | None:
     return data
 
 
-def reference_digests(kit: Conform) -> None:
+def reference_digests(kit: Checker) -> None:
     """The digests the kit judges with reproduce the published vectors (§4.1, §4.2)."""
     contracts, prefix = _vector_file(kit, "contracts.json"), _vector_file(kit, "prefix.json")
     if contracts is None or prefix is None:
@@ -125,7 +125,7 @@ def reference_digests(kit: Conform) -> None:
     kit.report.add("reference-digests", not bad, ", ".join(bad))
 
 
-async def contract_vectors(kit: Conform) -> None:
+async def contract_vectors(kit: Checker) -> None:
     """contracts.json with the verifier's own target: a valid contract opens a session whose
     d[0] follows its digest, or (all but the baseline) is refused as not supported; an invalid
     one is refused with its published problem, or accepted where that is an interpretation."""
@@ -161,9 +161,3 @@ async def contract_vectors(kit: Conform) -> None:
         else:
             kit.refused("invalid-contracts", answer, 422, v["problem"], v["name"])
 
-
-def default_vectors() -> str | None:
-    """tests/vectors of a source checkout of sdcp_fast, when the kit runs from one."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    candidate = os.path.normpath(os.path.join(here, "..", "..", "tests", "vectors"))
-    return candidate if os.path.isfile(os.path.join(candidate, "contracts.json")) else None

@@ -8,12 +8,12 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from sdcp_fast.conform.client import brief_output
-from sdcp_fast.conform.driver import Scripted
+from sdcp_fast.conform.driver import Scripted, learn_greedy
 from sdcp_fast.conform.report import Outcome
 from sdcp_fast.protocol import Action, Output, extend_digest
 
 if TYPE_CHECKING:
-    from sdcp_fast.conform.kit import Conform
+    from sdcp_fast.conform.checker import Checker
 
 R = 2
 SELF_DECODE_WAIT = 10.0  # seconds for the self-decoded tokens to appear as output
@@ -22,9 +22,9 @@ SELF_DECODE_WAIT = 10.0  # seconds for the self-decoded tokens to appear as outp
 FALLBACK = (int(Action.REDUCE), int(Action.SWITCH), int(Action.SELF_DECODE), int(Action.REDUCE))
 
 
-async def ladder(kit: Conform) -> None:
+async def ladder(kit: Checker) -> None:
     r = kit.report
-    greedy = await kit.greedy()
+    greedy = await learn_greedy(kit)
     c = kit.contract(m_max=8, max_new=44, low_rounds=R, low_ratio=100, fallback=FALLBACK, self_load=100,
                      self_max=1)
     s = await Scripted(kit, c, greedy, ladder=True).open()
@@ -63,7 +63,7 @@ async def ladder(kit: Conform) -> None:
     await unknown_action(kit, greedy)
 
 
-async def self_decoding(kit: Conform, s: Scripted, greedy: list[int]) -> None:
+async def self_decoding(kit: Checker, s: Scripted, greedy: list[int]) -> None:
     """After a self_decode verdict: the verifier commits self_max greedy tokens, one round
     each, then stops; a new assignment answers the session-state after them."""
     r = kit.report
@@ -90,7 +90,7 @@ async def self_decoding(kit: Conform, s: Scripted, greedy: list[int]) -> None:
     s.committed.extend(expected)
 
 
-async def unknown_action(kit: Conform, greedy: list[int]) -> None:
+async def unknown_action(kit: Checker, greedy: list[int]) -> None:
     """§5.2 at the verifier: a fallback entry the registry does not define is applied as fail
     once the rounds are low (or the contract is refused as not supported: interpretation)."""
     r = kit.report

@@ -11,18 +11,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sdcp_fast.conform.driver import Scripted
+from sdcp_fast.conform.driver import Scripted, learn_greedy
 from sdcp_fast.protocol import Output, Resume, SessionState
 
 if TYPE_CHECKING:
-    from sdcp_fast.conform.kit import Conform
+    from sdcp_fast.conform.checker import Checker
 
 OTHER_DRAFTER = "https://another-drafter.invalid/"
 
 
-async def recovery(kit: Conform) -> None:
+async def recovery(kit: Checker) -> None:
     r = kit.report
-    greedy = await kit.greedy()
+    greedy = await learn_greedy(kit)
     s = await Scripted(kit, kit.contract(max_new=40), greedy).open()
     for m in (2, 3):
         if await s.round(s.next_greedy(m)) is None:

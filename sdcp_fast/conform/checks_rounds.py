@@ -7,7 +7,7 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from sdcp_fast.conform.client import brief_output, find_session_state, prompt_tokens, state_mismatch
-from sdcp_fast.conform.driver import Scripted
+from sdcp_fast.conform.driver import Scripted, learn_greedy
 from sdcp_fast.conform.expect import wrong
 from sdcp_fast.conform.report import Outcome
 from sdcp_fast.protocol import (
@@ -23,12 +23,12 @@ from sdcp_fast.protocol import (
 )
 
 if TYPE_CHECKING:
-    from sdcp_fast.conform.kit import Conform
+    from sdcp_fast.conform.checker import Checker
 
 NOT_US = "https://not-the-kit.invalid/"
 
 
-async def session_creation(kit: Conform) -> None:
+async def session_creation(kit: Checker) -> None:
     r = kit.report
     c = kit.contract()
     opened = kit.session_open(c)
@@ -56,9 +56,9 @@ async def session_creation(kit: Conform) -> None:
           f"round 1 after refused proposals {answer.brief()}")
 
 
-async def rule1(kit: Conform) -> None:
+async def rule1(kit: Checker) -> None:
     r = kit.report
-    greedy = await kit.greedy()
+    greedy = await learn_greedy(kit)
     s = await Scripted(kit, kit.contract(max_new=10), greedy).open()
     script = [lambda: s.next_greedy(2) + (wrong(s.next_greedy(3)[2]),), lambda: s.next_greedy(4),
               lambda: s.low_tokens(4), lambda: s.next_greedy(1)]
@@ -87,7 +87,7 @@ async def rule1(kit: Conform) -> None:
     await concurrency(kit, greedy)
 
 
-async def concurrency(kit: Conform, greedy: list[int]) -> None:
+async def concurrency(kit: Checker, greedy: list[int]) -> None:
     """§6.3 identical requests in progress; §6.7 a waiting GET output."""
     r = kit.report
     s = await Scripted(kit, kit.contract(max_new=40), greedy).open()
@@ -112,9 +112,9 @@ async def concurrency(kit: Conform, greedy: list[int]) -> None:
           f"waited: {brief_output(out)}; the round committed {emitted}")
 
 
-async def refusals(kit: Conform) -> None:
+async def refusals(kit: Checker) -> None:
     r = kit.report
-    greedy = await kit.greedy()
+    greedy = await learn_greedy(kit)
     s = await Scripted(kit, kit.contract(max_new=40), greedy).open()
     await s.round(s.next_greedy(2))
     state = s.state

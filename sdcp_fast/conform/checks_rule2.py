@@ -16,14 +16,14 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any
 
-from sdcp_fast.conform.driver import Scripted
+from sdcp_fast.conform.driver import Scripted, learn_greedy
 from sdcp_fast.conform.expect import expected_emitted, wrong
 from sdcp_fast.conform.report import Outcome
 from sdcp_fast.protocol import Policy, Sampling, session_path_id
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 
 if TYPE_CHECKING:
-    from sdcp_fast.conform.kit import Conform
+    from sdcp_fast.conform.checker import Checker
 
 STATEMENTS = ("rule2-needs-q", "rule2-q-zero", "rule2-q-unavailable", "rule2-temperature-0", "policy-from-round",
               "rule2-seeded")
@@ -33,7 +33,7 @@ def uniform_rows(vocab: int, m: int) -> bytearray:
     return bytearray(struct.pack(f"<{m * vocab}f", *([1.0 / vocab] * (m * vocab))))
 
 
-async def rule2(kit: Conform) -> None:
+async def rule2(kit: Checker) -> None:
     r = kit.report
     if kit.oracle is None:
         r.add("rule2-seeded", None, "needs the target distribution at a temperature above 0 (--oracle)")
@@ -41,7 +41,7 @@ async def rule2(kit: Conform) -> None:
         for check in STATEMENTS:
             r.add(check, None, "needs the cache the verifier reads q rows from (--mlc or --store) and --vocab")
         return
-    greedy = await kit.greedy()
+    greedy = await learn_greedy(kit)
     c = kit.contract(RULE_SPECULATIVE, max_new=44)
     opened = kit.session_open(c)
     answer = await kit.post_session(opened)
@@ -99,7 +99,7 @@ async def rule2(kit: Conform) -> None:
         await seeded(kit, s, Sampling(temperature_milli=1500, seed=11), rows)
 
 
-async def seeded(kit: Conform, s: Scripted, profile: Sampling, rows: Any) -> None:
+async def seeded(kit: Checker, s: Scripted, profile: Sampling, rows: Any) -> None:
     """Rounds under the policy's seeded profile, each predicted from the oracle's logits."""
     from sdcp_fast.protocol.acceptance import profile_distribution
     from sdcp_fast.protocol.randoms import VerifierRandom

@@ -9,8 +9,9 @@ The ladder and fail-over sequences (checks_ladder.py, checks_recovery.py) are sc
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from sdcp_fast.conform.checker import GREEDY_LENGTH, Checker, ConformError
 from sdcp_fast.conform.client import Answer
 from sdcp_fast.conform.expect import LadderModel, expected_emitted, finishes, reduced, wrong
 from sdcp_fast.conform.report import Outcome
@@ -24,12 +25,9 @@ from sdcp_fast.protocol import (
     extend_digest,
 )
 
-if TYPE_CHECKING:
-    from sdcp_fast.conform.kit import Conform
-
 
 class Scripted:
-    def __init__(self, kit: Conform, c: Contract, greedy: list[int] | None, *, exact: bool = True,
+    def __init__(self, kit: Checker, c: Contract, greedy: list[int] | None, *, exact: bool = True,
                  ladder: bool = False) -> None:
         self.kit = kit
         self.contract = c
@@ -148,3 +146,18 @@ class Scripted:
         self.state, self.m_cap = v, v.m_cap
         self.committed.extend(v.emitted)
         return v
+
+
+async def learn_greedy(kit: Checker) -> list[int]:
+    """The greedy continuation of the kit's prompt, from a rule-1 session whatever it proposes
+    (§6.4); learned once per kit."""
+    if kit.greedy is None:
+        s = await Scripted(kit, kit.contract(max_new=GREEDY_LENGTH), None).open()
+        while len(s.committed) < GREEDY_LENGTH:
+            v = await s.round((s.committed[-1] if s.committed else 1,))
+            if v is None:
+                raise ConformError("a rule-1 proposal on the committed prefix was refused")
+            if v.action in (Action.FINISH, Action.FAIL) and len(s.committed) < GREEDY_LENGTH:
+                raise ConformError(f"the session ended after {len(s.committed)} of {GREEDY_LENGTH} tokens")
+        kit.greedy = s.committed[:GREEDY_LENGTH]
+    return kit.greedy

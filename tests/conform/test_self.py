@@ -24,7 +24,7 @@ from .harness import patched, run_kit
 def _kit_kw(fault: Fault, tmp_path: Any) -> dict[str, Any]:
     kw = dict(fault.kit)
     if kw.get("vectors") == "bad":
-        from sdcp_fast.conform.checks_contracts import default_vectors
+        from sdcp_fast.conform.checker import default_vectors
 
         src = default_vectors()
         assert src is not None
