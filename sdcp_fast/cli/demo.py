@@ -56,7 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
     p.add_argument("--inprocess", action="store_true",
                    help="run the roles in this process (in-process transport) instead of starting sdcp-fast up")
-    from sdcp_fast.deploy.catalog import add_device_argument
+    from sdcp_fast.cli._options import add_device_argument
 
     add_device_argument(p)  # across processes: passed on to the verifiers and drafters up starts
 

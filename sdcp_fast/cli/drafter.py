@@ -19,7 +19,7 @@ HELP = "serve an SDCP drafter role (proposes tokens from a draft model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.deploy.catalog import add_device_argument
+    from sdcp_fast.cli._options import add_device_argument
     from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--drafter", default="ngram",

@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
     p.add_argument("--raw", action="store_true", help="do not wrap the prompt in the model's chat template")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    from sdcp_fast.deploy.catalog import add_device_argument
+    from sdcp_fast.cli._options import add_device_argument
 
     add_device_argument(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")

@@ -43,7 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     api.add_argument("--api-cert-key", metavar="PEM", help="the private key of --api-cert")
     api.add_argument("--api-per-key", type=int, default=16, metavar="N",
                      help="requests in flight per key at most; one more is 429 (default 16)")
-    from sdcp_fast.deploy.catalog import add_weights_argument
+    from sdcp_fast.cli._options import add_weights_argument
 
     add_weights_argument(p)  # the target digest in contracts follows the form of the weights
 

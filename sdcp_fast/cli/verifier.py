@@ -19,7 +19,7 @@ HELP = "serve the SDCP verifier role (the target model; the only party that comm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.deploy.catalog import add_device_argument
+    from sdcp_fast.cli._options import add_device_argument
     from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--model", default="auto", help="target: toy, smollm2, a GGUF file or an HF directory "

@@ -77,21 +77,6 @@ def check_device(device: str) -> str:
     return device
 
 
-def add_device_argument(p: Any) -> None:
-    """``--device`` on the commands that load a model (the same words everywhere)."""
-    p.add_argument("--device", default="cpu",
-                   help="where the model runs: cpu (default), cuda or cuda:N (paged attention and CUDA graphs)")
-    add_weights_argument(p)
-
-
-def add_weights_argument(p: Any) -> None:
-    """``--weights`` (see ``model/quant_weights.py``): every process that loads the target
-    (verifier, drafter, router) must use the same form, since the weights digest follows it."""
-    p.add_argument("--weights", default="auto", choices=("auto", "f32", "bf16", "q8_0", "q4"),
-                   help="form of the linear layers: auto (f32: rule-1 output equal to target-only decoding), f32, bf16, "
-                        "q8_0 or q4 (quantized kernels, CPU only; see docs/kernels.md)")
-
-
 def load_target(spec: str, device: str = "cpu", weights: str = "auto") -> Target:
     """The target named by ``spec``, its weights on ``device`` in the form ``weights`` names
     (``--weights``, see ``model/quant_weights.py``; raises ``FileNotFoundError``/``ValueError``
