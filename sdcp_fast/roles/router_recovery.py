@@ -206,11 +206,17 @@ class Recovery:
 
     async def _target_kv(self, session: bytes, epoch: int) -> str | None:
         """The newest target KV pages in the MLC (§6.9 "if available"): each verifier publishes
-        its epoch's (roles/verifier.py); one that died before its first publish left none, and
+        its epoch's (roles/verifier_kv.py); one that died before its first publish left none, and
         an older epoch's still hold a prefix of the committed tokens, which the new verifier
-        checks. A few probes, then none: the new verifier computes the prefix itself."""
+        checks. Only pages named for the verifier the session was opened at for their epoch are
+        taken (docs/security.md, "Names nobody can squat"). A few probes, then none: the new
+        verifier computes the prefix itself."""
+        writers = self.sessions[session].writers
         for e in range(epoch, max(0, epoch - KV_PROBES), -1):
-            ref = object_uri(self.scope, session, "target_kv", e)
+            writer = writers.get(e)
+            if writer is None:
+                continue  # nobody known to have verified this epoch: no name is its verifier's
+            ref = object_uri(self.scope, session, "target_kv", e, tag=writer_tag(writer))
             try:
                 if await self.objects.exists(ref):
                     return ref

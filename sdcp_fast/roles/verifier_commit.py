@@ -83,7 +83,7 @@ class Committer:
         backend serves ``commit_log``)."""
         log_ = await self.store.commit_log(commit_log)
         view = await log_.read()
-        return LiveSession(session, log_, view.etag, tokens_object(session, self.uri), self.clock(), kv_ref=kv_object(session))
+        return LiveSession(session, log_, view.etag, tokens_object(session, self.uri), self.clock(), kv_ref=kv_object(session, self.uri))
 
     async def write_output(self, live: LiveSession, tokens: Sequence[int]) -> None:
         """The session's committed output, in this epoch's object."""

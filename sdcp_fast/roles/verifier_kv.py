@@ -2,7 +2,7 @@
 in the background after commits, imported when a resumed session names them.
 
 With a scorer that keeps a paged cache, the committed prefix's KV is published to
-``target_kv/<epoch>`` whenever it has grown enough since the last publish; a resumed open
+``target_kv/<epoch>.<writer tag>`` whenever it has grown enough since the last publish; a resumed open
 whose ``resume.target_kv`` names such an object imports it, so its first pass computes only
 the positions after it (docs/reliability.md, scenario 2).
 """
@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.uri import parse, writer_tag
 from sdcp_fast.model.interfaces import TargetKV
 from sdcp_fast.protocol.session import State, VerifierSession
 from sdcp_fast.roles.metrics import VerifierMetrics
@@ -24,13 +25,24 @@ from sdcp_fast.store.interface import Store
 log = logging.getLogger("sdcp_fast.verifier")
 
 
-def kv_object(session: VerifierSession) -> str | None:
+def kv_object(session: VerifierSession, writer: str = "") -> str | None:
     """Where this verifier publishes the session's target KV pages: one object per epoch, as
-    for ``committed_tokens`` (an object has one writer; a fenced verifier's late publish
-    replaces only its own)."""
-    if session.contract.scope is None:
+    for ``committed_tokens`` (a fenced verifier's late publish replaces only its own), named
+    for ``writer`` (this verifier's base URI: its tag), so no other verifier can create it
+    first (docs/security.md, "Names nobody can squat"). None without a scope or a writer: an
+    untagged name is anybody's to take."""
+    if session.contract.scope is None or not writer:
         return None
-    return object_uri(session.contract.scope, session.session, "target_kv", session.epoch)
+    return object_uri(session.contract.scope, session.session, "target_kv", session.epoch, tag=writer_tag(writer))
+
+
+def untagged(ref: str) -> bool:
+    """Whether ``ref`` names pages without their writer's tag: whoever created them first
+    owns such a name, so nothing says they are the session's verifier's."""
+    try:
+        return parse(ref).tag is None
+    except ValueError:
+        return True
 
 
 class KvPublisher:
@@ -67,6 +79,10 @@ class KvPublisher:
             return
         if ref is None:
             self.metrics.resume("cold", "none")
+            return
+        if untagged(ref):
+            log.warning("session %s: target KV %s refused: its name carries no writer's tag", session.session.hex(), ref)
+            self.metrics.resume("cold", "refused")
             return
         committed = (*session.prompt, *session.output(0).tokens)
 

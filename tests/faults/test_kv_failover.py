@@ -109,8 +109,15 @@ class Kill:
 async def _pages_exist(store: Any, up: FaultUp, sessions: Sequence[bytes], epoch: int) -> bool:
     """Whether the MLC holds every session's target KV pages of ``epoch``."""
     from sdcp_fast.cache import object_uri
+    from sdcp_fast.cache.uri import writer_tag
 
-    return all([await store.objects.contains(object_uri(up.scope, s, "target_kv", epoch)) for s in sessions])
+    # Each session's pages are named for the verifier that published them, whichever that is.
+    tags = [writer_tag(svc.uri) for svc in up.services.values() if svc.role == "verifier"]
+
+    async def published(s: bytes) -> bool:
+        return any([await store.objects.contains(object_uri(up.scope, s, "target_kv", epoch, tag=t)) for t in tags])
+
+    return all([await published(s) for s in sessions])
 
 
 def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -> tuple[list[Seen], Kill]:

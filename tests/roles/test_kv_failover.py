@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.model.drafters import ModelDrafter
 from sdcp_fast.model.interfaces import ScoreRequest
 from sdcp_fast.model.kv_transfer import Layout, PagedTargetKV, decode
@@ -142,9 +143,9 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             await router.sweep()
             tokens, _ = await asyncio.wait_for(stream, 15.0)
             # B published its own epoch's pages on the way, and deleted them once the session ended.
-            ended = object_uri(SCOPE, S, "target_kv", 2)
+            ended = object_uri(SCOPE, S, "target_kv", 2, tag=writer_tag(STANDBY))
             await until(lambda: not standby.live(S).kv_busy and not mlc.mlc.contains(ended))
-            ref = object_uri(SCOPE, S, "target_kv", 1)
+            ref = object_uri(SCOPE, S, "target_kv", 1, tag=writer_tag(ACTIVE))
             published = 0 if mode == "unpublished" else len(decode(mlc.mlc.get(ref), Layout.of(runner_a.cache, TARGET)))
             return dict(routed=routed, tokens=tokens, committed_at_a=committed_at_a, published=published,
                         b=[c for c in runner_b.computed if c[0] == S], active=active, standby=standby)
