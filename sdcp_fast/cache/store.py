@@ -210,9 +210,10 @@ class MLC:
             start = 0 if is_tensor and data.device.type == "cuda" else self._read_tier
             full = ""
             for i in range(start, len(self.tiers)):
-                if size <= self.tiers[i].capacity and self._make_room(i, size, keep={uri}):
+                if (size <= self.tiers[i].capacity and self._could_hold(i, size, keep={uri})
+                        and self._make_room(i, size, keep={uri})):
                     try:
-                        handle = self._write(i, uri, data, keep={uri})
+                        handle = self._write(i, uri, data, size, keep={uri})
                         break
                     except CacheFull as exc:
                         full = f" ({exc.detail})"
@@ -592,10 +593,27 @@ class MLC:
             self._move_down(victim, keep)
         return True
 
-    def _write(self, i: int, uri: str, data: Any, *, keep: set[str]) -> Any:
+    def _could_hold(self, i: int, size: int, *, keep: set[str]) -> bool:
+        """Whether tier i's file system could take ``size`` bytes once its LRU unleased
+        objects made way: a tier may claim more than the file system under it has, and an
+        object that fits neither way must be refused before anything is evicted for it."""
+        free_space = getattr(self.tiers[i], "free_space", None)
+        if free_space is None:
+            return True
+        try:
+            free = int(free_space())
+        except OSError:
+            return True  # unknown: the write itself tells
+        if size <= free:
+            return True
+        reclaimable = sum(e.size for u in self._lru[i] if u not in keep and not (e := self._index[u]).leases)
+        return size <= free + reclaimable
+
+    def _write(self, i: int, uri: str, data: Any, size: int, *, keep: set[str]) -> Any:
         """``tiers[i].write``; when the file system under the tier is fuller than its
-        accounting says (ENOSPC), the tier's LRU unleased objects make way one by one, and
-        with none left the write is CacheFull (507), never a bare OSError."""
+        accounting says (ENOSPC), the tier's LRU unleased objects make way one by one while
+        they could still make room for ``size`` bytes; otherwise the write is CacheFull (507),
+        never a bare OSError."""
         tier = self.tiers[i]
         while True:
             try:
@@ -605,7 +623,7 @@ class MLC:
                     raise
                 victim = next((self._index[u] for u in self._lru[i] if u not in keep and not self._index[u].leases),
                               None)
-                if victim is None:
+                if victim is None or not self._could_hold(i, size, keep=keep | {uri}):
                     raise CacheFull(f"tier {tier.name} is out of space: {exc.strerror}") from None
                 self._move_down(victim, keep | {uri})
 
@@ -656,7 +674,7 @@ class MLC:
             as_tensor = hasattr(src, "tensor") and not (src.host_readable and dst.host_readable)
             data = src.tensor(entry.handle) if as_tensor else src.read(entry.handle)  # type: ignore[attr-defined]
             try:
-                new = self._write(j, entry.uri, data, keep=keep)
+                new = self._write(j, entry.uri, data, entry.size, keep=keep)
             finally:
                 del data
         if entry.borrowed:

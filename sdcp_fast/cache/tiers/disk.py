@@ -46,6 +46,12 @@ class DiskTier:
         self.gds = self._gds is not None
         self._seq = 0
 
+    def free_space(self) -> int:
+        """Bytes the file system under the tier can still take (what an unprivileged writer
+        may use); the tier's capacity may claim more than that."""
+        st = os.statvfs(self._objects)
+        return int(st.f_bavail * st.f_frsize)
+
     def _path(self, key: str) -> str:
         # Named by sequence, not by key: a re-put never truncates a file a reader still has
         # mapped, and names need no escaping.
