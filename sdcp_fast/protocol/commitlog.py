@@ -61,6 +61,33 @@ def append_survived(records: Sequence[LogRecord], index: int) -> bool:
     )
 
 
+def writer_conflict(records: Sequence[LogRecord], *, epoch: int, round: int, committed: int,
+                    digest: bytes) -> str | None:
+    """Why a verifier whose session is at ``epoch``, last round ``round``, ``committed``
+    output tokens and digest ``digest`` may not append its next commit record to a log holding
+    ``records``; None when it may.
+
+    §6.8: a commit record carries the session's current epoch and follows the last record its
+    writer wrote. Records of ``epoch`` already in the log were written by this epoch's verifier
+    before it lost its state (a restart, re-opened with the session-open it held): the session
+    must then be where the last of them left it, or its next round would repeat rounds the log
+    holds. A fence or a commit of a higher epoch means the epoch is over. With no record of
+    ``epoch`` the writer starts where its open says (the resume the router read after its
+    fence).
+    """
+    last: CommitRecord | None = None
+    for record in records:
+        if record.epoch > epoch:
+            kind = "fence" if isinstance(record, FenceRecord) else "commit record"
+            return f"the log holds a {kind} of epoch {record.epoch}, above this session's epoch {epoch}"
+        if isinstance(record, CommitRecord) and record.epoch == epoch:
+            last = record
+    if last is not None and (last.round, last.committed, last.digest) != (round, committed, digest):
+        return (f"the log holds round {last.round} ({last.committed} tokens) of epoch {epoch}, and the session "
+                f"is at round {round} ({committed} tokens): this epoch was served before this open")
+    return None
+
+
 AppendOutcome = Literal["committed", "fenced", "lost"]
 
 

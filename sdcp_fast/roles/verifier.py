@@ -267,6 +267,10 @@ class VerifierRole:
             live = await self.committer.open(session, message.commit_log)
         except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
             raise BadRequest(f"commit_log cannot be opened: {exc}") from None
+        except StaleEpoch:  # its log moved past this open (a restart, a fence): not held here
+            if session.session in self.sessions and self.sessions.get(session.session) is session:
+                self.sessions.remove(session.session)
+            raise
         if self.sessions.get(session.session) is not session:
             raise StaleEpoch("the session was re-opened at a newer epoch")
         self.sessions.attach(session, live)

@@ -23,7 +23,7 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.commitlog import Fenced, PreconditionFailed
 from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch
-from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord, classify_failed_append
+from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord, classify_failed_append, writer_conflict
 from sdcp_fast.protocol.problems import InternalError
 from sdcp_fast.protocol.session import RoundDone, State, VerifierSession
 from sdcp_fast.roles.load import VerifierLoad
@@ -80,9 +80,17 @@ class Committer:
 
     async def open(self, session: VerifierSession, commit_log: str) -> LiveSession:
         """The record of a session opened at this epoch, with its log read (ValueError: no
-        backend serves ``commit_log``)."""
+        backend serves ``commit_log``; StaleEpoch: the log has moved past where the session
+        starts, so its next round could not follow the log's last record, §6.8)."""
         log_ = await self.store.commit_log(commit_log)
         view = await log_.read()
+        # The tag taken from this same read conditions the first append, so nothing written
+        # after the check can be followed either.
+        conflict = writer_conflict(view.records, epoch=session.epoch, round=session.round,
+                                   committed=session.committed, digest=session.digest)
+        if conflict is not None:
+            log.warning("session %s: not opened at epoch %d: %s", session.session.hex(), session.epoch, conflict)
+            raise StaleEpoch(conflict)
         return LiveSession(session, log_, view.etag, tokens_object(session, self.uri), self.clock(), kv_ref=kv_object(session, self.uri))
 
     async def write_output(self, live: LiveSession, tokens: Sequence[int]) -> None:

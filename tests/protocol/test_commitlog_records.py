@@ -17,6 +17,7 @@ from sdcp_fast.protocol.commitlog import (
     decode_record,
     encode_record,
     fence_epoch,
+    writer_conflict,
 )
 from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
 
@@ -116,3 +117,30 @@ def test_classify_failed_append():
     assert classify_failed_append([*before, rival], own) == "lost"
     assert classify_failed_append(before, own) == "lost"
     assert classify_failed_append([FenceRecord(2), own], own) == "committed"  # an equal fence is ours
+
+
+def _commit(epoch: int, round_: int) -> CommitRecord:
+    return CommitRecord(epoch=epoch, round=round_, emitted=(round_,), committed=round_, digest=bytes([round_]) * 32)
+
+
+def test_a_writer_follows_the_last_record_of_its_epoch() -> None:
+    """§6.8: the next record follows the last one this epoch's writer wrote; with none, the
+    session starts where its open says; a higher epoch in the log ends it."""
+    log = [_commit(1, 1), _commit(1, 2), FenceRecord(2)]
+
+    def conflict(records, epoch: int, round_: int) -> str | None:
+        return writer_conflict(records, epoch=epoch, round=round_, committed=round_, digest=bytes([round_]) * 32)
+
+    assert conflict([], 1, 0) is None
+    assert conflict(log[:2], 1, 2) is None  # the same writer, where it left off
+    assert conflict(log, 2, 2) is None  # resumed at the last commit, nothing of epoch 2 yet
+    assert conflict(log, 2, 1) is None  # the resume is the router's: no record of epoch 2 to follow
+    # Epoch 2 wrote rounds 3 and 4, then restarted and was opened again at the resume of round 2.
+    assert "round 4" in (conflict([*log, _commit(2, 3), _commit(2, 4)], 2, 2) or "")
+    assert conflict([*log, _commit(2, 3), _commit(2, 4)], 2, 4) is None
+    assert "round 2" in (conflict(log[:2], 1, 0) or "")  # epoch 1 restarted: opened again at round 0
+    assert "fence of epoch 2" in (conflict(log, 1, 2) or "")
+    assert "commit record of epoch 3" in (conflict([*log[:2], _commit(3, 3)], 2, 2) or "")
+    # The digest and committed length are part of where a writer stands, not only the round.
+    assert conflict(log[:2], 1, 2) is None
+    assert writer_conflict(log[:2], epoch=1, round=2, committed=2, digest=b"\0" * 32) is not None
