@@ -435,8 +435,9 @@ def main(argv: list[str] | None = None) -> int:
         args.repeats, args.agree_prompts, args.spec_prompts = 2, 6, 3
 
     from sdcp_fast.data import prompts as builtin
+    from sdcp_fast.deploy.catalog import load_drafter, target_of
     from sdcp_fast.model import loader
-    from sdcp_fast.model.build import chat_template, make_drafter
+    from sdcp_fast.model.build import chat_template
 
     path = loader.resolve(args.model)
     forms = [f.strip() for f in args.weights.split(",") if f.strip()]
@@ -529,7 +530,8 @@ def main(argv: list[str] | None = None) -> int:
         for form, o in ours.items():
             spec: dict[str, list[float]] = {}
             each: dict[str, list[list[float]]] = {}
-            drafters = {d: make_drafter(d, o.lm) for d in args.drafters.split(",") if d}
+            target = target_of(args.model, o.lm)
+            drafters = {d: load_drafter(d, target)[0] for d in args.drafters.split(",") if d}
             for _ in range(max(1, args.repeats - 1)):
                 base = [o.greedy(o.encode(t), args.tokens)[1] for t in texts]
                 for name, d in drafters.items():

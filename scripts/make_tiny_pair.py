@@ -10,7 +10,7 @@ package (definitions and quotations, markup stripped; ~20 MB of plain sentences)
 3. a few draft-only steps against the final target (AdamW everywhere, cosine schedules),
 4. both saved as bf16 HF directories in ``sdcp_fast/data/models/tiny-{target,draft}``,
 5. the draft's acceptance (rule 1, M = 4) on held-out paragraphs, through the engine path
-   (``make_drafter("model:...")`` + ``deploy.local.generate``), checked equal to greedy.
+   (``load_drafter("model:...")`` + ``deploy.local.generate``), checked equal to greedy.
 
 No network: get the package first (``apt-get download dict-gcide``) and pass the .deb::
 
@@ -41,9 +41,9 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm import tqdm
 
+from sdcp_fast.deploy.catalog import load_drafter, target_of
 from sdcp_fast.deploy.local import generate
 from sdcp_fast.model import loader
-from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.config import CONFIGS
 from sdcp_fast.model.llama import Transformer
 from sdcp_fast.model.target_scorer import ModelRunner
@@ -284,8 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     # No stop token: a paragraph's end is followed by another paragraph, so every prompt gets
     # max_new tokens (the tests measure the same way).
     greedy = generate(runner, None, prompts, args.max_new)
+    target = target_of("tiny-target", lm)
     for m in (1, 4):
-        res = generate(runner, make_drafter(f"model:{ddir}", lm), prompts, args.max_new, m=m)
+        res = generate(runner, load_drafter(f"model:{ddir}", target)[0], prompts, args.max_new, m=m)
         acc = sum(r.accepted for r in res) / max(1, sum(r.proposed for r in res))
         tpp = sum(len(r.tokens) for r in res) / max(1, sum(r.rounds for r in res))
         same = [r.tokens for r in res] == [r.tokens for r in greedy]

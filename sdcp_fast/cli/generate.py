@@ -34,40 +34,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from sdcp_fast.deploy.catalog import check_device, place_drafter
+    from sdcp_fast.deploy.catalog import load_drafter, load_target
     from sdcp_fast.deploy.local import generate
-    from sdcp_fast.model import loader, quant_weights
-    from sdcp_fast.model.build import chat_template, make_drafter, stop_tokens
-    from sdcp_fast.model.target_scorer import ModelRunner
-    from sdcp_fast.model.tokenizer import decode, encode
     from sdcp_fast.protocol import Sampling
 
     if args.threads:
         torch.set_num_threads(args.threads)
     try:
-        check_device(args.device)
-        lm = quant_weights.load(args.model, args.weights, device=args.device)
-        lm.model.to(args.device)
-        drafter = make_drafter(args.drafter, lm)
-        if drafter is not None:
-            place_drafter(drafter, lm.model.embed.weight.device)
-    except (loader.ModelNotFound, ValueError) as exc:
+        target = load_target(args.model, args.device, args.weights)
+        drafter = None if args.drafter == "none" else load_drafter(args.drafter, target)[0]
+    except (FileNotFoundError, ValueError) as exc:
         print(f"sdcp-fast generate: {exc}", file=sys.stderr)
         return 2
-    if lm.tokenizer is None:
-        print(f"sdcp-fast generate: {args.model} has no tokenizer", file=sys.stderr)
-        return 2
-    chat = None if args.raw else chat_template(lm)
-    text = args.prompt if chat is None else chat(args.prompt)
-    prompt = encode(lm.tokenizer, text)
+    prompt = target.prompt(args.prompt, raw=args.raw)
     sampling = None
     if args.rule == 2:
         sampling = Sampling(
             temperature_milli=None if args.temperature is None else round(args.temperature * 1000),
             top_k=args.top_k, top_p_milli=None if args.top_p is None else round(args.top_p * 1000), seed=args.seed)
-    res = generate(ModelRunner(lm.model), drafter, [prompt], args.max_new, m=args.m or None, rule=args.rule,
-                   sampling=sampling, stop=stop_tokens(lm), seed=args.seed or 0, backend=args.backend)[0]
-    out = decode(lm.tokenizer, res.tokens)
+    res = generate(target.scorer, drafter, [prompt], args.max_new, m=args.m or None, rule=args.rule,
+                   sampling=sampling, stop=target.stop, seed=args.seed or 0, backend=args.backend)[0]
+    out = target.decode(res.tokens)
     if args.json:
         print(json.dumps({"tokens": res.tokens, "text": out, "accepted": res.accepted, "proposed": res.proposed,
                           "rounds": res.rounds, "self_decoded": res.self_decoded, "seconds": round(res.seconds, 4),

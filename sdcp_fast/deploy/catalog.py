@@ -19,6 +19,7 @@ from sdcp_fast.model.contract_digests import model_digest
 from sdcp_fast.model.interfaces import Drafter, TargetScorer
 
 TOY_CONTEXT = 8192  # the toy target has no positions; front end and verifier bound it as a small model's
+DRAFTER_SPECS = "ngram | layerskip:L | model:PATH|NAME"
 TOY_DRAFTERS = {"toy-good": (0.8, 11), "toy-weak": (6.0, 3)}  # noise scale, seed
 
 
@@ -98,23 +99,29 @@ def _load_target(spec: str, device: str, weights: str = "auto") -> Target:
             describe=f"toy target ({len(WORDS)} words, no checkpoint)",
         )
     from sdcp_fast.model import quant_weights
+
+    lm = quant_weights.load(spec, weights, device=device)
+    lm.model.to(device)
+    return target_of(spec, lm, device)
+
+
+def target_of(name: str, lm: Any, device: str = "cpu") -> Target:
+    """The target of a model already loaded (``loader.LoadedModel``), its weights on ``device``."""
     from sdcp_fast.model.build import chat_template, stop_tokens
     from sdcp_fast.model.contract_digests import tokenizer_digest, weights_digest
     from sdcp_fast.model.target_scorer import ModelRunner
     from sdcp_fast.model.tokenizer import decode, encode
 
-    lm = quant_weights.load(spec, weights, device=device)
-    lm.model.to(device)
     tok = lm.tokenizer
     if tok is None:
-        raise ValueError(f"{spec} has no tokenizer")
+        raise ValueError(f"{name} has no tokenizer")
     return Target(
-        name=spec, scorer=ModelRunner(lm.model), vocab_size=lm.config.vocab_size, digest=weights_digest(lm.model),
+        name=name, scorer=ModelRunner(lm.model), vocab_size=lm.config.vocab_size, digest=weights_digest(lm.model),
         tokenizer_digest=tokenizer_digest(tok), encode=lambda text: encode(tok, text),
         decode=lambda ids: decode(tok, list(ids)), chat=chat_template(lm),
         stop=tuple(stop_tokens(lm)),
-        describe=f"{spec} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size}, "
-                 f"weights {lm.meta['weights']}" + ("" if device == "cpu" else f", on {device}") + ")",
+        describe=f"{name} target ({lm.config.n_layers} layers, vocab {lm.config.vocab_size}, "
+                 f"weights {lm.meta.get('weights', 'as loaded')}" + ("" if device == "cpu" else f", on {device}") + ")",
         loaded=lm,
     )
 
@@ -131,16 +138,33 @@ def load_drafter(spec: str, target: Target) -> tuple[Drafter, bytes]:
             raise ValueError(f"unknown toy drafter {spec!r} (expected ngram, {', '.join(TOY_DRAFTERS)})")
         noise, seed = TOY_DRAFTERS[spec]
         return ToyDrafter(spec, target.scorer, noise, seed=seed), model_digest(spec)  # type: ignore[arg-type]
-    from sdcp_fast.model.build import make_drafter
     from sdcp_fast.model.contract_digests import weights_digest
 
-    drafter = make_drafter(spec, target.loaded)
-    if drafter is None:
-        raise ValueError("'none' is no drafter")
+    drafter = _model_drafter(spec, target.loaded)
     place_drafter(drafter, target.loaded.model.embed.weight.device)
     inner = getattr(drafter, "runner", None)
     own = inner is not None and inner.model is not target.loaded.model
     return drafter, weights_digest(inner.model) if own else model_digest(f"{target.name}/{drafter.name}")
+
+
+def _model_drafter(spec: str, lm: Any) -> Drafter:
+    """The drafter ``spec`` names for the real model ``lm`` (``loader.LoadedModel``)."""
+    from sdcp_fast.model import loader
+    from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
+
+    kind, _, arg = spec.partition(":")
+    if kind == "none":
+        raise ValueError("'none' is no drafter")
+    if kind == "ngram":
+        return NgramDrafter(lm.config.vocab_size)
+    if kind == "layerskip":
+        return ModelDrafter(lm.model, n_layers=int(arg or 4))
+    if kind == "model":
+        draft = loader.load(arg or "smollm2-draft", borrow=lm.model)
+        if draft.config.vocab_size != lm.config.vocab_size:
+            raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target's {lm.config.vocab_size}")
+        return ModelDrafter(draft.model, name=f"model:{arg or 'smollm2-draft'}")
+    raise ValueError(f"unknown drafter {spec!r} (expected {DRAFTER_SPECS})")
 
 
 def place_drafter(drafter: Drafter, device: Any) -> None:

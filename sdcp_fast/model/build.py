@@ -1,36 +1,11 @@
-"""Build runners and drafters from command-line style specs (``generate``, ``bench``, ``demo``)."""
+"""What a loaded model says about its prompts: its stop tokens and its chat template."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from functools import partial
 
-import torch
-
-from sdcp_fast.model.interfaces import Drafter
-
-from . import loader
-from .drafters import ModelDrafter, NgramDrafter
 from .loader import LoadedModel
-
-DRAFTER_SPECS = "none | ngram | layerskip:L | model:PATH|NAME"
-
-
-def make_drafter(spec: str, target: LoadedModel, dtype: torch.dtype = torch.float32) -> Drafter | None:
-    kind, _, arg = spec.partition(":")
-    if kind == "none":
-        return None
-    if kind == "ngram":
-        return NgramDrafter(target.config.vocab_size)
-    if kind == "layerskip":
-        n = int(arg or 4)
-        return ModelDrafter(target.model, n_layers=n)
-    if kind == "model":
-        draft = loader.load(arg or "smollm2-draft", dtype, borrow=target.model)
-        if draft.config.vocab_size != target.config.vocab_size:
-            raise ValueError(f"draft vocabulary {draft.config.vocab_size} != target's {target.config.vocab_size}")
-        return ModelDrafter(draft.model, name=f"model:{arg or 'smollm2-draft'}")
-    raise ValueError(f"unknown drafter {spec!r} (expected {DRAFTER_SPECS})")
 
 
 def stop_tokens(lm: LoadedModel) -> list[int]:

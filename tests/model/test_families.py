@@ -85,8 +85,8 @@ def test_every_feature_is_exercised(pair, reference) -> None:
 
 
 def test_greedy_through_the_roles_equals_transformers(pair) -> None:
+    from sdcp_fast.deploy.catalog import load_drafter, target_of
     from sdcp_fast.deploy.local import generate
-    from sdcp_fast.model.build import make_drafter
 
     hf, lm, _ = pair
     prompts = [PROMPT[:30], PROMPT[:5]]
@@ -94,7 +94,8 @@ def test_greedy_through_the_roles_equals_transformers(pair) -> None:
     runner = ModelRunner(lm.model)
     assert [r.tokens for r in generate(runner, None, prompts, 12, stop=(EOS,))] == refs
     # A drafter's rejections truncate the target's paged cache and reuse it: still greedy.
-    spec = generate(runner, make_drafter("layerskip:1", lm), prompts[:1], 12, m=3, stop=(EOS,))[0]
+    drafter = load_drafter("layerskip:1", target_of("pair", lm))[0]
+    spec = generate(runner, drafter, prompts[:1], 12, m=3, stop=(EOS,))[0]
     assert spec.tokens == refs[0] and spec.proposed > 0
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sdcp_fast.deploy.catalog import load_drafter, target_of
 from sdcp_fast.deploy.local import generate
-from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.drafters import ModelDrafter, NgramDrafter
 from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.model.tokenizer import chat_prompt, decode, encode
@@ -46,7 +46,7 @@ def test_speculative_rule1_equals_greedy_for_every_drafter(smollm2, prompt_ids) 
     target = ModelRunner(smollm2.model)
     greedy = generate(target, None, prompt_ids, 14)
     drafters = [NgramDrafter(smollm2.config.vocab_size), ModelDrafter(smollm2.model, n_layers=4),
-                make_drafter("model:smollm2-draft", smollm2)]
+                load_drafter("model:smollm2-draft", target_of("smollm2", smollm2))[0]]
     for drafter in drafters:
         spec = generate(target, drafter, prompt_ids, 14, m=4)
         for g, s in zip(greedy, spec, strict=True):
@@ -72,7 +72,7 @@ def test_shipped_draft_shares_the_tokenizer_and_loads_in_bf16_size(smollm2) -> N
 
     files = list(shipped_path("smollm2-draft").iterdir())
     assert sum(f.stat().st_size for f in files) < 40 * 2**20
-    drafter = make_drafter("model:smollm2-draft", smollm2)
+    drafter = load_drafter("model:smollm2-draft", target_of("smollm2", smollm2))[0]
     assert drafter is not None and drafter.name == "model:smollm2-draft"
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
+from sdcp_fast.deploy.catalog import load_drafter, target_of
 from sdcp_fast.deploy.local import generate
 from sdcp_fast.model import loader
-from sdcp_fast.model.build import make_drafter
 from sdcp_fast.model.config import CONFIGS
 from sdcp_fast.model.target_scorer import ModelRunner
 from sdcp_fast.model.tokenizer import decode, encode
@@ -69,7 +69,7 @@ def test_tokenizer_round_trips_english(tiny) -> None:
 
 def test_rule1_with_the_tiny_draft_is_greedy(tiny, prompts, greedy) -> None:
     target = ModelRunner(tiny.model)
-    drafter = make_drafter("model:tiny-draft", tiny)
+    drafter = load_drafter("model:tiny-draft", target_of("tiny-target", tiny))[0]
     assert all(len(r.tokens) == MAX_NEW for r in greedy)
     for m in (1, 4):
         spec = generate(target, drafter, prompts, MAX_NEW, m=m)
@@ -84,7 +84,8 @@ def test_rule1_with_the_tiny_draft_is_greedy(tiny, prompts, greedy) -> None:
 
 def test_rule2_runs(tiny, prompts) -> None:
     sp = Sampling(temperature_milli=700, top_k=50, seed=11)
-    res = generate(ModelRunner(tiny.model), make_drafter("model:tiny-draft", tiny), prompts[:3], 12, m=4,
+    drafter = load_drafter("model:tiny-draft", target_of("tiny-target", tiny))[0]
+    res = generate(ModelRunner(tiny.model), drafter, prompts[:3], 12, m=4,
                    rule=2, sampling=sp)
     assert all(len(r.tokens) == 12 for r in res)
     assert sum(r.accepted for r in res) > 0
