@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import json
 import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from faults.faultkit import (  # noqa: E402
     busiest_verifier,
     jobs,
     proc_stats,
+    stop_until_failed_over,
     words,
 )
 
@@ -132,11 +132,8 @@ async def fault(up: FaultUp, kind: str, rng: random.Random) -> None:
     ttl = up.status_ttl_ms / 1000
     if kind == "kill-verifier":
         up.kill(await busiest_verifier(up))
-    elif kind == "stop-verifier":
-        name = await busiest_verifier(up)
-        up.signal(name, signal.SIGSTOP)
-        await asyncio.sleep(3 * ttl)
-        up.signal(name, signal.SIGCONT)
+    elif kind == "stop-verifier":  # past its status expiry, until the router failed a session over
+        await stop_until_failed_over(up, await busiest_verifier(up), least=3 * ttl, deadline=60.0)
     elif kind == "kill-drafter":
         up.kill(rng.choice([n for n, s in up.services.items() if s.role == "drafter"]))
     elif kind == "cut-connections":
@@ -148,17 +145,20 @@ async def fault(up: FaultUp, kind: str, rng: random.Random) -> None:
 
 async def soak(up: FaultUp, *, duration: float, sessions: int, fault_every: float, max_tokens: int,
                seed: int, faults: tuple[str, ...] = FAULTS, sample_every: float = 2.0,
-               stuck_after: float = 120.0) -> Report:
+               stuck_after: float = 120.0, min_faults: int = 0) -> Report:
+    """``duration`` seconds of load, and as long as it takes to inject ``min_faults`` faults
+    (a loaded machine's restarts can take longer than ``fault_every``)."""
     rng = random.Random(seed)
     report = Report(faults={k: 0 for k in faults})
     client = Client(up)
     t0 = time.monotonic()
     stop_at = t0 + duration
     finished: list[Seen] = []
+    injected = asyncio.Event()
 
     async def worker(i: int) -> None:
         local = random.Random(seed * 1000 + i)
-        while time.monotonic() < stop_at:
+        while time.monotonic() < stop_at or not injected.is_set():
             [job] = jobs(local, 1, max_tokens, rule2_every=0)
             if local.random() < 0.5:  # seeded rule 2 for half of them
                 job = type(job)(job.prompt, job.max_tokens, job.session, local.randrange(1 << 32))
@@ -172,12 +172,15 @@ async def soak(up: FaultUp, *, duration: float, sessions: int, fault_every: floa
 
     async def injector() -> None:
         k = 0
-        while time.monotonic() + fault_every < stop_at:
-            await asyncio.sleep(fault_every)
-            kind = faults[k % len(faults)]
-            k += 1
-            await fault(up, kind, rng)
-            report.faults[kind] += 1
+        try:
+            while k < min_faults or time.monotonic() + fault_every < stop_at:
+                await asyncio.sleep(fault_every)
+                kind = faults[k % len(faults)]
+                k += 1
+                await fault(up, kind, rng)
+                report.faults[kind] += 1
+        finally:
+            injected.set()
 
     async def sampler() -> None:
         while True:

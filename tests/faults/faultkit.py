@@ -516,3 +516,27 @@ async def busiest(up: FaultUp, role: str, counter: str, window: float = 0.5) -> 
 async def busiest_verifier(up: FaultUp) -> str:
     """The verifier committing the most rounds now (the one whose death hurts most)."""
     return await busiest(up, "verifier", "sdcp_rounds_total")
+
+
+async def failovers(up: FaultUp) -> float:
+    """The router's fail-overs so far (§6.9: each appended its fence before it counted)."""
+    return await asyncio.to_thread(metric, up, "router", "sdcp_failovers_total")
+
+
+async def stop_until_failed_over(up: FaultUp, name: str, *, least: float, deadline: float = 90.0) -> bool:
+    """Partition ``name`` (SIGSTOP) for at least ``least`` seconds and until the router has
+    failed a session over (its fail-over counter grew), then continue it (SIGCONT), however
+    slowly a loaded machine lets the router get there; whether a fail-over came within
+    ``deadline`` seconds."""
+    before = await failovers(up)
+    up.signal(name, signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        await asyncio.sleep(least)
+        while True:
+            moved = await failovers(up) > before
+            if moved or time.monotonic() - t0 >= deadline:
+                return moved
+            await asyncio.sleep(0.25)
+    finally:
+        up.signal(name, signal.SIGCONT)

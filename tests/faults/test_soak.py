@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .faultkit import FaultUp
+from .faultkit import FaultUp, metric
 
 pytestmark = pytest.mark.services
 
@@ -28,14 +28,21 @@ def load_soak():
 
 
 def test_a_short_soak_loses_and_duplicates_nothing(whole: FaultUp, seed: int) -> None:
+    """Each fault is injected once at least, however long a loaded machine takes over each
+    (``min_faults``: the soak goes on until then), and the verifier kill and stop each fail
+    sessions over (the stop lasts until the router fenced one)."""
     soak = load_soak()
+    kinds = ("kill-verifier", "cut-connections", "stop-verifier")
+    before = metric(whole, "router", "sdcp_failovers_total")
     report = asyncio.run(soak.soak(whole, duration=24, sessions=4, fault_every=6, max_tokens=60, seed=seed,
-                                   faults=("kill-verifier", "cut-connections", "stop-verifier"), stuck_after=60))
+                                   faults=kinds, stuck_after=60, min_faults=len(kinds)))
+    failovers = metric(whole, "router", "sdcp_failovers_total") - before
     summary = report.summary()
     assert summary["sessions_completed"] > 0, summary
     assert summary["tokens_lost"] == 0 and summary["duplicates"] == 0, summary
     assert not summary["log_violations"] and summary["stuck"] == 0, summary
     assert summary["leases_at_end"] == 0, summary
-    assert sum(summary["faults"].values()) >= 2, summary
+    assert all(summary["faults"][kind] >= 1 for kind in kinds), summary
+    assert failovers >= 2, (failovers, summary)
     for name, bounds in summary["processes"].items():
         assert bounds["fds_max"] < 256, (name, bounds)
