@@ -134,11 +134,10 @@ def test_drafter_side_does_not_use_the_verifier_derivation(monkeypatch: pytest.M
     way to the verifier's values (the HMAC derivation, its session object, the CSPRNG) made to
     fail, the core's drafter side still runs a whole exchange: choosing M, proposing, following
     verdicts, retrying, resynchronizing and estimating acceptance draw on none of them."""
-    from tests.spec.s6kit import STATUS, assignment, run_round
-
     from sdcp_fast.protocol import randoms
     from sdcp_fast.protocol.drafting import DrafterSession
     from sdcp_fast.protocol.problems import StaleBase
+    from tests.spec.s6kit import STATUS, assignment, run_round
 
     verifier = open_session(contract(rule=2, sampling=Sampling(seed=9)))
     drafter = DrafterSession(assignment(verifier))

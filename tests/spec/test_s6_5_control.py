@@ -128,9 +128,8 @@ def test_switch_sends_event_and_current_drafter_stops() -> None:
 def test_drafter_stops_proposing_on_switch() -> None:
     """§6.5.2 switch, the drafter's side: after a switch verdict the current drafter MUST stop
     proposing for the session; only a new assignment lets a drafter propose again."""
-    from tests.spec.s6kit import STATUS
-
     from sdcp_fast.protocol.drafting import DrafterError, DrafterSession
+    from tests.spec.s6kit import STATUS
 
     verifier = open_session(contract(low_rounds=1, fallback=(2,)))
     drafter = DrafterSession(assignment(verifier))
