@@ -36,7 +36,7 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from typing import Any, cast
 
 from sdcp_fast.protocol import Action, SdcpProblem
@@ -133,7 +133,7 @@ class Frontend:
         log.info("session %s: %s, %d prompt tokens, max %d new, rule %d", session.hex(),
                  "chat" if chat else "completion", len(job.spec.prompt), job.spec.max_new, job.spec.rule)
         if job.stream:
-            return self._stream(session, ident, job, chat, 0)
+            return self._stream(session, ident, job, chat)
         text, finish, count = [], "stop", 0
         try:
             async with contextlib.aclosing(self._pieces(session, job.stop_texts)) as pieces:
@@ -152,10 +152,13 @@ class Frontend:
                       "created": job.created, "model": self.model, "choices": [choice],
                       "usage": _usage(len(job.spec.prompt), count)})
 
-    def _stream(self, session: bytes, ident: str, job: Job, chat: bool, start: int) -> Response:
+    def _stream(self, session: bytes, ident: str, job: Job, chat: bool) -> Response:
+        async def abandoned() -> None:
+            self.cancel_later(session, "its reader went away before it began")
+
+        pieces = self._pieces(session, job.stop_texts)
         return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
-                        stream=_Events(self._events(session, ident, job, chat, start),
-                                       lambda: self.cancel_later(session, "its reader went away before it began")))
+                        stream=_Events(self._events(session, ident, job, chat, pieces), abandoned))
 
     async def _resume(self, job: Job, last: str, chat: bool) -> Response:
         """The rest of the stream after the event ``last`` names (``Last-Event-ID``)."""
@@ -184,12 +187,22 @@ class Frontend:
             return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"}, stream=_once(DONE_EVENT))
         if routed.done:  # ended: resumable while its verifier still serves the output
             try:
-                await self.router.client.output(routed.verifier, session, index, timeout=RESUME_PROBE_S)
+                await self.router.client.output(routed.verifier, session, 0, timeout=RESUME_PROBE_S)
             except (SdcpProblem, ConnectionError, TimeoutError, OSError):
                 raise ApiError(410, f"session {session.hex()} ended and its output is no longer served",
                                code="session_finished") from None
+        # Read up to the index before answering, so that an index beyond the output is a 400,
+        # not an error event in a stream that already said 200.
+        pieces = self._pieces(session, job.stop_texts, index)
+        try:
+            await pieces.__anext__()
+        except BaseException:
+            await pieces.aclose()
+            raise
         log.info("session %s: stream resumed after output token %d", session.hex(), index)
-        return self._stream(session, ident, job, chat, index)
+        return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
+                        stream=_Events(self._events(session, ident, job, chat, pieces, resumed=True),
+                                       pieces.aclose))
 
     async def _open(self, spec: SessionSpec, request: dict[str, Any] | None = None) -> RoutedSession:
         """Open the session in a task of its own: a client that goes away meanwhile leaves the
@@ -209,9 +222,11 @@ class Frontend:
                       ) -> AsyncGenerator[tuple[str, str | None, int, int | None], None]:
         """(text, finish_reason or None, tokens so far, index) as the session commits output,
         where the text given so far is exactly that of the first ``index`` output tokens (None
-        with the last piece). Text that could be the start of a stop string is held back, in
-        whole decoded pieces, until it is known not to be one; the output ends before the first
-        stop string. From ``start`` on: the output before it only feeds the decoder. Left
+        with text cut before a stop string). Text that could be the start of a stop string is
+        held back, in whole decoded pieces, until it is known not to be one; the output ends
+        before the first stop string. From ``start`` on: the output before it only feeds the
+        decoder, then ``("", None, start, start)`` says so; a session that ends before
+        ``start`` is 400 ``invalid_last_event_id``. Left
         before the session's last output (the reader went away, or a stop string was
         reached), the session is cancelled."""
         decoder = IncrementalDecoder(self.tokenizer, skip=self.stop)
@@ -230,9 +245,11 @@ class Frontend:
                         tokens = tokens[len(primed):]
                         if count < start:
                             if out.final:
+                                ended = True  # nothing to cancel: the session is still resumable from a right id
                                 raise ApiError(400, f"Last-Event-ID names output token {start}; the session has "
                                                     f"{count}", code="invalid_last_event_id")
                             continue
+                        yield "", None, count, count  # primed: the resume is known to be good
                     count += len(tokens)
                     if tokens:
                         last = tokens[-1]
@@ -255,7 +272,8 @@ class Frontend:
                                 yield pending, None, count, count
                             raise ApiError(500, "the session failed (its contract's escalation ladder ended in "
                                                 "fail)", kind="server_error", code="sdcp-session-failed")
-                        yield pending, "stop" if last in self.stop else "length", count, None
+                        # The last text keeps its index: a client cut off after it resumes to the finish.
+                        yield pending, "stop" if last in self.stop else "length", count, count
                         return
                     sent, index, left = [], None, len(pending)
                     while held and left - len(held[0][1]) >= hold:
@@ -269,7 +287,8 @@ class Frontend:
                 self.cancel_later(session, "its reader went away before its end")
 
     async def _events(self, session: bytes, ident: str, job: Job, chat: bool,
-                      start: int = 0) -> AsyncGenerator[bytes, None]:
+                      pieces: AsyncGenerator[tuple[str, str | None, int, int | None], None], *,
+                      resumed: bool = False) -> AsyncGenerator[bytes, None]:
         head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
                 "created": job.created, "model": self.model}
         end = event_id(session, None)
@@ -287,11 +306,16 @@ class Frontend:
 
         count = 0
         try:
-            if chat and not start:
+            if chat and not resumed:
                 yield chunk("", None, event_id(session, 0), first=True)
-            async with contextlib.aclosing(self._pieces(session, job.stop_texts, start)) as pieces:
+            async with contextlib.aclosing(pieces):
                 async for piece, finish, so_far, index in pieces:
                     count = so_far
+                    if index is None and finish is not None:
+                        # Cut before a stop string: no token boundary, so the text goes with its
+                        # finish in one event, which a client cannot miss half of.
+                        yield chunk(piece if piece or not chat else None, finish, end)
+                        continue
                     if piece:
                         yield chunk(piece, None, end if index is None else event_id(session, index))
                     if finish is not None:
@@ -304,12 +328,13 @@ class Frontend:
             yield event(from_problem(problem).body())
         yield DONE_EVENT
 
+
 class _Events:
     """A response's events; closed before its first event is asked for (the client went away
-    before the body began), it calls ``abandoned``, which the generator's own cleanup would
+    before the body began), it awaits ``abandoned``, which the generator's own cleanup would
     not: a generator that never started runs none of its code when closed."""
 
-    def __init__(self, events: AsyncGenerator[bytes, None], abandoned: Callable[[], None]) -> None:
+    def __init__(self, events: AsyncGenerator[bytes, None], abandoned: Callable[[], Awaitable[None]]) -> None:
         self.events, self.abandoned, self.started = events, abandoned, False
 
     def __aiter__(self) -> _Events:
@@ -322,7 +347,7 @@ class _Events:
     async def aclose(self) -> None:
         if not self.started:
             self.started = True
-            self.abandoned()
+            await self.abandoned()
         await self.events.aclose()
 
 
