@@ -155,3 +155,50 @@ def test_ids_that_name_nothing_to_resume_are_openai_errors(tmp_path: Path) -> No
     assert out["not a stream"][0] == 400
     assert out["cancelled"][0] == 410 and out["cancelled"][1]["error"]["code"] == "session_finished"
     assert out["after the end"] == (200, [DONE])
+
+
+def test_ids_of_a_stream_holding_text_back_for_a_stop_string_name_the_tokens_sent(tmp_path: Path) -> None:
+    """A stop string holds back text that could be its start, so an event is sent tokens after
+    the output its text ends at: its id names the tokens its text covers, and a resume after
+    it sends the held-back text, not what follows the tokens committed by then."""
+    stop = "no output holds this long stop string"  # never matched: every token's text is held for a while
+
+    async def scenario() -> tuple[list[tuple[str | None, Any]], list[str], list[int]]:
+        async with two_routers(tmp_path) as (d, _, b, target):
+            whole = await read(await d.router.handler(request(stop=stop)))
+            rests = []
+            for i, (ident, message) in enumerate(whole):
+                if ident is None or ident.endswith(":end") or message == DONE:
+                    continue
+                rest = await read(await b.handler(request(ident, stop=stop)))
+                rests.append(text(whole[:i + 1]) + text(rest))
+            return whole, rests, greedy(target, encode(PROMPT), 40)
+
+    whole, rests, expected = loop.run(scenario())
+    full = decode([t for t in expected if t != EOS])
+    assert text(whole).split() == full.split()
+    ids = [(i, ident) for i, (ident, m) in enumerate(whole) if ident and not ident.endswith(":end") and m != DONE]
+    for i, ident in ids:
+        index = int(ident.split(":")[1])
+        assert text(whole[:i + 1]).split() == decode(expected[:index]).split(), ident
+    pieces = [m["choices"][0]["text"] for _, m in whole if m != DONE and m["choices"][0]["text"]]
+    assert len(ids) > 2 and len(pieces[-1]) >= len(stop) - 1  # the held-back text came with the last piece
+    assert rests and all(r.split() == full.split() for r in rests)
+
+
+def test_a_resume_with_another_max_tokens_names_another_request(tmp_path: Path) -> None:
+    """The prompt alone does not make the request: the same prompt with another ``max_tokens``
+    would end elsewhere, so its id does not resume it."""
+    async def scenario() -> list[tuple[int, bytes]]:
+        async with two_routers(tmp_path) as (d, _, b, _):
+            whole = await read(await d.router.handler(request()))
+            some = next(i for i, m in whole if i is not None and not i.endswith(":end"))
+            out = []
+            for router in (d.router, b):
+                response = await router.handler(request(some, max_tokens=39))
+                out.append((response.status, response.body))
+            return out
+
+    for status, body in loop.run(scenario()):
+        assert status == 409
+        assert json.loads(body)["error"]["code"] == "last_event_id_mismatch"
