@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from sdcp_fast.cache.uri import ObjectName, object_uri, parse, scope_of
+from sdcp_fast.cache import policy
+from sdcp_fast.cache.uri import ObjectName, object_uri, parse, scope_of, tagged_for_another, writer_tag
+from sdcp_fast.protocol.peer import Peer, PeerRole
 
 SCOPE = bytes.fromhex("00112233445566778899aabbccddeeff")
 
@@ -63,3 +65,16 @@ def test_scope_of_is_the_accounting_key():
 def test_a_session_id_of_another_size_is_refused():
     with pytest.raises(ValueError):
         object_uri(SCOPE, b"short", "q_rows", 1)
+
+
+@pytest.mark.parametrize(("configured", "certified"), [("https://v1.example:8443/", "https://v1.example:8443"),
+                                                        ("https://v1.example:8443", "https://v1.example:8443/")])
+def test_writer_tag_ignores_a_trailing_slash(configured, certified):
+    """A router names a verifier's objects from its configured URI, the MLC checks them against
+    its certificate's: spelled with and without the slash, the writer is the same one."""
+    assert writer_tag(configured) == writer_tag(certified)
+    assert writer_tag("https://v1.example:8443/") != writer_tag("https://v2.example:8443/")
+    uri = object_uri(SCOPE, b"s" * 16, "committed_tokens", 1, tag=writer_tag(configured))
+    assert not tagged_for_another(uri, certified)
+    # The MLC lets the verifier write the name made for it, whichever spelling its certificate has.
+    policy.may_put(Peer(certified, PeerRole.VERIFIER), parse(uri))
