@@ -12,6 +12,7 @@ from sdcp_fast.protocol.routing import (
     after_open,
     assign,
     confirmed,
+    expired_drafters,
     expired_verifiers,
     new_session_id,
     on_event,
@@ -93,6 +94,15 @@ def test_reassign_expired_drafters():
     plans = reassign_expired([r1, r2, r3, routed()], table, 1.0)
     assert [(p.session, p.drafter) for p in plans] == [(SID, "b")]
     assert reassign_expired([routed(drafter="x")], StatusTable(), 1.0) == []
+
+
+def test_a_self_decoding_session_is_not_taken_from_its_expired_drafter():
+    """Its drafter was told to stop, so it goes quiet: that is not a failure to repair, and a
+    new drafter would end the self-decoding the ladder chose."""
+    table = table_with(status("a", ttl_ms=100), status("b", ttl_ms=10_000))
+    drafting, decoding = routed(drafter="a"), routed(session=b"2" * 16, drafter="a", self_decoding=True)
+    assert expired_drafters([drafting, decoding], table, 1.0) == [drafting]
+    assert [p.session for p in reassign_expired([drafting, decoding], table, 1.0)] == [SID]
 
 
 def test_failover_plan_fences_then_resumes():
