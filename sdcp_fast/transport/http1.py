@@ -51,6 +51,7 @@ async def stream_to_aiohttp(request: web.Request, response: Response) -> web.Str
     out = web.StreamResponse(status=response.status, headers=headers)
     out.enable_chunked_encoding()
     chunks = response.stream.__aiter__()
+    following: asyncio.Future[bytes] | None = None
     try:
         await out.prepare(request)
         while True:
@@ -72,6 +73,14 @@ async def stream_to_aiohttp(request: web.Request, response: Response) -> web.Str
     except ConnectionError:  # aiohttp's ClientConnectionResetError is one
         log.debug("client of /%s left a streamed response", request.path)
     finally:
+        if following is not None and not following.done():
+            # Cancelled here (the listener cancels a handler whose client left) while the
+            # producer ran: it must not go on alone, nor end later with nobody to see it.
+            following.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.wait([following])
+        if following is not None and following.done() and not following.cancelled():
+            following.exception()  # seen: an end (StopAsyncIteration) nobody read is no error
         close = getattr(response.stream, "aclose", None)
         if close is not None:
             with contextlib.suppress(Exception):
