@@ -66,3 +66,23 @@ def test_ids_are_written_before_the_data_and_read_back() -> None:
 
     assert event({"a": 1}, "s:1") == b'id: s:1\ndata: {"a":1}\n\n'
     assert asyncio.run(read()) == [("s:1", {"a": 1}), (None, {"b": 2}), (None, DONE)]
+
+
+def test_crlf_framed_events_read_back_with_chunks_cut_between_cr_and_lf() -> None:
+    """Every line of every event ends in CRLF, the closing one too, and each chunk ends on a
+    ``\\r`` whose ``\\n`` starts the next chunk: still one message per event, none lost."""
+    raw = (b"".join(event(b, f"s:{i}") for i, b in enumerate(BODIES)) + DONE_EVENT).replace(b"\n", b"\r\n")
+    cuts = [0, *(i + 1 for i in range(len(raw)) if raw[i:i + 1] == b"\r"), len(raw)]
+    assert cuts[-2] == len(raw) - 1  # the last chunk is the closing event's last \n
+
+    async def collect(pieces: Sequence[bytes]) -> list[tuple[str | None, Any]]:
+        async def chunks() -> AsyncIterator[bytes]:
+            for piece in pieces:
+                yield piece
+
+        return [pair async for pair in events(chunks())]
+
+    want = [*((f"s:{i}", b) for i, b in enumerate(BODIES)), (None, DONE)]
+    assert asyncio.run(collect([raw[a:b] for a, b in zip(cuts, cuts[1:], strict=False)])) == want
+    for size in (1, 2, 3, 5):
+        assert read(raw, size) == [m for _, m in want]
