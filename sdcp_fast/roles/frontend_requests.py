@@ -7,6 +7,7 @@ OpenAI-style error body with its status.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -94,8 +95,10 @@ class CompletionRequests:
                 prompt = self.tokenizer.encode(self.tokenizer.chat(_messages(body.get("messages"))))
             else:
                 prompt = self._prompt(body.get("prompt"))
-        except (ValueError, KeyError, TypeError, UnicodeError) as exc:
-            raise ApiError(400, f"the {where} cannot be tokenized: {exc}", param=where) from None
+        except (ValueError, KeyError, TypeError, UnicodeError):
+            # The tokenizer's own words name its internals, not the request's fault.
+            raise ApiError(400, f"the {where} cannot be tokenized: it must be text (a JSON string of valid "
+                                "Unicode)", param=where) from None
         if not prompt:
             raise ApiError(400, "the prompt encodes to no tokens", param=where)
         limit = self.max_prompt if self.context is None else min(self.max_prompt, self.context - max_new)
@@ -133,13 +136,13 @@ class CompletionRequests:
 
     def _prompt(self, prompt: Any) -> list[int]:
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(_text(prompt, "prompt"))
         vocab = self.vocab if self.vocab is not None else 1 << 32
         if isinstance(prompt, list) and prompt and all(
                 isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in prompt):
             return list(prompt)  # token ids, as the API allows
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            return self.tokenizer.encode(prompt[0])
+            return self.tokenizer.encode(_text(prompt[0], "prompt"))
         raise ApiError(400, f"prompt must be a string or a list of token ids below {vocab} (one prompt per "
                             "request)", param="prompt")
 
@@ -183,25 +186,55 @@ def body_of(request: Request) -> Mapping[str, Any]:
         raise ApiError(415, f"the body must be {JSON}")
     try:
         body = json.loads(request.body)
-    except (ValueError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
-        raise ApiError(400, f"the body is not valid JSON: {type(exc).__name__}: {str(exc)[:200]}") from None
+    except json.JSONDecodeError as exc:
+        raise ApiError(400, f"the body is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") \
+            from None
+    except RecursionError:  # nested deeper than the parser goes
+        raise ApiError(400, "the body nests arrays or objects too deeply to be read") from None
+    except UnicodeError:
+        raise ApiError(400, "the body is not valid UTF-8") from None
+    except ValueError:  # an integer of more digits than Python converts (sys.int_info)
+        raise ApiError(400, "the body holds a number with too many digits (integers have at most "
+                            f"{sys.get_int_max_str_digits()})") from None
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")  # OpenAI's chat roles
 
 
 def _messages(messages: Any) -> list[dict[str, str]]:
     if not isinstance(messages, list) or not messages:
         raise ApiError(400, "messages must be a non-empty list", param="messages")
     out = []
-    for m in messages:
-        content = m.get("content") if isinstance(m, dict) else None
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise ApiError(400, f"messages[{i}] must be an object with a role and content", param="messages")
+        role = m.get("role")
+        if role not in ROLES:
+            raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}; got {str(role)[:40]!r}",
+                           param=f"messages[{i}].role")
+        content = m.get("content")
         if isinstance(content, list):  # content parts: the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(content, str):
-            raise ApiError(400, "each message needs a role and text content", param="messages")
-        out.append({"role": m["role"], "content": content})
+            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+                              and isinstance(p.get("text", ""), str))
+        if not isinstance(content, str):
+            raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts",
+                           param=f"messages[{i}].content")
+        out.append({"role": "system" if role == "developer" else role,
+                    "content": _text(content, f"messages[{i}].content")})
     return out
+
+
+def _text(text: str, param: str) -> str:
+    """``text`` if a tokenizer can take it; a lone surrogate (``"\\ud800"`` in JSON) is no character."""
+    try:
+        text.encode()
+    except UnicodeEncodeError as exc:
+        raise ApiError(400, f"{param} is not valid Unicode text: a lone surrogate (U+{ord(text[exc.start]):04X}) at "
+                            f"character {exc.start}", param=param) from None
+    return text
 
 
 def _number(body: Mapping[str, Any], name: str, low: float, high: float) -> float | None:
