@@ -14,7 +14,7 @@ import pytest
 from sdcp_fast.deploy.local import ROUTER, Deployment
 from sdcp_fast.model.toy import EOS, decode, encode
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.protocol.routing_records import decode_record, encode_index
+from sdcp_fast.protocol.routing_records import decode_index, decode_record, encode_index
 from sdcp_fast.protocol.status_table import StatusTable
 from sdcp_fast.roles.router import RouterRole, serving_spec
 from sdcp_fast.roles.wire import SdcpClient
@@ -51,6 +51,45 @@ def test_a_restarted_router_adopts_its_live_sessions_and_routes_them_to_their_en
     tokens, expected, listed, router = loop.run(scenario())
     assert decode(tokens).split() == decode([t for t in expected if t != EOS]).split()
     assert listed == 0 and router == ROUTER  # finished: off the index, the record says so
+
+
+def test_a_session_whose_record_could_not_be_read_at_a_restart_stays_on_the_index(tmp_path: Path) -> None:
+    """The restarted router starts from the index it read: the sessions it adopted are on it
+    already, and one whose record the MLC failed to give this time is still there for the
+    next start, not dropped when the index is next written."""
+    async def scenario() -> tuple[bool, bool, set[bytes], bool, bytes, bytes]:
+        async with two_routers(tmp_path) as (d, _, _, _):
+            kept = await d.router.open(serving_spec(encode(PROMPT), max_new=4000))
+            missed = await d.router.open(serving_spec(encode(PROMPT), max_new=4000))
+            await d.router.close()
+            again = restarted(d)
+            store, get = again.mlc, again.mlc.get
+            failed = []
+
+            async def flaky_get(name, *args, **kwargs):  # type: ignore[no-untyped-def]
+                if name == again.records.name(missed.session) and not failed:
+                    failed.append(name)
+                    raise ConnectionError("the MLC dropped the connection")
+                return await get(name, *args, **kwargs)
+
+            store.get = flaky_get  # type: ignore[method-assign]
+            try:
+                await again.adopt_listed()
+            finally:
+                del store.get  # the instance's own method again
+            adopted = (kept.session in again.sessions, missed.session in again.sessions)
+            index = set(decode_index(bytes(await store.get(again.records.index_name()))))
+            later = restarted(d)
+            await later.adopt_listed()
+            adopted_later = missed.session in later.sessions
+            for session in (kept.session, missed.session):
+                await later.cancel(session)
+            return *adopted, index, adopted_later, kept.session, missed.session
+
+    kept_adopted, missed_adopted, index, adopted_later, kept, missed = loop.run(scenario())
+    assert kept_adopted and not missed_adopted
+    assert index == {kept, missed}
+    assert adopted_later
 
 
 def test_finished_malformed_foreign_and_taken_records_are_not_adopted(tmp_path: Path,
