@@ -16,9 +16,9 @@ the next:
   ``--agree-tokens`` tokens (raw, or ``--agree-chat`` in the chat template), counted up to each
   prompt's first difference; and llama.cpp with an f32 KV cache against its own defaults, which
   says how many of those tokens are near-ties that any difference in rounding flips.
-- speculation: each of ``--drafters`` against target-only decoding on the demo's prompts (tokens/s
-  ratio, same weights, same loop), over the prompts and for each prompt (each runs alone, one
-  session).
+- speculation: each of ``--drafters`` against target-only decoding on the demo's prompts, as
+  ``sdcp_fast/harness/speedup.py`` measures it (interleaved pairs of the same tokens, same weights,
+  same loop), over the prompts and for each prompt (each runs alone, one session).
 
     python bench/cpu.py                         # everything (minutes)
     python bench/cpu.py --quick                 # fewer repeats and prompts
@@ -46,6 +46,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from sdcp_fast.harness.speedup import Timed, combined, interleaved, speedups
 
 PROMPT = "The history of the Roman Empire"
 
@@ -79,6 +81,13 @@ class Ours:
 
         res = generate(self.runner, drafter, [prompt], n)[0]
         return list(res.tokens), len(res.tokens) / max(res.seconds, 1e-9)
+
+    def timed(self, prompt: list[int], n: int, drafter: Any = None) -> Timed:
+        """One session of ``n`` tokens, as a side of a speedup pair."""
+        from sdcp_fast.deploy.local import generate
+
+        res = generate(self.runner, drafter, [prompt], n)[0]
+        return Timed(len(res.tokens), res.seconds, res.rounds, res.proposed, res.accepted, res.rounds)
 
     def pass_ratio(self, prompt: list[int], m: int = 4, reps: int = 8) -> float:
         """Median time of a pass over m + 1 new positions / of a one-position pass."""
@@ -532,13 +541,15 @@ def main(argv: list[str] | None = None) -> int:
             each: dict[str, list[list[float]]] = {}
             target = target_of(args.model, o.lm)
             drafters = {d: load_drafter(d, target)[0] for d in args.drafters.split(",") if d}
-            for _ in range(max(1, args.repeats - 1)):
-                base = [o.greedy(o.encode(t), args.tokens)[1] for t in texts]
-                for name, d in drafters.items():
-                    got = [o.greedy(o.encode(t), args.tokens, d)[1] for t in texts]
-                    spec.setdefault(name, []).append(statistics.mean(got) / statistics.mean(base))
-                    for i, (g, b) in enumerate(zip(got, base, strict=True)):
-                        each.setdefault(name, [[] for _ in texts])[i].append(g / b)
+            prompts = [o.encode(t) for t in texts]
+
+            def side(o: Ours, prompts: list[list[int]], drafter: Any) -> Any:
+                return lambda _: [o.timed(p, args.tokens, drafter) for p in prompts]
+
+            for name, d in drafters.items():
+                pairs = interleaved(side(o, prompts, d), side(o, prompts, None), max(1, args.repeats - 1))
+                spec[name] = speedups([(combined(s), combined(b)) for s, b in pairs])
+                each[name] = [speedups([(s[i], b[i]) for s, b in pairs]) for i in range(len(prompts))]
             results["speculation"][form] = spec
             results["speculation_by_prompt"][form] = each
     results["load_average_end"] = os.getloadavg()
@@ -600,7 +611,8 @@ def report(r: dict[str, Any], threads: list[int]) -> str:
                          f"over {a['prompts']} prompts, {a['identical']} identical throughout; "
                          f"prefixes {a['prefix']}")
     if r["speculation"]:
-        lines.append("speculation speedup (tokens/s vs target-only, same weights):")
+        lines.append("speculation speedup (target-only time / speculative time of the same tokens, interleaved "
+                     "pairs, same weights):")
         for form, s in r["speculation"].items():
             lines.append(f"  {form}: " + ", ".join(f"{d} {_range(v)}" for d, v in s.items()))
         lines.append("  each prompt alone (one session):")

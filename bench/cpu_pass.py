@@ -35,6 +35,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdcp_fast.harness.speedup import acceptance_needed, speedup_bound
+
 LLAMA = "llama.cpp"
 
 
@@ -113,8 +115,6 @@ def bound_table(ratios: dict[str, dict[int, float]], acceptance: list[float], go
                 draft_cost: float) -> list[str]:
     """For each path and M: the pass ratio, the bound at each acceptance, the acceptance each
     goal needs."""
-    from sdcp_fast.harness.figures import acceptance_needed, speedup_bound
-
     head = (f"  {'path':<16}{'M':>3}{'c(M)':>7}" + "".join(f"{f'a={a:g}':>8}" for a in acceptance)
             + "".join(f"{f'a for {g:g}x':>11}" for g in goals))
     lines = [f"speculation bound per pass: (1 - a^(M+1)) / (1 - a) tokens over c(M) + M x {draft_cost:g} "

@@ -1,116 +1,18 @@
 """The demo's report, the same in process and across processes: each session's text and
-figures, the speculative run's summary, and the speedup over target-only decoding.
-
-The speedup is measured like for like (the same roles, process, thread and device for both)
-and more than once: speculative and target-only runs alternate in pairs, the order swapped
-from one pair to the next, so a load that rises or falls during the run lands on both sides.
-The report gives the median speedup with its range, says when the range is as wide as the
-effect, and shows why, per session: a session is scored once per round, alone or in a pass
-shared with other sessions, so the figures that explain the speedup are counted per session
-pass (one session's part of a target pass), not per pass over all sessions. Target-only
-decoding commits one token per session pass; speculative decoding commits 1 + the accepted
-draft tokens. Their ratio is the bound the passes give (the speedup if a speculative session
-pass cost what a target-only one does); the measured cost of a session pass on each side
-(drafting included) turns it into the speedup, and when that cost eats the bound, the report
-says what it would take to pay.
+figures, the speculative run's summary, and the speedup over target-only decoding
+(:mod:`sdcp_fast.harness.speedup` measures it) with the lines that explain it, and when the
+measured costs eat the bound, what it would take to pay.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-from sdcp_fast.harness.figures import speedup_bound
-
-BY_M = (1, 2, 3, 4)  # the draft lengths the why line's bound is given for
 GOAL = 1.3  # the speedup a pass must leave room for, in the why line
-
-@dataclass(frozen=True)
-class Timed:
-    """One run of the demo's sessions."""
-
-    tokens: int
-    seconds: float
-    passes: int  # target scoring passes (a pass scores every session in its batch)
-    proposed: int = 0  # draft tokens proposed in drafter rounds (0: target-only)
-    accepted: int = 0
-    rounds: int = 0  # drafter rounds
-    session_passes: int = 0  # committed rounds of all sessions: one session scored once each (0: use passes)
-    draft_seconds: float = 0.0  # in the drafters' propose
-
-    @property
-    def per_session(self) -> int:
-        return self.session_passes or self.passes
-
-
-def interleaved(speculative: Callable[[int], Timed], target_only: Callable[[int], Timed],
-                repeats: int) -> list[tuple[Timed, Timed]]:
-    """``repeats`` (speculative, target-only) pairs; pair i runs speculative first when i is
-    even, target-only first when odd."""
-    pairs = []
-    for i in range(max(1, repeats)):
-        if i % 2 == 0:
-            s = speculative(i)
-            b = target_only(i)
-        else:
-            b = target_only(i)
-            s = speculative(i)
-        pairs.append((s, b))
-    return pairs
-
-
-def comparison(pairs: Sequence[tuple[Timed, Timed]], identical: list[bool] | None) -> dict[str, Any]:
-    """The figures of the pairs: the speedup (median, range); per session pass, each side's
-    tokens and time (and the speculative side's drafting time), the bound the session passes
-    give (the speedup if a speculative session pass cost what a target-only one does), the cost
-    ratio of a session pass, and the bound from both (what the measured acceptance and costs
-    allow); each side's tokens per whole pass (batching); and (rule 1) whether each session's
-    output is the same."""
-    speedups = [b.seconds / max(s.seconds, 1e-9) for s, b in pairs]
-    median = statistics.median(speedups)
-    lo, hi = min(speedups), max(speedups)
-    sides = (("speculative", [s for s, _ in pairs]), ("target_only", [b for _, b in pairs]))
-    ms = {side: statistics.median(r.seconds / max(r.passes, 1) * 1e3 for r in runs) for side, runs in sides}
-    ms_session = {side: statistics.median(r.seconds / max(r.per_session, 1) * 1e3 for r in runs)
-                  for side, runs in sides}
-    ms_draft = statistics.median(s.draft_seconds / max(s.per_session, 1) * 1e3 for s, _ in pairs)
-    bound = statistics.median(b.per_session / max(s.per_session, 1) for s, b in pairs)
-    cost = ms_session["speculative"] / max(ms_session["target_only"], 1e-9)
-    proposed = sum(s.proposed for s, _ in pairs)
-    base_seconds = statistics.median(b.seconds for _, b in pairs)
-    tokens = pairs[0][1].tokens
-    return {
-        "seconds": round(base_seconds, 3), "tokens_per_s": round(tokens / max(base_seconds, 1e-9), 1),
-        "speedup": round(median, 2), "speedup_min": round(lo, 2), "speedup_max": round(hi, 2),
-        "repeats": len(pairs),
-        # The range reaches from no gain past the gain itself: the machine's load, not
-        # speculation, decides the figure.
-        "spread_as_large_as_effect": hi - lo >= abs(median - 1.0),
-        "ms_per_pass": {k: round(v, 3) for k, v in ms.items()},
-        "tokens_per_pass": {"speculative": round(tokens / max(pairs[0][0].passes, 1), 2),
-                            "target_only": round(tokens / max(pairs[0][1].passes, 1), 2)},
-        "ms_per_session_pass": {k: round(v, 3) for k, v in ms_session.items()},
-        "ms_drafting_per_session_pass": round(ms_draft, 3),
-        "tokens_per_session_pass": {"speculative": round(tokens / max(pairs[0][0].per_session, 1), 2),
-                                    "target_only": round(tokens / max(pairs[0][1].per_session, 1), 2)},
-        "bound": round(bound, 2),
-        "pass_cost": round(cost, 2),
-        "bound_from_costs": round(bound / max(cost, 1e-9), 2),
-        "acceptance": round(sum(s.accepted for s, _ in pairs) / proposed, 3) if proposed else None,
-        "tokens_per_round_by_m": ({m: round(speedup_bound(sum(s.accepted for s, _ in pairs) / proposed, m,
-                                                          0.0, 1.0, 1.0) or 0.0, 2) for m in BY_M}
-                                  if proposed else None),
-        "mean_m": round(proposed / max(1, sum(s.rounds for s, _ in pairs)), 2) if proposed else None,
-        "pairs": [{"speculative_s": round(s.seconds, 3), "target_only_s": round(b.seconds, 3),
-                   "first": "speculative" if i % 2 == 0 else "target-only", "speedup": round(x, 2)}
-                  for i, ((s, b), x) in enumerate(zip(pairs, speedups, strict=True))],
-        "identical_output": identical,
-    }
 
 
 def _print_comparison(base: dict[str, Any], tokens: int, where: str) -> None:

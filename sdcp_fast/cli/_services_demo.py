@@ -2,7 +2,7 @@
 its own process, HTTP/2 + TLS 1.3 with client certificates), prompts sent through the
 router's OpenAI-compatible front end and streamed back, the deployment's own counters
 (``GET metrics`` of each verifier). The speedup is measured like for like, both sides in this
-process through the same roles (cli/_demo_report.py), not against the deployment's run."""
+process through the same roles (harness/speedup.py), not against the deployment's run."""
 
 from __future__ import annotations
 

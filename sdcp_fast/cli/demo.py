@@ -8,7 +8,7 @@ committed to a fenced file commit log in the embedded MLC, and escalated when th
 keeps being rejected, with a line per round. Both print the text and the figures, and the
 speedup over target-only decoding: ``--repeats`` pairs of speculative and target-only runs
 of the same sessions in this process, interleaved, with the range and the time per target
-pass of each side (cli/_demo_report.py).
+pass of each side (harness/speedup.py).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sdcp_fast.cli._demo_report import Timed
+    from sdcp_fast.harness.speedup import Timed
     from sdcp_fast.store.interface import Store
 
 HELP = "run SDCP sessions on the embedded default (sdcp-fast up, or --inprocess) and print text and figures"
@@ -129,8 +129,8 @@ def _specs(args: argparse.Namespace, setup: Setup) -> list[Any]:
 def _speculative(setup: Setup, specs: list[Any], mlc: Store, args: argparse.Namespace,
                  show: Callable[[Any, Any], None] | None = None) -> tuple[list[Any], Timed]:
     """The sessions with their drafters; ``show(round, engine)`` after each committed round."""
-    from sdcp_fast.cli._demo_report import Timed
     from sdcp_fast.deploy.local import Engine
+    from sdcp_fast.harness.speedup import Timed
 
     counts = [0, 0, 0]  # proposed, accepted, drafter rounds
 
@@ -179,8 +179,8 @@ def _timing_drafts(drafters: list[Any]) -> Iterator[list[float]]:
 def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed: int) -> tuple[list[list[int]], Timed]:
     """Target-only decoding of the same sessions through the same roles (the verifier decodes
     each session itself, batched over the sessions): the baseline."""
-    from sdcp_fast.cli._demo_report import Timed
     from sdcp_fast.deploy.local import Engine
+    from sdcp_fast.harness.speedup import Timed
 
     engine = Engine(setup.scorer, [], mlc, target_digest=setup.target_digest,
                     tokenizer_digest=setup.tokenizer_digest, backend=backend, seed=seed)
@@ -196,7 +196,7 @@ def compare(setup: Setup, args: argparse.Namespace, lengths: list[int],
     ``--repeats`` interleaved pairs in this process (the same roles, thread and device for
     both); ``same(target_only_outputs)``: under rule 1, whether each session's output shown
     equals target-only greedy decoding."""
-    from sdcp_fast.cli._demo_report import comparison, interleaved
+    from sdcp_fast.harness.speedup import comparison, interleaved
 
     specs = [replace(spec, max_new=n) for spec, n in zip(_specs(args, setup), lengths, strict=True)]
     outs: list[list[list[int]]] = []

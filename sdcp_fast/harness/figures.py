@@ -1,6 +1,7 @@
 """From raw samples to the figures of the summary: throughput with its spread over repeats,
 latency percentiles, acceptance, batching, the time per round by part, and the speedup over
-target-only decoding next to the bound the measured acceptance and costs allow."""
+target-only decoding (measured as :mod:`~sdcp_fast.harness.speedup` says) next to the bound the
+measured acceptance and costs allow."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdcp_fast.harness.samples import RunSample
+from sdcp_fast.harness.speedup import from_rates, speedup_bound
+from sdcp_fast.harness.speedup import spread as speedup_spread
 
 PHASE_ORDER = ("draft", "mlc_write", "mlc_read", "scoring", "acceptance", "commit", "other",
                "verifier", "outside_verifier")
@@ -33,33 +36,6 @@ def spread(values: Sequence[float]) -> dict[str, float | None]:
 
 def pcts(values: Sequence[float]) -> dict[str, float | None]:
     return {f"p{q}": percentile(values, q) for q in (50, 90, 99)}
-
-
-def speedup_bound(a: float, m: float, t_draft: float, t_verify: float, t_pass: float, batch: float = 1.0) -> float | None:
-    """Tokens per round per session, ``(1 - a^(M+1)) / (1 - a)``, over the round's cost in
-    target-only passes: M draft steps for each of the ``batch`` sessions (one after another,
-    as on one CPU) plus one verifying pass, against one target-only pass per token."""
-    if t_pass <= 0 or m <= 0:
-        return None
-    per_round = m + 1 if a >= 1 else (1 - a ** (m + 1)) / (1 - a)
-    return per_round / ((batch * m * t_draft + t_verify) / t_pass)
-
-
-def acceptance_needed(goal: float, m: float, t_draft: float, t_verify: float, t_pass: float) -> float | None:
-    """The smallest acceptance a with :func:`speedup_bound` at least ``goal`` (one session);
-    None when even a = 1 (every draft token accepted) falls short. The bound grows with a."""
-    def reach(a: float) -> float:
-        return speedup_bound(a, m, t_draft, t_verify, t_pass) or 0.0
-
-    if reach(1.0) < goal:
-        return None
-    if reach(0.0) >= goal:
-        return 0.0
-    lo, hi = 0.0, 1.0
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if reach(mid) >= goal else (mid, hi)
-    return hi
 
 
 def itl(chunks: Sequence[tuple[float, int]]) -> list[float]:
@@ -186,16 +162,18 @@ def _merge_counters(runs: Sequence[RunSample]) -> dict[str, float]:
     return dict(out)
 
 
-def add_speedups(summary: dict[str, dict[int, dict[str, Any]]], baseline: str) -> None:
-    """Speedup over ``baseline`` at the same concurrency level, and the bound from measured
+def add_speedups(summary: dict[str, dict[int, dict[str, Any]]], baseline: str,
+                 rates: dict[tuple[str, int], list[float]]) -> None:
+    """Speedup over ``baseline`` at the same concurrency level, from ``rates`` (tokens/s of each
+    repeat of a configuration and level, in the order run), and the bound from measured
     acceptance and costs (in-process configurations, where the costs are measured)."""
-    for levels in summary.values():
+    for name, levels in summary.items():
         for level, fig in levels.items():
             base = summary.get(baseline, {}).get(level)
-            ours = fig["tokens_per_s"]["median"]
-            if base is None or not base["tokens_per_s"]["median"] or ours is None:
+            ratios = from_rates(rates.get((name, level), []), rates.get((baseline, level), []))
+            if base is None or not ratios:
                 continue
-            fig["speedup"] = ours / base["tokens_per_s"]["median"]
+            fig.update(speedup_spread(ratios))
             a, m = fig["acceptance"], fig["proposed_per_round"]
             if a is not None and m and fig["t_pass_s"] and base["t_pass_s"] and fig["t_draft_token_s"] is not None:
                 fig["speedup_bound"] = speedup_bound(a, m, fig["t_draft_token_s"], fig["t_pass_s"], base["t_pass_s"],

@@ -176,7 +176,11 @@ def run(plan: Plan) -> dict[str, Any]:
             summary.setdefault(config.name, {})[level] = summarize(
                 [r for r in runs if r.config == config.name and r.sessions == level])
     if TARGET_ONLY in summary:
-        add_speedups(summary, TARGET_ONLY)
+        rates: dict[tuple[str, int], list[float]] = {}
+        for r in runs:
+            rates.setdefault((r.config, r.sessions), []).append(
+                sum(s.tokens for s in r.samples) / r.wall if r.wall else 0.0)
+        add_speedups(summary, TARGET_ONLY, rates)
         if plan.workload.rule == 1:
             _same_as_target_only(summary, runs, plan.notes)
     if plan.remote is not None and target is None:
