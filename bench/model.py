@@ -3,9 +3,9 @@
 
 Target-only decoding against each drafter (rule 1, fixed M) on SmolLM2-135M-Instruct and
 the built-in eval prompts (``--prompt-set eval``), at batch 1 and batch 8, with the speedup next to the bound from the
-measured acceptance and costs, and HF assisted generation where transformers is installed.
-Options of the old script map onto the harness's (``--batches`` is ``--sessions``); any other
-option is passed through.
+measured acceptance and costs, and HF assisted generation where transformers is installed
+(``--no-hf``: not). Options of the old script map onto the harness's (``--batches`` is
+``--sessions``); the report and plots go to ``--out``.
 
     python bench/model.py                       # all drafters, 12 prompts, 48 new tokens
     python bench/model.py --quick               # 4 prompts, 24 tokens, batch 1 only
@@ -24,8 +24,14 @@ bound of reading the weights once per step at the copy bandwidth measured in the
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
+
+from sdcp_fast.deploy.catalog import check_device, resolve
+from sdcp_fast.harness import bench_report
+from sdcp_fast.harness import workload as wl
+from sdcp_fast.harness.run import Plan, finish, run
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,17 +51,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int, default=16, help="--synthetic: timed steps per measurement (default 16)")
     p.add_argument("--attention", default="auto", help="--synthetic: the runner's attention (auto, sdpa, triton, "
                                                        "reference)")
-    args, rest = p.parse_known_args(argv)
+    p.add_argument("--no-hf", action="store_true", help="skip HF transformers assisted generation")
+    p.add_argument("--backend", default="auto", help="kernel backend: auto, reference, cpu, triton")
+    args = p.parse_args(argv)
     if args.synthetic:
         return synthetic(args)
     if args.quick:
         args.prompts, args.max_new, args.batches = "4", "24", "1"
-    from sdcp_fast.cli import main as cli
+    return preset(args, "python bench/model.py " + shlex.join(sys.argv[1:] if argv is None else argv))
 
-    return cli(["bench", "--inprocess", "--no-variants", "--repeats", "1", "--prompt-set", "eval", "--model", args.model,
-                "--drafters", args.drafters, "--prompts", args.prompts, "--max-new", args.max_new, "--m", args.m,
-                "--sessions", args.batches, "--threads", args.threads, "--device", args.device, "--out", str(args.out),
-                *rest])
+
+def preset(args: argparse.Namespace, command: str) -> int:
+    """The harness's in-process configurations, one repeat each, on the eval prompts."""
+    import torch
+
+    try:
+        check_device(args.device)
+        model = resolve(args.model)
+        if args.device != "cpu" and model == "toy":
+            raise ValueError("--device: the toy target has no weights to move")
+    except ValueError as exc:
+        print(f"bench/model.py: {exc}", file=sys.stderr)
+        return 2
+    torch.set_num_threads(int(args.threads))
+    prompts = wl.take(wl.builtin(model == "toy", eval_set=True), int(args.prompts))
+    plan = Plan(model=model, drafters=[d for d in args.drafters.split(",") if d],
+                levels=[int(b) for b in args.batches.split(",")], repeats=1,
+                workload=wl.Workload(prompts, int(args.max_new)), inprocess=True, embedded=False, m=int(args.m),
+                variants=False, hf=not args.no_hf, backend=args.backend, device=args.device, timeout=900.0,
+                command=command)
+    print(f"bench/model.py: {model}, {plan.workload.describe()}, sessions {args.batches}, one repeat, warm-up "
+          "excluded", flush=True)
+    report = run(plan)
+    written = finish(report, args.out)
+    print()
+    print(bench_report.text(report))
+    print("written: " + ", ".join(str(p) for p in written))
+    return 0
 
 
 def synthetic(args: argparse.Namespace) -> int:
@@ -65,7 +97,6 @@ def synthetic(args: argparse.Namespace) -> int:
 
     import torch
 
-    from sdcp_fast.deploy.catalog import check_device
     from sdcp_fast.model.config import CONFIGS
     from sdcp_fast.model.interfaces import ScoreRequest, per_request
     from sdcp_fast.model.llama import Transformer, rope_inv_freq

@@ -103,18 +103,7 @@ def run(args: argparse.Namespace) -> int:
     report = _terminable(run_plan, plan)
     written = finish(report, out, plots=not args.no_plots)
     print()
-    print(reports.table(report["summary"]))
-    print()
-    print(reports.breakdown_table(report["summary"]))
-    print()
-    print(reports.peers_table(report))
-    for note in report["notes"]:
-        print(f"note: {note}")
-    la = report["environment"]["load_average"]
-    if la:
-        print(f"machine: {report['environment']['cpu_count']} CPUs, load average {la[0]:.1f} at the end "
-              "(figures on a shared machine vary: see the spread)")
-    print(f"wall time {report['wall_s']:.0f} s; command: {report['command']}")
+    print(reports.text(report))
     print("written: " + ", ".join(str(p) for p in written))
     return 0
 

@@ -142,3 +142,15 @@ def peers_table(report: dict[str, Any]) -> str:
             (n.split(": ", 1)[1] for n in report["notes"] if n.startswith("HF assisted generation skipped")),
             "not asked for") + ")")
     return "\n".join(lines)
+
+
+def text(report: dict[str, Any]) -> str:
+    """What a finished run prints: the tables, the notes, the machine and the command."""
+    lines = [table(report["summary"]), "", breakdown_table(report["summary"]), "", peers_table(report)]
+    lines += [f"note: {note}" for note in report["notes"]]
+    la = report["environment"]["load_average"]
+    if la:
+        lines.append(f"machine: {report['environment']['cpu_count']} CPUs, load average {la[0]:.1f} at the end "
+                     "(figures on a shared machine vary: see the spread)")
+    lines.append(f"wall time {report['wall_s']:.0f} s; command: {report['command']}")
+    return "\n".join(lines)
