@@ -73,11 +73,10 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
 
 
 def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Callable[..., dict[str, Any]]) -> int:
-    """``compare(setup, args, lengths, same, store)``: the demo's like-for-like speedup."""
+    """``compare(setup, args, lengths, same)``: the demo's like-for-like speedup."""
     texts = setup.texts
     from sdcp_fast.cli._demo_report import report as demo_report
     from sdcp_fast.deploy.up import Up
-    from sdcp_fast.store import embedded
 
     quiet = args.quiet or args.json
     drafters = tuple(d.name for d in setup.drafters) if setup.drafters else None
@@ -118,12 +117,7 @@ def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Call
             return [setup.decode([x for x in o if x not in setup.stop]).split() == t.split()
                     for o, (t, _, _) in zip(outs, report["results"], strict=True)]
 
-        with tempfile.TemporaryDirectory(prefix="sdcp-demo-") as root:
-            store = embedded(root)
-            try:
-                baseline = compare(setup, args, lengths, same, store)
-            finally:
-                store.close()
+        baseline = compare(setup, args, lengths, same)
     out = {
         "mode": "services", "model": model,
         "sessions": [{"prompt": label, "text": t, "finish": f, "tokens": n}

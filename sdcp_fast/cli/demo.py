@@ -190,22 +190,38 @@ def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed:
                                               session_passes=sum(r.rounds for r in results))
 
 
+@contextmanager
+def _fresh_store() -> Iterator[Store]:
+    """An embedded MLC of its own: a run opens its sessions again under the same ids, which a
+    commit log that already holds them refuses (§6.9)."""
+    from sdcp_fast.store import embedded
+
+    with tempfile.TemporaryDirectory(prefix="sdcp-demo-run-") as root:
+        store = embedded(root)
+        try:
+            yield store
+        finally:
+            store.close()
+
+
 def compare(setup: Setup, args: argparse.Namespace, lengths: list[int],
-            same: Callable[[list[list[int]]], list[bool]], mlc: Store) -> dict[str, Any]:
+            same: Callable[[list[list[int]]], list[bool]]) -> dict[str, Any]:
     """Speculative and target-only decoding of the demo's sessions to ``lengths`` tokens, in
     ``--repeats`` interleaved pairs in this process (the same roles, thread and device for
-    both); ``same(target_only_outputs)``: under rule 1, whether each session's output shown
-    equals target-only greedy decoding."""
+    both, each run on an MLC of its own); ``same(target_only_outputs)``: under rule 1, whether
+    each session's output shown equals target-only greedy decoding."""
     from sdcp_fast.harness.speedup import comparison, interleaved
 
     specs = [replace(spec, max_new=n) for spec, n in zip(_specs(args, setup), lengths, strict=True)]
     outs: list[list[list[int]]] = []
 
     def speculative(_: int) -> Timed:
-        return _speculative(setup, specs, mlc, args)[1]
+        with _fresh_store() as mlc:
+            return _speculative(setup, specs, mlc, args)[1]
 
     def target_only(_: int) -> Timed:
-        tokens, timed = _target_only(setup, specs, mlc, args.backend, args.seed + 1000)
+        with _fresh_store() as mlc:
+            tokens, timed = _target_only(setup, specs, mlc, args.backend, args.seed + 1000)
         outs.append(tokens)
         return timed
 
@@ -269,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
                       f"pairs ...", flush=True)
             # The same sessions to the same lengths, so both runs produce the same token count.
             baseline = compare(setup, args, [len(r.tokens) for r in results],
-                               lambda outs: [o == r.tokens for o, r in zip(outs, results, strict=True)], mlc)
+                               lambda outs: [o == r.tokens for o, r in zip(outs, results, strict=True)])
         mlc.close()
 
     out = {
