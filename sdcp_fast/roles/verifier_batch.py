@@ -27,7 +27,7 @@ from sdcp_fast.model.interfaces import ScoreRequest, TargetScorer
 from sdcp_fast.protocol import Proposal, QUnavailable, SdcpProblem, Verdict
 from sdcp_fast.protocol.problems import InternalError
 from sdcp_fast.protocol.registry import SessionRegistry
-from sdcp_fast.protocol.session import State, VerifierSession
+from sdcp_fast.protocol.session import State
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
@@ -56,6 +56,9 @@ log = logging.getLogger("sdcp_fast.verifier")
 
 LONG_PREFILL = 1024  # tokens: a prefill this long is logged (start, end) with the session id
 LONG_PASS = 5.0  # seconds: a pass this long is logged with its sessions' ids
+# Neither ended nor committing: a session that may be fed prefill chunks (a tuple: its members
+# are found by identity, where a set would call the enum's hash per session and pass).
+_OPEN = (State.READY, State.SCORING, State.SELF_DECODING)
 
 
 class Batcher:
@@ -179,24 +182,34 @@ class Batcher:
 
     def _owed(self) -> int:
         """Sessions whose drafter may send a proposal now, plus rounds fetching their rows."""
-        return self._fetching + sum(1 for live in self.sessions.records() if _owes(live.session))
+        owed = self._fetching
+        for live in self.sessions.records():
+            s = live.session
+            if s.state is State.READY and s.drafter is not None and not s.revoked:
+                owed += 1
+        return owed
 
     def _survey(self) -> tuple[list[LiveSession], list[SessionNeed]]:
         """One walk over the sessions, in the order they were opened: self-decoding is started
         for those no drafter was assigned to for ``self_decode_idle``; the sessions the plan
-        needs to know of (prefilling, self-decoding or owed a proposal) and their needs."""
+        needs to know of (not yet prefilled, self-decoding or owing a proposal) and their needs."""
         lives: list[LiveSession] = []
         needs: list[SessionNeed] = []
         idle = self.self_decode_idle
         now = self.clock() if idle is not None else 0.0
         for live in self.sessions.records():
             s = live.session
-            if s.state is State.READY and s.drafter is None and self_decode_due(live.opened, now, idle):
+            state = s.state
+            if state is State.READY and s.drafter is None and self_decode_due(live.opened, now, idle):
                 s.begin_self_decoding(load=self.load.percent())
-            if live.prefilled and s.state is not State.SELF_DECODING and not _owes(s):
+                state = s.state
+            self_decoding = state is State.SELF_DECODING
+            owes = state is State.READY and s.drafter is not None and not s.revoked
+            if live.prefilled and not self_decoding and not owes:
                 continue  # nothing of it in the plan: its rounds come through the queue
             lives.append(live)
-            needs.append(_need(live))
+            needs.append(SessionNeed(id(live), len(s.prompt) + s.committed, live.fed, live.prefilled,
+                                     live.chunks_failed, state in _OPEN, self_decoding, owes))
         return lives, needs
 
     def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]], Plan]:
@@ -343,18 +356,13 @@ def _context(live: LiveSession, end: int) -> tuple[int, ...]:
     return (*prompt, *s.output(0).tokens[: end - len(prompt)])
 
 
-def _owes(s: VerifierSession) -> bool:
-    """Whether the session's drafter may send a proposal now."""
-    return s.state is State.READY and s.drafter is not None and not s.revoked
-
-
 def _need(live: LiveSession) -> SessionNeed:
-    """What the plan needs to know of ``live``."""
+    """What the plan needs to know of ``live`` (whose round is queued, or that starts a prefill)."""
     s = live.session
     state = s.state
     return SessionNeed(id(live), len(s.prompt) + s.committed, live.fed, live.prefilled, live.chunks_failed,
-                       open=not s.closed and state is not State.COMMITTING, self_decoding=state is State.SELF_DECODING,
-                       owes=_owes(s))
+                       state in _OPEN, state is State.SELF_DECODING,
+                       state is State.READY and s.drafter is not None and not s.revoked)
 
 
 def _drop(item: Round) -> None:

@@ -27,6 +27,7 @@ import statistics
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 # Context tokens one pass feeds at most, beside its decoding rounds, by default. A pass on a GPU
 # costs about the same from a few tokens to some hundreds (reading the weights dominates); on a
@@ -45,9 +46,8 @@ GROW_BELOW = 1.25
 SHRINK_ABOVE = 1.75
 
 
-@dataclass(frozen=True, slots=True)
-class SessionNeed:
-    """What the plan needs to know of one session."""
+class SessionNeed(NamedTuple):
+    """What the plan needs to know of one session (a tuple: one is built per session and pass)."""
 
     key: int  # the caller's handle: equal keys are one session (in the queue and in the table)
     context: int  # prompt and committed output tokens
@@ -65,8 +65,7 @@ class SessionNeed:
         return self.context - min(self.fed, self.context - 1)
 
 
-@dataclass(frozen=True, slots=True)
-class Queued:
+class Queued(NamedTuple):
     """A drafter's round waiting for a pass: its session and its proposed tokens."""
 
     session: SessionNeed
@@ -148,14 +147,15 @@ def plan(sessions: Sequence[SessionNeed], queue: Sequence[Queued], limits: Limit
         nonlocal budget, taken, held_back, prefill
         if taken >= limits.max_batch:
             return False
-        cost = 0 if need.chunks_failed else charge(need, proposed)
+        charged = 0 if need.prefilled else charge(need, proposed)  # the common case, spared a call
+        cost = 0 if need.chunks_failed else charged  # a failed chunk's rest is prefill all the same
         if budget is not None and cost > budget:
             held_back = held_back or shared
             return False
         if budget is not None:
             budget -= cost
         taken += 1
-        prefill += charge(need, proposed)  # a failed chunk's rest is prefill all the same
+        prefill += charged
         return True
 
     rounds = tuple(i for i, q in enumerate(queue) if fits(q.session, q.proposed))
@@ -168,7 +168,7 @@ def plan(sessions: Sequence[SessionNeed], queue: Sequence[Queued], limits: Limit
                 self_decoded.append(i)
     in_pass = {queue[i].session.key for i in rounds} | {sessions[i].key for i in self_decoded}
     decoding = any(queue[i].session.prefilled for i in rounds) or any(sessions[i].prefilled for i in self_decoded)
-    waiting = [i for i, need in enumerate(sessions) if chunked(need, chunk)]
+    waiting = [i for i, need in enumerate(sessions) if not need.prefilled and chunked(need, chunk)]
     chunks: list[tuple[int, int]] = []
     for i in waiting:
         if budget is not None and budget <= 0:
