@@ -1,0 +1,71 @@
+"""``sdcp-fast cluster up|down|certs``: simulated hosts on this machine, each a network
+namespace on a bridge running ``sdcp-fast node`` (sdcp_fast/cluster/simulate.py); and the
+certificates of a cluster spec, for real hosts."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "simulated hosts (network namespaces, root only): cluster up, cluster down; cluster certs for a spec"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = sub.add_parser("up", help="start N simulated hosts and run `sdcp-fast node` in each")
+    up.add_argument("--dir", required=True, metavar="DIR", help="folder for the spec, certificates, logs, "
+                                                                "cluster.json and endpoints.json")
+    up.add_argument("--hosts", type=int, default=3, help="hosts of the default layout (default 3)")
+    up.add_argument("--spec", metavar="FILE", help="a cluster spec instead of the default layout (its addresses "
+                                                   "must lie in 198.18.0.0/15)")
+    up.add_argument("--model", default="auto", help="the target model: toy, smollm2, auto (default)")
+    up.add_argument("--subnet", default=None, help="the hosts' /24 in 198.18.0.0/15 (default 198.18.0.0/24)")
+    up.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for every host (default 240)")
+    down = sub.add_parser("down", help="stop the hosts and remove their namespaces, links and bridge")
+    down.add_argument("--dir", required=True, metavar="DIR")
+    certs = sub.add_parser("certs", help="a CA and every instance's certificate for a cluster spec")
+    certs.add_argument("--spec", required=True, metavar="FILE")
+    certs.add_argument("--dir", required=True, metavar="DIR", help="certificates go into DIR/certs")
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+    import sys
+    from pathlib import Path
+
+    from sdcp_fast.cluster import simulate
+    from sdcp_fast.cluster.netns import NetnsError, unavailable
+    from sdcp_fast.cluster.spec import BENCHMARK_RANGE, DEFAULT_SUBNET, load
+
+    directory = Path(args.dir)
+    try:
+        if args.action == "certs":
+            from sdcp_fast.cluster.host_part import write_cluster_certificates
+
+            write_cluster_certificates(load(args.spec), directory / "certs")
+            print(f"certificates in {directory / 'certs'}")
+            return 0
+        if args.action == "down":
+            left = simulate.down(directory)
+            if left:
+                print(f"sdcp-fast cluster down: still there: {', '.join(left)}", file=sys.stderr)
+                return 1
+            return 0
+        why = unavailable()
+        if why:
+            print(f"sdcp-fast cluster up: {why}", file=sys.stderr)
+            return 2
+        if args.spec:
+            import ipaddress
+
+            spec = load(args.spec)
+            outside = [h.address for h in spec.hosts if ipaddress.ip_address(h.address) not in BENCHMARK_RANGE]
+            if outside:
+                raise ValueError(f"simulated hosts live in {BENCHMARK_RANGE}, not at {', '.join(outside)}")
+        else:
+            spec = simulate.default_spec(args.hosts, args.subnet or DEFAULT_SUBNET, args.model)
+        endpoints = simulate.up(directory, spec, timeout=args.timeout)
+    except (ValueError, OSError, NetnsError, RuntimeError, TimeoutError) as exc:
+        print(f"sdcp-fast cluster {args.action}: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(endpoints, indent=1))
+    return 0

@@ -1,0 +1,139 @@
+"""Simulated hosts on this machine (``sdcp-fast cluster up|down``): a network namespace per
+host on a bridge (:mod:`~sdcp_fast.cluster.netns`), and ``sdcp-fast node`` run inside each.
+
+``up`` writes into its folder ``cluster.toml`` (the spec), ``certs/`` (one CA, a
+certificate per instance, the front ends' API key), ``cluster.json`` (the network's names,
+then per host its name, namespace, address, node pid and processes: role, name, pid, base
+URI) and, once every host is up, ``endpoints.json`` (the front ends, reachable from the
+machine's own namespace, with their key). ``cluster.json`` is written before anything
+starts, so ``down`` removes what a failed ``up`` left too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sdcp_fast.cluster.host_part import write_cluster_certificates
+from sdcp_fast.cluster.netns import Network
+from sdcp_fast.cluster.spec import ClusterSpec, host_addresses
+from sdcp_fast.deploy.up import Up
+
+
+def network_of(spec: ClusterSpec, bridge_address: str, prefix_len: int, tag: str) -> Network:
+    return Network(tag, f"{bridge_address}/{prefix_len}", tuple((h.name, h.address) for h in spec.hosts))
+
+
+def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: float = 240.0) -> dict[str, Any]:
+    """Start ``spec``'s hosts as namespaces (their addresses in one ``/prefix_len`` network
+    whose first address is the bridge's); the contents of ``endpoints.json``. On failure
+    everything made is removed and the error names the log to read."""
+    directory = directory.resolve()
+    directory.mkdir(parents=True, exist_ok=True)
+    if (directory / "cluster.json").exists():
+        raise FileExistsError(f"{directory / 'cluster.json'} exists: `sdcp-fast cluster down --dir {directory}` first")
+    bridge = str(_first_address(spec.hosts[0].address, prefix_len))
+    net = network_of(spec, bridge, prefix_len, secrets.token_hex(3))
+    (directory / "cluster.toml").write_text(spec.to_toml())
+    write_cluster_certificates(spec, directory / "certs")
+    Up(directory).api_key()  # certs/api-key, which the routers read
+    state: dict[str, Any] = {"tag": net.tag, "bridge": net.bridge, "bridge_address": net.bridge_cidr,
+                             "hosts": [{"name": h.name, "netns": net.netns(h.name), "address": h.address,
+                                        "link": net.veth(h.name), "node_pid": None, "processes": []}
+                                       for h in spec.hosts]}
+    _write_json(directory / "cluster.json", state)
+    try:
+        net.up()
+        logs = directory / "logs"
+        logs.mkdir(exist_ok=True)
+        nodes = {}
+        for entry in state["hosts"]:
+            argv = net.exec_argv(entry["name"], [sys.executable, "-m", "sdcp_fast", "node", "--spec",
+                                                 str(directory / "cluster.toml"), "--host", entry["name"],
+                                                 "--dir", str(directory), "--timeout", str(int(timeout))])
+            with open(logs / f"node-{entry['name']}.log", "ab") as out:
+                nodes[entry["name"]] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                                        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                                                        start_new_session=True)
+            entry["node_pid"] = nodes[entry["name"]].pid
+        _write_json(directory / "cluster.json", state)
+        deadline = time.monotonic() + timeout
+        for entry in state["hosts"]:
+            entry.update(_wait_node(directory, entry["name"], nodes[entry["name"]], deadline))
+        _write_json(directory / "cluster.json", state)
+    except BaseException:
+        down(directory)
+        raise
+    endpoints = endpoints_of(spec, directory)
+    _write_json(directory / "endpoints.json", endpoints)
+    return endpoints
+
+
+def _first_address(address: str, prefix_len: int) -> Any:
+    import ipaddress
+
+    return ipaddress.ip_interface(f"{address}/{prefix_len}").network.network_address + 1
+
+
+def _wait_node(directory: Path, host: str, node: subprocess.Popen[bytes], deadline: float) -> dict[str, Any]:
+    state_file = directory / host / "node.json"
+    while True:
+        if state_file.exists():
+            data: dict[str, Any] = json.loads(state_file.read_text())
+            return {"processes": data["processes"]}
+        if node.poll() is not None:
+            tail = (directory / "logs" / f"node-{host}.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"the node of {host} exited with {node.returncode}:\n{tail}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the node of {host} did not come up (logs in {directory / 'logs'})")
+        time.sleep(0.2)
+
+
+def endpoints_of(spec: ClusterSpec, directory: Path) -> dict[str, Any]:
+    certs = directory / "certs"
+    frontends = [f"http://{i.address}:{spec.ports['api']}/v1/" for i in spec.instances("router")]
+    return {"model": spec.model, "frontend": frontends[0] if frontends else None, "frontends": frontends,
+            "api_key": Up(directory).api_key(), "ca": str(certs / "ca.pem"),
+            "client_cert": str(certs / "client.pem"), "client_key": str(certs / "client.key"),
+            "etcd": [f"http://{host}:{port}" for host, port in spec.etcd_clients()],
+            "logs": str(directory / "logs")}
+
+
+def network(directory: Path) -> Network:
+    """The network ``up`` made in ``directory`` (from its ``cluster.json``)."""
+    state = json.loads((directory / "cluster.json").read_text())
+    return Network(state["tag"], state["bridge_address"], tuple((h["name"], h["address"]) for h in state["hosts"]))
+
+
+def down(directory: Path) -> list[str]:
+    """Stop every process of the cluster in ``directory`` and remove its namespaces, links
+    and bridge; what is left of them (empty when all went)."""
+    directory = directory.resolve()
+    if not (directory / "cluster.json").exists():
+        return []
+    net = network(directory)
+    net.down()
+    left = net.leftovers()
+    if not left:
+        (directory / "cluster.json").rename(directory / "cluster.down.json")
+        (directory / "endpoints.json").unlink(missing_ok=True)
+    return left
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def default_spec(hosts: int, subnet: str, model: str) -> ClusterSpec:
+    from sdcp_fast.cluster.spec import default_layout
+
+    host_addresses(hosts, subnet)  # the subnet's check, with its message
+    return default_layout(hosts, subnet=subnet, model=model)
