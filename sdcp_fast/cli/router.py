@@ -21,6 +21,7 @@ HELP = "serve the SDCP router role (status table, assignment, events, fail-over)
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     from sdcp_fast.deploy.service import add_service_arguments
+    from sdcp_fast.roles.frontend_admission import PER_KEY, QUEUE, TOTAL
 
     p.add_argument("--model", default="auto", help="the target model (its digests go into contracts); default auto")
     p.add_argument("--drafter-model", action="append", default=[], metavar="URI=SPEC",
@@ -41,8 +42,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     api.add_argument("--api-key-file", metavar="FILE", help="keys, one a line")
     api.add_argument("--api-cert", metavar="PEM", help="serve the front end over TLS with this server certificate")
     api.add_argument("--api-cert-key", metavar="PEM", help="the private key of --api-cert")
-    api.add_argument("--api-per-key", type=int, default=16, metavar="N",
-                     help="requests in flight per key at most; one more is 429 (default 16)")
+    api.add_argument("--api-per-key", type=int, default=PER_KEY, metavar="N",
+                     help=f"requests in flight per key at most; more wait their turn (default {PER_KEY})")
+    api.add_argument("--api-max-inflight", type=int, default=TOTAL, metavar="N",
+                     help=f"requests in flight in all at most; more wait their turn (default {TOTAL})")
+    api.add_argument("--api-tokenizer-dir", metavar="DIR",
+                     help="write the served model's tokenizer here (tokenizer.json, tokenizer_config.json) for "
+                          "load generators that count tokens (AIPerf)")
+    api.add_argument("--api-queue", type=int, default=QUEUE, metavar="N",
+                     help=f"requests waiting for their turn at most, in all; one more is 429 (default {QUEUE})")
     from sdcp_fast.cli._options import add_weights_argument
 
     add_weights_argument(p)  # the target digest in contracts follows the form of the weights
@@ -85,16 +93,19 @@ class _Loaded(NamedTuple):
 def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Transport) -> _WithApi:
     from sdcp_fast.roles.frontend import mount_frontend
     from sdcp_fast.roles.frontend_server import FrontendServer, api_keys
-    from sdcp_fast.roles.frontend_text import HFTokenizer, ToyWords
+    from sdcp_fast.roles.frontend_text import HFTokenizer, ToyWords, save_tokenizer
     from sdcp_fast.roles.router import RouterRole
 
     target = loaded.target
     role = RouterRole(uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
                       tokenizer_digest=target.tokenizer_digest, drafter_models=loaded.models, scope=loaded.scope)
     tokenizer = ToyWords() if target.loaded is None else HFTokenizer(target.loaded.tokenizer)
+    if args.api_tokenizer_dir:
+        save_tokenizer(tokenizer, args.api_tokenizer_dir, context=target.context)
     frontend = mount_frontend(role, tokenizer, stop=target.stop, model=target.name, context=target.context,
                               vocab=target.vocab_size)
-    server = FrontendServer(frontend, api_keys(args.api_key, args.api_key_file), per_key=args.api_per_key)
+    server = FrontendServer(frontend, api_keys(args.api_key, args.api_key_file), per_key=args.api_per_key,
+                            total=args.api_max_inflight, queue=args.api_queue)
     return _WithApi(role, server, args)
 
 

@@ -34,6 +34,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default=None,
                    help="where the verifiers and drafters run their models: cpu, cuda, cuda:N (default: the "
                         "services' own, the CPU)")
+    p.add_argument("--timeout", type=float, default=180.0, metavar="S",
+                   help="seconds every service has to start (load its model, build kernels, listen) before up "
+                        "gives up (default 180); a loaded machine needs more")
+    p.add_argument("--max-inflight-per-key", type=int, default=None, metavar="N",
+                   help="front end: requests in flight per API key at most; more wait their turn (default: the "
+                        "router's, 64)")
+    p.add_argument("--max-inflight", type=int, default=None, metavar="N",
+                   help="front end: requests in flight in all at most (default: the router's, 256)")
+    p.add_argument("--max-queue", type=int, default=None, metavar="N",
+                   help="front end: requests waiting their turn at most; one more is 429 (default: the router's, "
+                        "1024)")
     p.add_argument("--weights", default=None, choices=("auto", "f32", "bf16", "q8_0", "q4"),
                    help="form of the target's linear layers in every service (default: the services' own, auto)")
 
@@ -57,17 +68,19 @@ def run(args: argparse.Namespace) -> int:
     up = Up(Path(args.dir), model=args.model, drafters=drafters, base_port=args.base_port,
             status_ttl_ms=args.status_ttl_ms, fixed_m=args.m, max_batch=args.max_batch, device=args.device,
             prefill_chunk=args.prefill_chunk, prefill_solo=args.prefill_solo,
-            weights=args.weights, routers=max(1, args.routers))
+            weights=args.weights, routers=max(1, args.routers), max_inflight_per_key=args.max_inflight_per_key,
+            max_inflight=args.max_inflight, max_queue=args.max_queue)
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
         print(f"sdcp-fast up: starting in {args.dir} ...", file=sys.stderr, flush=True)
-        up.start()
+        up.start(timeout=args.timeout)
         endpoints = up.endpoints()
         for name, svc in endpoints["services"].items():
             print(f"  {name:<17} {svc['role']:<9} {svc['url']}  (pid {svc['pid']})", flush=True)
         for url in endpoints["frontends"]:
             print(f"  front end         {url}  (OpenAI-compatible; API key {endpoints['api_key']})", flush=True)
+        print(f"  tokenizer         {endpoints['tokenizer']}  (for load generators)", flush=True)
         print(f"sdcp-fast up: all healthy; endpoints in {Path(args.dir) / 'endpoints.json'}; Ctrl-C to stop",
               flush=True)
         while not stopping:

@@ -41,11 +41,31 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.deploy.catalog import load_target
     from sdcp_fast.deploy.service import run_role
 
-    return run_role(args, PeerRole.VERIFIER, lambda: load_target(args.model, args.device, args.weights), partial(_role, args),
+    return run_role(args, PeerRole.VERIFIER, partial(_load, args), partial(_role, args),
                     lambda target: target.describe)
+
+
+def _load(args: argparse.Namespace) -> Target:
+    """The target, and its kernel backend built now (a CPU build compiles C++): a first pass
+    would otherwise build it, with sessions waiting."""
+    import logging
+
+    import torch
+
+    from sdcp_fast.deploy.catalog import load_target
+    from sdcp_fast.kernels.backends import load, resolve
+
+    target = load_target(args.model, args.device, args.weights)
+    backend = resolve(args.backend, torch.device(args.device))
+    logging.getLogger("sdcp_fast.deploy").info("sdcp-fast verifier: building kernels (%s backend)", backend)
+    load(backend)
+    if backend == "cpu":
+        from sdcp_fast import native
+
+        native.module()  # built (or loaded) here rather than in the first scoring pass
+    return target
 
 
 def _role(args: argparse.Namespace, target: Target, store: Store, transport: Transport) -> VerifierRole:

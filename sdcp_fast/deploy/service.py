@@ -18,6 +18,7 @@ import logging
 import signal
 import ssl
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -125,11 +126,17 @@ def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
     ``build`` the role on the MLC server's store and a client transport proving ``role`` at
     ``--uri``, and serve it until SIGINT or SIGTERM. ``ready(loaded)`` describes it."""
     configure_logging(args.log_level)
+    # Each step of a start is logged, so a slow start (sdcp-fast up waiting) shows where it is.
+    what = f"sdcp-fast {role.value}"
     try:
         security = Security.from_args(args, args.name)
+        log.info("%s: loading (model %s%s)", what, getattr(args, "model", "-"),
+                 f", on {args.device}" if getattr(args, "device", None) else "")
+        began = time.monotonic()
         loaded = load()
+        log.info("%s: loaded in %.1f s: %s", what, time.monotonic() - began, ready(loaded))
     except (FileNotFoundError, ValueError) as exc:
-        print(f"sdcp-fast {role.value}: {exc}", file=sys.stderr)
+        print(f"{what}: {exc}", file=sys.stderr)
         return 2
     if getattr(args, "threads", None):
         import torch
@@ -138,6 +145,7 @@ def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
     host, port = listen_address(args)
 
     async def main() -> int:
+        log.info("%s: building the role (MLC at %s)", what, args.mlc)
         served = build(loaded, remote_store(args.mlc, security), client_transport(security, Peer(args.uri, role)))
         await serve_role(served, host=host, port=port, security=security,
                          ready=f"sdcp-fast {role.value} ({ready(loaded)})")
@@ -172,6 +180,7 @@ async def serve_role(role: Any, *, host: str, port: int, security: Security, bas
     handler: Handler = role.handler  # insecure: requests reach it with no identity (the module doc)
     server = await serve(handler, host, port, ssl=security.server_context(), insecure=security.insecure,
                          base_path=base_path)
+    log.info("%s: listening on %s:%d; starting the role", ready or type(role).__name__, host, server.port)
     await role.start()
     scheme = "http" if security.insecure else "https"
     try:

@@ -69,6 +69,10 @@ class Up:
     device: str | None = None
     weights: str | None = None  # --weights of the router, verifiers and drafters (one form: one digest)
     routers: int = 1
+    # The front end's admission (router --api-per-key, --api-max-inflight, --api-queue); None: the router's.
+    max_inflight_per_key: int | None = None
+    max_inflight: int | None = None
+    max_queue: int | None = None
     services: dict[str, Service] = field(default_factory=dict)
     api_port: int = 0
     api_ports: list[int] = field(default_factory=list)  # one per router, the first is api_port
@@ -94,6 +98,10 @@ class Up:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(os.urandom(16).hex() + "\n")
         return path.read_text().strip()
+
+    def tokenizer_dir(self) -> Path:
+        """The served model's tokenizer, for load generators (the first router writes it)."""
+        return self.directory / "tokenizer"
 
     def router_names(self) -> list[str]:
         return ["router"] + [f"router-{i}" for i in range(2, self.routers + 1)]
@@ -131,6 +139,10 @@ class Up:
                 *py, "router", "--uri", f"https://127.0.0.1:{ports[name]}/", "--name", name, "--model", model,
                 *common, "--api-listen", f"127.0.0.1:{api}", "--api-key-file", str(self.api_key_file()),
                 "--scope", self.routers_scope(), *self._option("--weights", self.weights),
+                *self._option("--api-per-key", self.max_inflight_per_key),
+                *self._option("--api-max-inflight", self.max_inflight),
+                *self._option("--api-queue", self.max_queue),
+                *(("--api-tokenizer-dir", str(self.tokenizer_dir())) if name == "router" else ()),
                 *(a for d, spec in zip(drafter_uris, drafters, strict=True)
                   for a in ("--drafter-model", f"{drafter_uris[d]}={spec}"))])
         for name in ("verifier", "verifier-standby"):
@@ -199,10 +211,18 @@ class Up:
                 if self.healthy(svc):
                     pending.remove(name)
             if pending and time.monotonic() > deadline:
+                where = "; ".join(f"{name}: {self.last_line(name)}" for name in pending)
                 raise TimeoutError(f"not healthy after {timeout:.0f}s: {', '.join(pending)} "
-                                   f"(logs in {self.directory / 'logs'})")
+                                   f"(logs in {self.directory / 'logs'}; last lines: {where}); "
+                                   "a slow machine needs a longer --timeout")
             if pending:
                 time.sleep(0.2)
+
+    def last_line(self, name: str) -> str:
+        """The last line ``name`` logged (where its start is), or that it logged none."""
+        path = self.services[name].log_path
+        lines = path.read_text(errors="replace").splitlines() if path is not None and path.exists() else []
+        return repr(lines[-1][-200:]) if lines else "nothing logged yet"
 
     def wait_registered(self, timeout: float, router: str = "router") -> None:
         """Until ``router`` has a live status from every verifier and drafter (GET instances)."""
@@ -273,6 +293,8 @@ class Up:
             "api_key": self.api_key(),
             # The same API on the router's SDCP port, for tools holding the client certificate.
             "frontend_mtls": self.services["router"].uri + "v1/",
+            # The served model's tokenizer (Hugging Face form), for load generators.
+            "tokenizer": str(self.tokenizer_dir()),
             "logs": str(self.directory / "logs"),
         }
 

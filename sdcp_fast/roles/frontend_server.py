@@ -10,8 +10,9 @@ ports never take SDCP resources.
   asked (HTTP/2 over TLS by ALPN ``h2``).
 - API keys, as ``Authorization: Bearer KEY`` (or ``x-api-key``); none configured: no check.
   A wrong or missing key is 401 in OpenAI's error shape.
-- At most ``per_key`` requests in flight per key (per client address without keys): one more
-  is 429 with ``Retry-After``.
+- At most ``per_key`` requests in flight per key (per client address without keys) and
+  ``total`` in all; more wait their turn (:mod:`~sdcp_fast.roles.frontend_admission`), up to
+  ``queue`` waiting: one more is 429 with ``Retry-After``.
 - Bodies over ``max_body`` bytes are 413; every error is OpenAI-shaped JSON.
 - A client that disconnects cancels its handler (``handler_cancellation``), and with it the
   session at its verifier (:meth:`~sdcp_fast.roles.router.RouterRole.cancel`).
@@ -31,6 +32,7 @@ from typing import Any
 from aiohttp import web
 
 from sdcp_fast.roles.frontend import Frontend
+from sdcp_fast.roles.frontend_admission import PER_KEY, QUEUE, TOTAL, Admission
 from sdcp_fast.roles.frontend_requests import ApiError
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.http1 import stream_to_aiohttp, to_aiohttp
@@ -62,13 +64,22 @@ class FrontendServer:
 
     frontend: Frontend
     keys: tuple[str, ...] = ()
-    per_key: int = 16
+    per_key: int = PER_KEY
+    total: int | None = TOTAL
+    queue: int = QUEUE
     max_body: int = MAX_BODY
-    _in_flight: dict[str, int] = field(default_factory=dict)
+    admission: Admission = field(init=False)
     _runner: web.AppRunner | None = None
     _h2: Any = None
     port: int = 0
     h2_port: int = 0
+
+    def __post_init__(self) -> None:
+        self.admission = Admission(self.per_key, self.total, self.queue)
+
+    @property
+    def _in_flight(self) -> dict[str, int]:
+        return self.admission.in_flight
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=self.max_body)
@@ -115,18 +126,18 @@ class FrontendServer:
 
     async def handle(self, request: Request) -> Response:
         """One request of either listener, as the transport gives it: keys, limit, then the front end."""
-        holder, refused = self._admit(request.headers, "an HTTP/2 client")
+        holder, refused = await self._admit(request.headers, "an HTTP/2 client")
         if refused is not None:
             return refused
         try:
             answer = await self._forward(request)
         except BaseException:
-            self._release(holder)
+            self.admission.leave(holder)
             raise
         if answer.stream is None:
-            self._release(holder)
+            self.admission.leave(holder)
             return answer
-        return replace(answer, stream=_Counted(answer.stream, lambda: self._release(holder)))
+        return replace(answer, stream=_Counted(answer.stream, lambda: self.admission.leave(holder)))
 
     async def _forward(self, request: Request) -> Response:
         headers = dict(request.headers)
@@ -145,10 +156,10 @@ class FrontendServer:
                 return key
         return None
 
-    def _admit(self, headers: Mapping[str, str], remote: str) -> tuple[str, Response | None]:
-        """Who holds the request (a key, or the client's address without keys) and, if it is
-        refused, the answer: 401 for a wrong key, 429 over the limit. An admitted request is
-        counted until :meth:`_release`."""
+    async def _admit(self, headers: Mapping[str, str], remote: str) -> tuple[str, Response | None]:
+        """Who holds the request (a key, or the client's address without keys) once it has a
+        slot, or the answer that refuses it: 401 for a wrong key, 429 when the queue is full.
+        An admitted request holds its slot until ``admission.leave``."""
         if self.keys:
             key = self._key(headers)
             if key is None:
@@ -158,27 +169,22 @@ class FrontendServer:
             holder = "key " + hmac.new(key.encode(), b"sdcp-fast", "sha256").hexdigest()[:8]
         else:
             holder = f"address {remote}"
-        if self._in_flight.get(holder, 0) >= self.per_key:
-            log.warning("%s: %d requests in flight, one more refused (429)", holder, self.per_key)
-            return "", _with(ApiError(429, f"at most {self.per_key} requests in flight per key; retry later",
+        if not await self.admission.enter(holder):
+            log.warning("%s: %d requests waiting, one more refused (429)", holder, self.queue)
+            return "", _with(ApiError(429, f"{self.queue} requests are waiting (each key has at most "
+                                           f"{self.per_key} in flight); retry later",
                                       kind="rate_limit_error", code="rate_limit_exceeded"),
                              {"retry-after": str(RETRY_AFTER_S)})
-        self._in_flight[holder] = self._in_flight.get(holder, 0) + 1
         return holder, None
 
-    def _release(self, holder: str) -> None:
-        self._in_flight[holder] -= 1
-        if not self._in_flight[holder]:
-            del self._in_flight[holder]
-
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        holder, refused = self._admit({k.lower(): v for k, v in request.headers.items()}, str(request.remote))
+        holder, refused = await self._admit({k.lower(): v for k, v in request.headers.items()}, str(request.remote))
         if refused is not None:
             return to_aiohttp(refused)
         try:
             return await self._serve(request)
         finally:
-            self._release(holder)
+            self.admission.leave(holder)
 
     async def _serve(self, request: web.Request) -> web.StreamResponse:
         try:

@@ -7,6 +7,7 @@ character.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, Protocol
 
 
@@ -99,3 +100,39 @@ class IncrementalDecoder:
         piece = text[len(before):]
         self._prefix, self._read = self._read, len(self.ids)
         return piece
+
+
+CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+          "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def save_tokenizer(tokenizer: TextTokenizer, directory: str | Path, *, context: int | None = None) -> Path:
+    """``tokenizer`` as a Hugging Face tokenizer folder (``tokenizer.json``,
+    ``tokenizer_config.json``) that ``transformers.AutoTokenizer.from_pretrained(directory)``
+    loads: what load generators (AIPerf, vLLM's benchmarks) count tokens with. The toy
+    model's words become a word-level tokenizer with the same ids."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder = Path(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    config: dict[str, Any] = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    if isinstance(tokenizer, HFTokenizer):
+        tokenizer.tokenizer.save(str(folder / "tokenizer.json"))
+        config["chat_template"] = CHATML
+        stops = [tokenizer.tokenizer.id_to_token(i) for i in tokenizer.stop_tokens()]
+        if stops:
+            config["eos_token"] = stops[0]
+    else:
+        from sdcp_fast.model.toy import EOS, WORDS
+
+        words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token=WORDS[EOS]))
+        words.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        words.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+        words.save(str(folder / "tokenizer.json"))
+        config["eos_token"] = WORDS[EOS]
+    if context is not None:
+        config["model_max_length"] = context
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=1) + "\n")
+    return folder

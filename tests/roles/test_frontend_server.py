@@ -20,6 +20,7 @@ from sdcp_fast.deploy.local import Deployment, Engine, model_digest
 from sdcp_fast.model.toy import EOS, ToyDrafter, ToyTarget, decode, encode
 from sdcp_fast.protocol.session import State
 from sdcp_fast.roles.frontend import Frontend, mount_frontend
+from sdcp_fast.roles.frontend_admission import QUEUE
 from sdcp_fast.roles.frontend_server import FrontendServer, api_keys
 from sdcp_fast.roles.frontend_text import ToyWords
 from sdcp_fast.store import embedded
@@ -33,8 +34,8 @@ JSON_KEY = {"content-type": "application/json", "authorization": f"Bearer {KEY}"
 
 
 @contextlib.asynccontextmanager
-async def served(tmp_path: Path, *, per_key: int = 16, keys: tuple[str, ...] = (KEY,),
-                 slow: float = 0.0, context: int = 8192) -> AsyncIterator[tuple[Deployment, str, ToyTarget]]:
+async def served(tmp_path: Path, *, per_key: int = 16, keys: tuple[str, ...] = (KEY,), slow: float = 0.0,
+                 context: int = 8192, queue: int = QUEUE) -> AsyncIterator[tuple[Deployment, str, ToyTarget]]:
     """The in-process roles, their front end on 127.0.0.1:<free port>; the API's base URL."""
     target = ToyTarget()
     if slow:
@@ -52,7 +53,7 @@ async def served(tmp_path: Path, *, per_key: int = 16, keys: tuple[str, ...] = (
                     tokenizer_digest=model_digest("w"))
     async with engine.deployment() as d:
         frontend = mount_frontend(d.router, ToyWords(), stop=(EOS,), model="toy", max_tokens=12, context=context)
-        server = FrontendServer(frontend, keys, per_key=per_key)
+        server = FrontendServer(frontend, keys, per_key=per_key, queue=queue)
         url = await server.start("127.0.0.1", 0)
         try:
             yield d, url, target
@@ -266,7 +267,7 @@ def test_a_stream_closed_before_its_first_event_ends_its_session(tmp_path: Path)
 
 def test_one_request_over_the_per_key_limit_is_429_with_retry_after(tmp_path: Path) -> None:
     async def scenario() -> tuple[int, Any, Any]:
-        async with served(tmp_path, per_key=1, slow=0.01) as (_, url, _):
+        async with served(tmp_path, per_key=1, slow=0.01, queue=0) as (_, url, _):  # no queue: refused at once
             body = json.dumps({"prompt": PROMPT, "max_tokens": 4000, "stream": True}).encode()
             async with aiohttp.ClientSession() as http:
                 first = await http.post(f"{url}/completions", data=body, headers=JSON_KEY)
