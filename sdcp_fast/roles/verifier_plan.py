@@ -12,8 +12,9 @@ the queue. A session whose context is longer than ``prefill_chunk`` gets it fed 
 from its opening on, in the order the sessions were opened (a chunk is a request with no
 proposal and a prefix of the context), and its first round joins a pass once the rest fits,
 so a long prompt never holds the other sessions' rounds for longer than one chunk's work per
-pass. A pass no decoding round shares (none queued, no session self-decoding or owing a
-proposal, but of those being chunked) feeds up to ``prefill_solo`` tokens: the small chunk
+pass. A pass no decoding round shares (none queued or fetching its q rows, no session
+self-decoding or owing a proposal, other than those being chunked) feeds up to
+``prefill_solo`` tokens: the small chunk
 protects other sessions' latency, and with none waiting it would only delay the long
 prompt's first token. Beside decoding rounds the budget starts at ``prefill_chunk`` and
 follows measured pass times up to ``prefill_solo`` (:class:`SharedBudget`): where a chunk
