@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     root = args.root or default_root()
     os.makedirs(root, exist_ok=True)
+    print(f"sdcp-fast mlc: opening the store at {root}", file=sys.stderr, flush=True)  # a slow disk shows here
     mib = 1 << 20
     limits = {} if args.max_objects is None else {"max_objects": args.max_objects}
     store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,

@@ -183,6 +183,9 @@ class Frontend:
             raise ApiError(409, "Last-Event-ID names a session of another request; send the same request again",
                            code="last_event_id_mismatch")
         ident = ("chatcmpl-" if chat else "cmpl-") + session.hex()
+        if index is not None and index > routed.contract.max_new:
+            raise ApiError(400, f"Last-Event-ID names output token {index}; the session makes at most "
+                                f"{routed.contract.max_new}", code="invalid_last_event_id")
         if index is None:  # the client has the whole text: only the close is left
             return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"}, stream=_once(DONE_EVENT))
         if routed.done:  # ended: resumable while its verifier still serves the output

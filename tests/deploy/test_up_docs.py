@@ -82,6 +82,8 @@ def test_every_example_runs_against_the_deployment(up: Up) -> None:
                 assert json.loads(done.stdout)["choices"][0]["text"], done.stdout
             ran.append(program)
     assert {"python", "curl", "sdcp-fast"} <= set(ran), ran
+    router_log = (up.directory / "logs" / "router.log").read_text()
+    assert "never retrieved" not in router_log and "Traceback" not in router_log
 
 
 def test_the_tokenizer_folder_loads_for_load_generators(up: Up) -> None:
