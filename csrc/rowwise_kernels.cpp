@@ -1,9 +1,8 @@
 // Row-invariant float kernels of a CPU pass (definitions: sdcp_fast/kernels/rowwise_reference.py).
 //
-// rowwise_impl.inc is compiled for scalar and for AVX2 + FMA, in regions compiled for that set
-// as the quantized products are; the set follows the quantized kernels' choice
-// (SDCP_CPU_ISA, set_quant_isa), AVX-512 using the AVX2 variant. The elementwise kernels (RoPE,
-// the gated activation) are one portable loop: they reduce nothing.
+// The reductions (rowwise_impl.inc) are compiled per instruction set and follow the quantized
+// kernels' choice (SDCP_CPU_ISA, set_quant_isa). The elementwise kernels (RoPE, the gated
+// activation) are one portable loop: they reduce nothing.
 #if defined(__GNUC__) && !defined(__clang__)
 // a * b + c must round twice everywhere here (no contraction into an FMA that one code path
 // would get and another not)
@@ -26,72 +25,50 @@
 
 #include "quant_kernels.h"
 
-#if (defined(__GNUC__) || defined(__clang__)) && (defined(__x86_64__) || defined(__i386__))
-#include <immintrin.h>
-#define SDCP_ROWWISE_X86 1
-#endif
+// rowwise_impl.inc for scalar and AVX2 + FMA (isa_dispatch.h); AVX-512 takes the AVX2 copy.
+#define SDCP_ISA_KERNELS "rowwise_impl.inc"
+#define SDCP_ISA_AVX2_TARGET "avx2,fma"
+#include "isa_dispatch.h"
 
 namespace sdcp {
 
-namespace rowwise_scalar {
-#define RW_SIMD 0
-#include "rowwise_impl.inc"
-#undef RW_SIMD
-}  // namespace rowwise_scalar
-
-#ifdef SDCP_ROWWISE_X86
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
-namespace rowwise_avx2 {
-#define RW_SIMD 1
-#include "rowwise_impl.inc"
-#undef RW_SIMD
-}  // namespace rowwise_avx2
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
-#endif
-
 namespace {
 
-bool use_avx2() {
-#ifdef SDCP_ROWWISE_X86
-    return quant_isa_index() >= 1;
-#else
-    return false;
-#endif
+struct Impl {
+    decltype(&scalar::add_rms_norm) add_rms_norm;
+    decltype(&scalar::paged_attention_rows) paged_attention_rows;
+    decltype(&scalar::linear_f32) linear_f32;
+};
+
+#define SDCP_IMPL(ns) \
+    Impl { &ns::add_rms_norm, &ns::paged_attention_rows, &ns::linear_f32 }
+
+// Only for its copies and their probe: the level is the quantized products' (a pass runs both).
+const auto& dispatch() {
+    static const cpu_isa::Dispatch d({SDCP_ISA_VARIANTS(SDCP_IMPL)}, {SDCP_ISA_TARGETS});
+    return d;
 }
+
+const Impl& impl() { return dispatch().at_most(quant_isa_index()); }
 
 }  // namespace
 
-#ifdef SDCP_ROWWISE_X86
-#define RW_DISPATCH(fn, ...) (use_avx2() ? rowwise_avx2::fn(__VA_ARGS__) : rowwise_scalar::fn(__VA_ARGS__))
-#else
-#define RW_DISPATCH(fn, ...) rowwise_scalar::fn(__VA_ARGS__)
-#endif
-
 void add_rms_norm(float* x, const float* delta, const float* w, int64_t rows, int64_t dim, float eps,
                   bool unit_offset, float* out) {
-    RW_DISPATCH(add_rms_norm, x, delta, w, rows, dim, eps, unit_offset, out);
+    impl().add_rms_norm(x, delta, w, rows, dim, eps, unit_offset, out);
 }
 
 void paged_attention_rows(const float* q, const float* k_cache, const float* v_cache, int64_t block_size,
                           int64_t hq, int64_t hkv, int64_t d, const int32_t* table, int64_t table_width,
                           const int32_t* row_seq, const int64_t* row_pos, int64_t rows, float scale,
                           int64_t window, float softcap, float* out, int threads) {
-    RW_DISPATCH(paged_attention_rows, q, k_cache, v_cache, block_size, hq, hkv, d, table, table_width, row_seq,
-                row_pos, rows, scale, window, softcap, out, std::max(threads, 1));
+    impl().paged_attention_rows(q, k_cache, v_cache, block_size, hq, hkv, d, table, table_width, row_seq, row_pos,
+                                rows, scale, window, softcap, out, std::max(threads, 1));
 }
 
 void linear_f32(const float* x, int64_t rows, int64_t k, const float* w, int64_t n_out, const float* bias,
                 float* out, int threads) {
-    RW_DISPATCH(linear_f32, x, rows, k, w, n_out, bias, out, std::max(threads, 1));
+    impl().linear_f32(x, rows, k, w, n_out, bias, out, std::max(threads, 1));
 }
 
 void rope_table(const int64_t* positions, const float* inv_freq, int64_t rows, int64_t half, float* cos_out,
@@ -151,6 +128,6 @@ void gated_act(const float* gate, int64_t gate_stride, const float* up, int64_t 
     }
 }
 
-std::string rowwise_isa() { return use_avx2() ? "avx2" : "scalar"; }
+std::string rowwise_isa() { return dispatch().name_at_most(quant_isa_index()); }
 
 }  // namespace sdcp
