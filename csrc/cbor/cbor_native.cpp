@@ -7,6 +7,7 @@
 // raised with the Python codec's detail text. Byte and text strings are copied once, straight
 // from the input buffer into their Python objects: no per-byte work in Python.
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <Python.h>
 
@@ -377,6 +378,9 @@ PyObject* const BREAK = reinterpret_cast<PyObject*>(&break_marker);  // a marker
 struct Reader {
     const unsigned char* buf;
     size_t len, pos;
+    // decode_members only: the GIL is let go after every this many array items built, so a
+    // long token list never holds other threads for more than a moment (0: never).
+    uint64_t yield_every = 0;
 
     const unsigned char* take(uint64_t n) {
         if (n > len - pos) fail("CBOR input ends inside a data item");
@@ -483,6 +487,10 @@ struct Reader {
             } else {
                 value = item(depth + 1);
             }
+            if (yield_every && i % yield_every == yield_every - 1) {
+                Py_BEGIN_ALLOW_THREADS
+                Py_END_ALLOW_THREADS
+            }
             if (i < ready) {
                 PyList_SET_ITEM(items.p, (Py_ssize_t)i, value);
             } else {
@@ -548,6 +556,180 @@ struct Reader {
                 Ref chunk(text(s, (size_t)c.arg, "CBOR text chunk is not valid UTF-8"));
             }
             joined.append((const char*)s, (size_t)c.arg);
+        }
+    }
+};
+
+// -- validating without building (decode_members) ----------------------------------------------
+
+// The checks of Reader, with no Python object built and no Python API called, so they run with
+// the GIL released: a record's members that the format ignores are checked, never built.
+struct Invalid {
+    std::string detail;
+};
+
+[[noreturn]] void invalid(const std::string& detail) { throw Invalid{detail}; }
+
+// Strict UTF-8 as Python's decoder takes it: no overlong forms, no surrogates, nothing past U+10FFFF.
+bool valid_utf8(const unsigned char* s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        const unsigned char c = s[i];
+        if (c < 0x80) {
+            ++i;
+            continue;
+        }
+        size_t more;
+        uint32_t cp;
+        if (c >= 0xc2 && c <= 0xdf) {
+            more = 1, cp = c & 0x1f;
+        } else if (c >= 0xe0 && c <= 0xef) {
+            more = 2, cp = c & 0x0f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            more = 3, cp = c & 0x07;
+        } else {
+            return false;
+        }
+        if (more > n - i - 1) return false;
+        for (size_t k = 1; k <= more; ++k) {
+            if ((s[i + k] & 0xc0) != 0x80) return false;
+            cp = cp << 6 | (s[i + k] & 0x3f);
+        }
+        if ((more == 2 && (cp < 0x800 || (cp >= 0xd800 && cp <= 0xdfff))) || (more == 3 && (cp < 0x10000 || cp > 0x10ffff)))
+            return false;
+        i += more + 1;
+    }
+    return true;
+}
+
+struct Checker {
+    const unsigned char* buf;
+    size_t len, pos;
+    uint64_t items = 0;  // data items checked (break codes not counted)
+
+    const unsigned char* take(uint64_t n) {
+        if (n > len - pos) invalid("CBOR input ends inside a data item");
+        const unsigned char* at = buf + pos;
+        pos += (size_t)n;
+        return at;
+    }
+
+    Head head() {
+        if (pos >= len) invalid("CBOR input ends before a data item");
+        const unsigned char initial = buf[pos++];
+        Head h{initial >> 5, initial & 0x1f, 0, false};
+        if (h.info < 24) {
+            h.arg = (uint64_t)h.info;
+        } else if (h.info <= 27) {
+            const unsigned char* b = take(1ULL << (h.info - 24));
+            for (int i = 0; i < (1 << (h.info - 24)); ++i) h.arg = h.arg << 8 | b[i];
+        } else if (h.info == 31) {
+            h.indefinite = true;
+        } else {
+            invalid("reserved additional information " + std::to_string(h.info) + " in CBOR head");
+        }
+        return h;
+    }
+
+    uint64_t length(uint64_t arg, uint64_t unit) {
+        if (arg > (len - pos) / unit) invalid("CBOR length exceeds the input");
+        return arg;
+    }
+
+    void item(int depth, std::string* key = nullptr) {
+        if (!item_or_break(depth, key)) invalid("CBOR break code outside an indefinite-length item");
+    }
+
+    // False for a break code. ``key``: where a map key's identity goes (its type and value).
+    bool item_or_break(int depth, std::string* key = nullptr) {
+        if (depth > MAX_DEPTH) invalid("CBOR nesting too deep");
+        const Head h = head();
+        if (!(h.major == SIMPLE && h.info == 31)) ++items;
+        switch (h.major) {
+            case UINT:
+            case NINT:
+                if (h.indefinite) invalid("indefinite length on an integer");
+                if (key) *key = std::string(1, (char)(h.major == UINT ? 'i' : 'n')) + std::to_string(h.arg);
+                return true;
+            case BSTR:
+            case TSTR: {
+                std::string joined;
+                if (h.indefinite) {
+                    chunks(h.major, key ? &joined : nullptr);
+                } else {
+                    const unsigned char* s = take(h.arg);
+                    if (h.major == TSTR && !valid_utf8(s, (size_t)h.arg)) invalid("CBOR text string is not valid UTF-8");
+                    if (key) joined.assign((const char*)s, (size_t)h.arg);
+                }
+                if (key) *key = (h.major == BSTR ? "b" : "t") + joined;
+                return true;
+            }
+            case ARRAY:
+                if (h.indefinite) {
+                    while (item_or_break(depth + 1)) {
+                    }
+                } else {
+                    const uint64_t count = length(h.arg, 1);
+                    if (count && depth >= MAX_DEPTH) invalid("CBOR nesting too deep");
+                    for (uint64_t i = 0; i < count; ++i) item(depth + 1);
+                }
+                break;
+            case MAP:
+                map(h, depth);
+                break;
+            case TAG:
+                invalid("CBOR tags are not used by SDCP");
+            default:
+                switch (h.info) {
+                    case 20: case 21: case 22: break;
+                    case 31: return false;
+                    case 25: case 26: case 27: invalid("floating-point numbers are not used by SDCP");
+                    default: invalid("CBOR simple value " + std::to_string(h.arg) + " is not used by SDCP");
+                }
+                if (key) invalid("CBOR map key must be an integer, text or byte string");
+                return true;
+        }
+        if (key) invalid("CBOR map key must be an integer, text or byte string");
+        return true;
+    }
+
+    // One key and its value; false at the break of an indefinite map. ``seen`` holds the keys
+    // so far (duplicates are refused, as by Reader); the value's start and end go to ``value``.
+    bool entry(int depth, std::vector<std::string>& seen, std::string& key, size_t* value_at) {
+        if (!item_or_break(depth + 1, &key)) return false;
+        if (std::find(seen.begin(), seen.end(), key) != seen.end()) invalid("duplicate CBOR map key");
+        seen.push_back(key);
+        if (value_at) *value_at = pos;
+        item(depth + 1);
+        return true;
+    }
+
+    void map(const Head& h, int depth) {
+        std::vector<std::string> seen;  // empty maps, the common hostile case, allocate nothing
+        std::string key;
+        const uint64_t count = h.indefinite ? UINT64_MAX : length(h.arg, 2);
+        for (uint64_t i = 0; i < count; ++i) {
+            key.clear();
+            if (!entry(depth, seen, key, nullptr)) {
+                if (!h.indefinite) invalid("CBOR break code outside an indefinite-length item");
+                break;
+            }
+        }
+    }
+
+    void chunks(int major, std::string* joined) {
+        for (;;) {
+            if (pos < len && buf[pos] == 0xff) {
+                ++pos;
+                if (major == TSTR && joined && !valid_utf8((const unsigned char*)joined->data(), joined->size()))
+                    invalid("CBOR text string is not valid UTF-8");
+                return;
+            }
+            const Head c = head();
+            if (c.major != major || c.indefinite) invalid("bad chunk inside an indefinite-length string");
+            const unsigned char* s = take(c.arg);
+            if (major == TSTR && !valid_utf8(s, (size_t)c.arg)) invalid("CBOR text chunk is not valid UTF-8");
+            if (joined) joined->append((const char*)s, (size_t)c.arg);
         }
     }
 };
@@ -619,6 +801,71 @@ py::tuple py_decode_at(py::handle data, size_t pos) {
     }
 }
 
+// The single CBOR data item in ``data``, checked whole as decode checks it but with the GIL
+// released, and built only where it is a map's member named in ``keys`` (text keys): a dict of
+// those members, or None when the item is not a map. The members built may hold at most
+// ``max_items`` data items between them. Only bytes are taken: they cannot change while the
+// GIL is released.
+py::object py_decode_members(py::handle data, const std::vector<std::string>& keys, uint64_t max_items) {
+    try {
+        if (!PyBytes_Check(data.ptr())) fail("CBOR input must be bytes");
+        const unsigned char* buf = (const unsigned char*)PyBytes_AS_STRING(data.ptr());
+        const size_t len = (size_t)PyBytes_GET_SIZE(data.ptr());
+        std::vector<std::pair<size_t, size_t>> wanted;  // (key index, value start)
+        std::string error;
+        bool is_map = false;
+        uint64_t built = 0;
+        {
+            py::gil_scoped_release unlocked;
+            try {
+                Checker c{buf, len, 0};
+                if (len && buf[0] >> 5 == MAP) {
+                    is_map = true;
+                    const Head h = c.head();
+                    std::vector<std::string> seen;
+                    std::string key;
+                    const uint64_t count = h.indefinite ? UINT64_MAX : c.length(h.arg, 2);
+                    for (uint64_t i = 0; i < count; ++i) {
+                        key.clear();
+                        size_t value_at = 0;
+                        const uint64_t before = c.items;
+                        if (!c.entry(0, seen, key, &value_at)) {
+                            if (!h.indefinite) invalid("CBOR break code outside an indefinite-length item");
+                            break;
+                        }
+                        for (size_t k = 0; k < keys.size(); ++k) {
+                            if (key.size() == keys[k].size() + 1 && key[0] == 't' && key.compare(1, std::string::npos, keys[k]) == 0) {
+                                wanted.emplace_back(k, value_at);
+                                built += c.items - before - 1;  // the value's items, not its key
+                            }
+                        }
+                    }
+                } else {
+                    c.item(0);
+                }
+                if (c.pos != c.len) invalid(std::to_string(c.len - c.pos) + " bytes after the CBOR data item");
+            } catch (const Invalid& exc) {
+                error = exc.detail;
+            }
+        }
+        if (!error.empty()) fail(error);
+        if (built > max_items)
+            fail("the record's members hold " + std::to_string(built) + " data items; at most " + std::to_string(max_items));
+        if (!is_map) return py::none();
+        Ref result(PyDict_New());
+        for (const auto& [k, at] : wanted) {
+            Reader reader{buf, len, at};
+            reader.yield_every = 1 << 16;
+            Ref value(reader.item(1));
+            Ref name(PyUnicode_FromStringAndSize(keys[k].data(), (Py_ssize_t)keys[k].size()));
+            if (PyDict_SetItem(result.p, name.p, value.p) < 0) throw Failed{};
+        }
+        return steal(result.release());
+    } catch (const Failed&) {
+        throw py::error_already_set();
+    }
+}
+
 // True when ``values`` is a list or tuple of plain ints in [0, 2**64): a token list that needs
 // no check per item (protocol/cbor.py py_all_uints is the same test).
 bool py_all_uints(py::handle values) {
@@ -650,6 +897,8 @@ PYBIND11_MODULE(_cbor_native, m) {
     m.def("decode", &py_decode, py::arg("data"), "The single CBOR data item in data.");
     m.def("decode_at", &py_decode_at, py::arg("data"), py::arg("pos"),
           "(item, end): the CBOR data item starting at pos.");
+    m.def("decode_members", &py_decode_members, py::arg("data"), py::arg("keys"), py::arg("max_items"),
+          "The map in data checked whole, with only the members named in keys built.");
     m.def("all_uints", &py_all_uints, py::arg("values"),
           "True when values is a list or tuple of plain ints in [0, 2**64).");
 }

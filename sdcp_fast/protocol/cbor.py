@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -74,6 +74,15 @@ def decode_sequence(data: bytes | bytearray | memoryview) -> Iterator[Any]:
         yield value
 
 
+def decode_members(data: bytes, keys: Sequence[str], max_items: int) -> dict[str, Any] | None:
+    """The single CBOR data item in ``data``, checked as :func:`decode` checks it, with only
+    the members of a top-level map named in ``keys`` built: a dict of those, or None when the
+    item is not a map. The native codec checks with the GIL released and builds nothing for
+    the other members; the members built may hold at most ``max_items`` data items between
+    them (:class:`BadRequest` otherwise)."""
+    return _members(data, list(keys), max_items)
+
+
 def all_uints(values: Any) -> bool:
     """True when ``values`` is a list or tuple of plain ints in [0, 2**64): a token list
     that needs no check per item. False says nothing: the caller checks each item then."""
@@ -123,7 +132,7 @@ def use(name: str | None) -> None:
 
 
 def _select() -> str:
-    global _encoder, _decoder, _item_at, _all_uints
+    global _encoder, _decoder, _item_at, _all_uints, _members
     wanted = _chosen if _chosen is not None else os.environ.get("SDCP_CBOR", "").strip().lower()
     if wanted not in ("", PY, C):
         raise ValueError(f"SDCP_CBOR={wanted!r}: use py or c")
@@ -132,8 +141,10 @@ def _select() -> str:
         if wanted == C:
             raise ImportError(status())
         _encoder, _decoder, _item_at, _all_uints = py_deterministic_cbor, py_decode, _py_item_at, py_all_uints
+        _members = py_decode_members
         return PY
     _encoder, _decoder, _item_at, _all_uints = mod.encode, mod.decode, mod.decode_at, mod.all_uints
+    _members = mod.decode_members
     return C
 
 
@@ -157,11 +168,17 @@ def _first_all_uints(values: Any) -> bool:
     return _all_uints(values)
 
 
+def _first_members(data: bytes, keys: list[str], max_items: int) -> dict[str, Any] | None:
+    _select()
+    return _members(data, keys, max_items)
+
+
 # Chosen at the first call (the native module loads then, not at import).
 _encoder: Callable[[Any], bytes] = _first_encode
 _decoder: Callable[[bytes | bytearray | memoryview], Any] = _first_decode
 _item_at: Callable[[bytes, int], tuple[Any, int]] = _first_item_at
 _all_uints: Callable[[Any], bool] = _first_all_uints
+_members: Callable[[bytes, list[str], int], dict[str, Any] | None] = _first_members
 
 
 # -- the Python codec (the reference) ----------------------------------------------------------
@@ -239,6 +256,29 @@ def py_decode(data: bytes | bytearray | memoryview) -> Any:
     if reader.pos != len(buf):
         raise BadRequest(f"{len(buf) - reader.pos} bytes after the CBOR data item")
     return value
+
+
+def py_decode_members(data: bytes, keys: list[str], max_items: int) -> dict[str, Any] | None:
+    """:func:`decode_members` in Python: the whole item is built, then the members kept."""
+    if not isinstance(data, bytes):
+        raise BadRequest("CBOR input must be bytes")
+    value = py_decode(data)
+    if not isinstance(value, dict):
+        return None
+    kept = {k: value[k] for k in keys if k in value}
+    built = sum(_items(v) for v in kept.values())
+    if built > max_items:
+        raise BadRequest(f"the record's members hold {built} data items; at most {max_items}")
+    return kept
+
+
+def _items(value: Any) -> int:
+    """How many data items ``value`` is (itself, and everything it holds)."""
+    if isinstance(value, list):
+        return 1 + sum(_items(v) for v in value)
+    if isinstance(value, dict):
+        return 1 + sum(_items(k) + _items(v) for k, v in value.items())
+    return 1
 
 
 def py_all_uints(values: Any) -> bool:
