@@ -118,12 +118,45 @@ def down(directory: Path) -> list[str]:
     if not (directory / "cluster.json").exists():
         return []
     net = network(directory)
+    state = json.loads((directory / "cluster.json").read_text())
+    _stop_nodes([h["node_pid"] for h in state["hosts"] if h.get("node_pid")], net)
     net.down()
     left = net.leftovers()
     if not left:
         (directory / "cluster.json").rename(directory / "cluster.down.json")
         (directory / "endpoints.json").unlink(missing_ok=True)
     return left
+
+
+def _stop_nodes(pids: list[int], net: Network, grace: float = 15.0) -> None:
+    """TERM the nodes first, so that each revokes its leases while etcd still runs and stops
+    its own processes; what is left is the network's to end."""
+    import signal
+
+    alive = set(pids) & {pid for host, _ in net.hosts for pid in net.pids(host)}
+    for pid in alive:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + grace
+    while alive and time.monotonic() < deadline:
+        alive = {pid for pid in alive if _running(pid)}
+        time.sleep(0.1)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not: reaped here where it is our child)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
