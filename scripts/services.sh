@@ -8,6 +8,8 @@ need() { command -v "$1" >/dev/null 2>&1 || PACKAGES+=("$2"); }
 # The MLC's etcd commit log and its networked tier (Redis; docs/mlc.md says why not Mooncake).
 need etcd etcd-server
 need redis-server redis-server
+# Simulated hosts (sdcp-fast cluster): network namespaces, veth pairs and a bridge.
+need ip iproute2
 if [ ${#PACKAGES[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     echo "services: installing ${PACKAGES[*]}"
