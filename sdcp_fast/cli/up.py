@@ -73,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     stopping = []
     signal.signal(signal.SIGTERM, lambda *_: stopping.append(True))
     try:
-        print(f"sdcp-fast up: starting in {args.dir} ...", file=sys.stderr, flush=True)
+        print(f"sdcp-fast up: starting in {args.dir} (each service has {args.timeout:.0f} s: --timeout; its steps "
+              f"in {Path(args.dir) / 'logs'}) ...", file=sys.stderr, flush=True)
         up.start(timeout=args.timeout)
         endpoints = up.endpoints()
         for name, svc in endpoints["services"].items():
