@@ -224,8 +224,8 @@ def bench_http(sizes: list[int], budget: float) -> None:
     from aiohttp import web
 
     from sdcp_fast.cache.http_client import AsyncMLC, RemoteMLC, mlc_transport
-    from sdcp_fast.store.server import MLCService, serve
-    from sdcp_fast.store.server_http1 import init_app
+    from sdcp_fast.mlc_server.server import MLCService, serve
+    from sdcp_fast.mlc_server.server_http1 import init_app
     from sdcp_fast.transport.base import Request, Response
     from sdcp_fast.transport.loop import LoopThread
 
@@ -254,7 +254,7 @@ def bench_http(sizes: list[int], budget: float) -> None:
 
     async def start_h2() -> tuple[object, object]:
         ours = await serve(MLCService(mlc), "127.0.0.1", 0, ssl=None, insecure=True)
-        from sdcp_fast.store.server import limits
+        from sdcp_fast.mlc_server.server import limits
         from sdcp_fast.transport.h2server import serve as serve_h2
 
         theirs = await serve_h2(bare_h2, "127.0.0.1", 0, ssl=None, insecure=True, limits=limits())

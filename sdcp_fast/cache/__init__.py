@@ -10,7 +10,7 @@ docs/mlc.md.
 from __future__ import annotations
 
 from sdcp_fast.cache.failures import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease
-from sdcp_fast.cache.store import MLC, Clock, Head, Stored
+from sdcp_fast.cache.index import MLC, Clock, Head, Stored
 from sdcp_fast.cache.tiers.tier import Tier
 from sdcp_fast.cache.uri import object_uri, parse
 

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sdcp_fast.cache import failures
-from sdcp_fast.cache.store import Head, Stored
+from sdcp_fast.cache.index import Head, Stored
 from sdcp_fast.cache.uri import SCHEME, check_key
 from sdcp_fast.protocol.cbor import decode, deterministic_cbor
 from sdcp_fast.protocol.problems import Forbidden, SdcpProblem
@@ -47,7 +47,7 @@ _OURS: dict[str, type[SdcpProblem]] = {
 _BODILESS: dict[int, type[SdcpProblem]] = {404: failures.ObjectUnavailable, 403: Forbidden}
 MAX_OBJECT = 1 << 30  # the server's limit on an object; a response up to it is accepted
 INLINE_BYTES = 256 << 10  # larger bodies are encoded and decoded off the event loop
-# 256 KiB DATA frames, as the MLC server asks (store/server.py MAX_FRAME says why).
+# 256 KiB DATA frames, as the MLC server asks (mlc_server/server.py MAX_FRAME says why).
 MAX_FRAME = 256 << 10
 
 

@@ -12,7 +12,7 @@ control plane: it may do anything to any object or log (clean-up after failover)
 
 from __future__ import annotations
 
-from sdcp_fast.cache.store import Head, LeaseCheck, ObjectCheck
+from sdcp_fast.cache.index import Head, LeaseCheck, ObjectCheck
 from sdcp_fast.cache.uri import ObjectName, writer_tag
 from sdcp_fast.protocol.commitlog import FenceRecord, LogRecord
 from sdcp_fast.protocol.peer import Peer, PeerRole

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
 
 async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> None:
     from sdcp_fast.deploy.service import serve_until_signal
-    from sdcp_fast.store.server import MLCService, serve
+    from sdcp_fast.mlc_server.server import MLCService, serve
 
     service = MLCService(store.mlc, store.logs)
     server = await serve(service, args.host, args.port, ssl=security.server_context(),
@@ -97,7 +97,7 @@ async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: 
 def _run_http1(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> int:
     from aiohttp import web
 
-    from sdcp_fast.store.server_http1 import init_app
+    from sdcp_fast.mlc_server.server_http1 import init_app
     from sdcp_fast.transport.loop import new_loop
     from sdcp_fast.transport.tls import server_context
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from sdcp_fast.cache.store import Head
+from sdcp_fast.cache.index import Head
 from sdcp_fast.commitlog.backend import LogView
 from sdcp_fast.harness.samples import Config, RoundSample, RunSample, SessionSample
 from sdcp_fast.harness.workload import Workload

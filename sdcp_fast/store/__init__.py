@@ -2,9 +2,8 @@
 
 ``interface`` holds :class:`Store` and :class:`Log` (typing.Protocol); ``local_store`` the
 in-process implementation (:func:`embedded` builds the default one); ``remote_store`` the
-client of an ``sdcp-fast mlc`` server; ``logs`` the blocking commit-log backends as awaitable
-logs; ``server`` (with ``server_requests``, ``server_metrics`` and the HTTP/1.1
-``server_http1``) that server. This package is the one place that composes the cache
+client of an ``sdcp-fast mlc`` server (whose code is :mod:`sdcp_fast.mlc_server`); ``logs`` the
+blocking commit-log backends as awaitable logs. This package is the one place that composes the cache
 (:mod:`sdcp_fast.cache`) with the commit logs (:mod:`sdcp_fast.commitlog`). See docs/mlc.md.
 """
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-from sdcp_fast.cache.store import Head
+from sdcp_fast.cache.index import Head
 from sdcp_fast.commitlog.backend import LogView
 from sdcp_fast.protocol.commitlog import LogRecord
 

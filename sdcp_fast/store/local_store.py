@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from sdcp_fast.cache import MiB
 from sdcp_fast.cache.failures import ObjectUnavailable
-from sdcp_fast.cache.store import MLC, Clock, Head
+from sdcp_fast.cache.index import MLC, Clock, Head
 from sdcp_fast.cache.tiers.tier import Tier
 from sdcp_fast.commitlog.directory import MAX_OPEN, DirectoryLog, LogDirectory
 from sdcp_fast.store.interface import Log, LogAppend

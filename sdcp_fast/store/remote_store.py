@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sdcp_fast.cache.http_client import AsyncMLC, mlc_transport
-from sdcp_fast.cache.store import Head
+from sdcp_fast.cache.index import Head
 from sdcp_fast.commitlog.http import AsyncHttpCommitLog, append_batch
 from sdcp_fast.store.interface import Log, LogAppend
 from sdcp_fast.store.logs import append_split, open_backend

@@ -1,6 +1,6 @@
 """A route table: ``(method, path pattern) -> endpoint``, shared by every server of the
 project (the roles' :class:`~sdcp_fast.roles.wire.Routes`, the MLC's
-:class:`~sdcp_fast.store.server.MLCService`). It only matches; each server answers a path
+:class:`~sdcp_fast.mlc_server.server.MLCService`). It only matches; each server answers a path
 no pattern takes (404) or a method its patterns do not list (405) in its own terms."""
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from sdcp_fast.cache import MLC, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
-from sdcp_fast.cache.store import MAX_LEASE_TTL, MAX_META_BYTES, OBJECT_OVERHEAD
+from sdcp_fast.cache.index import MAX_LEASE_TTL, MAX_META_BYTES, OBJECT_OVERHEAD
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 
@@ -75,7 +75,7 @@ def test_full_index_of_leased_objects_refuses(tmp_path, clock):
 
 
 def test_one_object_holds_a_bounded_number_of_leases(tmp_path, clock):
-    from sdcp_fast.cache.store import MAX_LEASES_PER_OBJECT
+    from sdcp_fast.cache.index import MAX_LEASES_PER_OBJECT
 
     with MLC([HostTier(1 << 16)], clock=clock) as m:
         m.put(uri(1), b"x")

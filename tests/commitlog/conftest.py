@@ -24,7 +24,7 @@ def _served_logs(directory, http2: bool):
     from sdcp_fast.cache import MLC
     from sdcp_fast.cache.tiers.host import HostTier
     from sdcp_fast.commitlog.directory import LogDirectory
-    from tests.store.serverkit import serving
+    from tests.mlc_server.serverkit import serving
 
     logs = LogDirectory(str(directory / "served"))
     with MLC([HostTier(1 << 16)]) as mlc, serving(mlc, logs=logs, http2=http2) as base:

@@ -94,7 +94,7 @@ def test_descriptors_stay_bounded_over_many_logs(tmp_path):
 
 
 def test_http_log_refuses_an_oversized_record_as_record_too_large(http_logs, monkeypatch):
-    import sdcp_fast.store.server as srv
+    import sdcp_fast.mlc_server.server as srv
     from sdcp_fast.commitlog import open_commit_log
     from sdcp_fast.commitlog.http import HttpCommitLog
 

@@ -23,12 +23,12 @@ import pytest
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.failures import CacheFull
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.cache.tiers import disk
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.mlc_server.server import MLCService
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.store.server import MLCService
 from sdcp_fast.transport.base import Request
 
 FS_BYTES = 256 << 10

@@ -17,7 +17,7 @@ import pytest
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.failures import CacheFull
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.cache.tiers import disk
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier

@@ -1,5 +1,5 @@
 """The MLC server under hostile clients at once, over HTTP/1.1 (where a stalled upload's timeout
-can be shortened; HTTP/2's bounds are in tests/store/test_server_h2.py): metadata that decodes
+can be shortened; HTTP/2's bounds are in tests/mlc_server/test_server_h2.py): metadata that decodes
 to far more than its bytes, scopes that come and go, uploads that stall, leases taken and
 released, large commit records. Meanwhile a well-behaved client's leased objects and commit
 log must come through whole, the server must answer a probe throughout, and the process
@@ -18,13 +18,13 @@ import time
 import pytest
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import CommitRecord, decode_log, encode_record
-from tests.store.serverkit import rss, serving
+from tests.mlc_server.serverkit import rss, serving
 
 MiB = 1 << 20
 INDEX = 24 * MiB

@@ -17,6 +17,7 @@ from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_SPECUL
 from sdcp_fast.protocol.problems import Forbidden
 from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.mlc_server.serverkit import ALPN, serving
 from tests.roles.rolekit import (
     DRAFTER,
     OTHER,
@@ -32,7 +33,6 @@ from tests.roles.rolekit import (
 )
 from tests.roles.test_router import RouterRig
 from tests.store.certkit import make_certs
-from tests.store.serverkit import ALPN, serving
 
 A, B = "https://drafter-a.test:8443/", "https://drafter-b.test:8443/"  # certkit's "client" and "drafter2"
 S = sid(81)
@@ -113,7 +113,7 @@ def test_the_router_names_each_epochs_committed_tokens_for_its_verifier(tmp_path
             await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
             routed = await rig.router_role.open(SessionSpec(PROMPT, session=S))
             [given] = rig.stubs[DRAFTER].assignments
-            return routed.committed_tokens, given.committed_tokens, rig.verifier.live(S).tokens_ref
+            return routed.committed_tokens, given.committed_tokens, rig.verifier.live(S).log.tokens_ref
 
     named, carried, written = run(scenario())
     assert named == carried == written == object_uri(SCOPE, S, "committed_tokens", 1, tag=writer_tag(VERIFIER))

@@ -19,13 +19,13 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
+from sdcp_fast.mlc_server.server import MLCService
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord, encode_record
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.store.server import MLCService
 from sdcp_fast.transport.base import Request
 
 from .fuzzkit import EXAMPLES, ODD_VALUES, PER_EXAMPLE, TRACEBACK_MARKS, encode_any, mutate, reshape
@@ -180,8 +180,8 @@ def test_mlc_over_http2_and_mtls(tmp_path) -> None:
     drafter certificate that owns nothing there."""
     import os
 
-    from sdcp_fast.cache.store import MLC as Store
-    from sdcp_fast.store.server import serve as serve_mlc
+    from sdcp_fast.cache.index import MLC as Store
+    from sdcp_fast.mlc_server.server import serve as serve_mlc
     from sdcp_fast.transport.certs import InstanceSpec, instance_files, write_certificates
     from sdcp_fast.transport.h2client import H2Transport
     from sdcp_fast.transport.tls import client_context, server_context

@@ -18,8 +18,8 @@ from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord, encode_recor
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE
 from sdcp_fast.store import RemoteStore, Store
 from sdcp_fast.store.interface import LogAppend
+from tests.mlc_server.serverkit import WIRES, serving
 
-from .serverkit import WIRES, serving
 from .test_interface import opened, run  # noqa: F401 - the store fixture (local and remote)
 
 SCOPE = bytes(range(16))

@@ -14,8 +14,7 @@ from sdcp_fast.cache import ObjectLeased, ObjectUnavailable, UnknownLease, objec
 from sdcp_fast.commitlog import Fenced, PreconditionFailed
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.store import RemoteStore, Store, embedded
-
-from .serverkit import serving
+from tests.mlc_server.serverkit import serving
 
 SCOPE, S = bytes(range(16)), b"s" * 16
 Q = object_uri(SCOPE, S, "q_rows", 1)

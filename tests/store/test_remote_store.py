@@ -11,8 +11,7 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.protocol.commitlog import FenceRecord
 from sdcp_fast.store import RemoteStore, embedded
 from sdcp_fast.transport import http_transport
-
-from .serverkit import serving
+from tests.mlc_server.serverkit import serving
 
 LOG = object_uri(bytes(16), bytes(16), "commit_log")
 

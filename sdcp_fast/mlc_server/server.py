@@ -40,18 +40,15 @@ from typing import Any
 
 from sdcp_fast.cache import policy
 from sdcp_fast.cache.failures import BadRange
-from sdcp_fast.cache.store import MAX_LEASE_TTL, MLC
+from sdcp_fast.cache.index import MAX_LEASE_TTL, MLC
 from sdcp_fast.cache.uri import SCHEME, ObjectName, served_name
 from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.commitlog.http import MAX_BATCH_BODY
-from sdcp_fast.protocol import cbor
-from sdcp_fast.protocol.problems import BadRequest
-from sdcp_fast.store.local_store import INLINE_BYTES, run_on
-from sdcp_fast.store.records import decode_stored_record
-from sdcp_fast.store.server_metrics import prometheus_text
-from sdcp_fast.store.server_requests import (
+from sdcp_fast.mlc_server.records import decode_stored_record
+from sdcp_fast.mlc_server.server_metrics import prometheus_text
+from sdcp_fast.mlc_server.server_requests import (
     BodyTooLarge,
     Call,
     UploadBudget,
@@ -60,6 +57,9 @@ from sdcp_fast.store.server_requests import (
     entry_answer,
     release_body,
 )
+from sdcp_fast.protocol import cbor
+from sdcp_fast.protocol.problems import BadRequest
+from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.problem import http_problem
 from sdcp_fast.transport.routes import NoRoute, RouteTable

@@ -8,14 +8,14 @@ from typing import Any
 
 import pytest
 
-import sdcp_fast.store.server as srv
+import sdcp_fast.mlc_server.server as srv
 from sdcp_fast.cache import object_uri
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.cache.tiers.host import HostTier
 from sdcp_fast.commitlog.directory import LogDirectory
+from sdcp_fast.mlc_server.server import MLCService
 from sdcp_fast.protocol.commitlog import CommitRecord, encode_record
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.store.server import MLCService
 from sdcp_fast.transport.base import Request
 
 VERIFIER = Peer("https://127.0.0.1:8501/", PeerRole.VERIFIER)

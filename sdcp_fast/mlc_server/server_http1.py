@@ -1,4 +1,4 @@
-"""The MLC server (:class:`~sdcp_fast.store.server.MLCService`, its one route table) as an
+"""The MLC server (:class:`~sdcp_fast.mlc_server.server.MLCService`, its one route table) as an
 aiohttp HTTP/1.1 application: ``sdcp-fast mlc --http1``, for debugging with HTTP/1.1 tools.
 
 Bodies are read in chunks against their route's limit (a declared Content-Length over it is
@@ -17,11 +17,11 @@ from typing import Any
 
 from aiohttp import web
 
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
-from sdcp_fast.store import server
-from sdcp_fast.store.server import MLCService
-from sdcp_fast.store.server_requests import (
+from sdcp_fast.mlc_server import server
+from sdcp_fast.mlc_server.server import MLCService
+from sdcp_fast.mlc_server.server_requests import (
     BodyTimeout,
     BodyTooLarge,
     Call,

@@ -2,9 +2,9 @@
 request may hold (one body's limit, the :class:`UploadBudget` of all uploads in flight), the
 answer a route's failure becomes (:func:`answer_for`: a problem document, never a
 traceback), and a batch append's entries and each one's answer (:func:`batch_appends`,
-:func:`entry_answer`). Both carriers of :mod:`sdcp_fast.store.server` use them: the HTTP/2
+:func:`entry_answer`). Both carriers of :mod:`sdcp_fast.mlc_server.server` use them: the HTTP/2
 transport hands over whole bodies, the HTTP/1.1 application streams them in
-(:mod:`sdcp_fast.store.server_http1`)."""
+(:mod:`sdcp_fast.mlc_server.server_http1`)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from sdcp_fast.protocol.problems import BadRequest, Busy, InternalError, SdcpPro
 from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.problem import problem_response
 
-log = logging.getLogger("sdcp_fast.store.server")
+log = logging.getLogger("sdcp_fast.mlc_server.server")
 
 
 class BodyTooLarge(SdcpProblem):

@@ -17,8 +17,7 @@ from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.deploy.up import free_port
 from sdcp_fast.protocol.commitlog import FenceRecord
 from sdcp_fast.transport.tls import client_context
-
-from .certkit import make_certs
+from tests.store.certkit import make_certs
 
 
 @pytest.mark.parametrize("wire", ["h2", "http1"])

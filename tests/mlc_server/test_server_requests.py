@@ -1,5 +1,5 @@
 """What a request to the MLC server may hold and what a failure becomes
-(sdcp_fast/store/server_requests.py)."""
+(sdcp_fast/mlc_server/server_requests.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from sdcp_fast.mlc_server.server_requests import BodyTooLarge, Call, UploadBudget, answer_for, release_body
 from sdcp_fast.protocol.problems import Busy
-from sdcp_fast.store.server_requests import BodyTooLarge, Call, UploadBudget, answer_for, release_body
 
 
 def call(body: bytes, **headers: str) -> Call:

@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 
 from sdcp_fast.cache import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease, object_uri
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.cache.tiers.disk import DiskTier
 from sdcp_fast.cache.tiers.host import HostTier
 

@@ -1,10 +1,10 @@
-"""The MLC's accounting as Prometheus text (sdcp_fast/store/server_metrics.py)."""
+"""The MLC's accounting as Prometheus text (sdcp_fast/mlc_server/server_metrics.py)."""
 
 from __future__ import annotations
 
 from sdcp_fast.cache import MLC, object_uri
 from sdcp_fast.cache.tiers.host import HostTier
-from sdcp_fast.store.server_metrics import prometheus_text
+from sdcp_fast.mlc_server.server_metrics import prometheus_text
 
 
 def test_every_scope_and_tier_is_a_labelled_sample():

@@ -149,7 +149,7 @@ def test_the_async_client_encodes_large_tensors_off_its_loop(server, monkeypatch
     import torch
 
     import sdcp_fast.cache.http_client as client_module
-    import sdcp_fast.store.server as server_module
+    import sdcp_fast.mlc_server.server as server_module
 
     on_loop: list[bool] = []
     dumps = client_module.deterministic_cbor
@@ -188,7 +188,7 @@ def test_the_async_client_encodes_large_tensors_off_its_loop(server, monkeypatch
 
 
 def test_bodies_still_arriving_are_bounded_across_connections(tmp_path, monkeypatch):
-    import sdcp_fast.store.server as srv
+    import sdcp_fast.mlc_server.server as srv
 
     monkeypatch.setattr(srv, "MAX_INFLIGHT", 4 << 20)  # the server-wide bound of limits()
     monkeypatch.setattr(srv, "MAX_BODY", 4 << 20)  # which is at least one body's limit

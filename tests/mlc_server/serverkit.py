@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from sdcp_fast.cache.http_client import RemoteMLC, mlc_transport
-from sdcp_fast.cache.store import MLC
+from sdcp_fast.cache.index import MLC
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.transport.base import Response
@@ -72,7 +72,7 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
     async def start_http1() -> None:
         from aiohttp import web
 
-        from sdcp_fast.store.server_http1 import init_app
+        from sdcp_fast.mlc_server.server_http1 import init_app
 
         runner = web.AppRunner(init_app(mlc, logs, **app_kwargs))
         await runner.setup()
@@ -82,7 +82,7 @@ def serving(mlc: MLC, ssl_ctx: ssl.SSLContext | None = None, *, logs: LogDirecto
         stop.append(runner.cleanup)
 
     async def start_http2() -> None:
-        from sdcp_fast.store.server import MLCService, serve
+        from sdcp_fast.mlc_server.server import MLCService, serve
 
         if ssl_ctx is not None:
             ssl_ctx.set_alpn_protocols(["h2"])

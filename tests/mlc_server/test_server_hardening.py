@@ -158,7 +158,7 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(server1):
 
 
 def test_a_body_over_the_limit_without_a_length_is_cut_off(server1, monkeypatch):
-    import sdcp_fast.store.server as srv
+    import sdcp_fast.mlc_server.server as srv
 
     base, mlc = server1
     monkeypatch.setattr(srv, "MAX_BODY", 1 << 20)
@@ -212,7 +212,7 @@ def test_many_logs_hold_at_most_max_open_descriptors(server, logs):
 # -- 7. large bodies are encoded and decoded off the event loop -----------------------------
 
 def test_large_cbor_bodies_are_encoded_and_decoded_off_the_loop(server, monkeypatch):
-    import sdcp_fast.store.server as srv
+    import sdcp_fast.mlc_server.server as srv
 
     base, _ = server
     on_loop: list[tuple[str, bool]] = []

@@ -80,8 +80,8 @@ def test_an_ignored_member_of_millions_of_maps_stalls_no_other_client(tmp_path) 
 
 
 def test_the_record_keeps_its_meaning() -> None:
+    from sdcp_fast.mlc_server.records import decode_stored_record
     from sdcp_fast.protocol.commitlog import decode_record
-    from sdcp_fast.store.records import decode_stored_record
 
     assert decode_stored_record(hostile_record(1000)) == FenceRecord(1)
     commit = CommitRecord(epoch=2, round=3, emitted=(5, 6, 7), committed=9, digest=b"\x11" * 32)
@@ -90,8 +90,8 @@ def test_the_record_keeps_its_meaning() -> None:
 
 @pytest.mark.parametrize("codec", ["py", "c"])
 def test_known_members_too_big_to_build_are_refused(codec: str) -> None:
+    from sdcp_fast.mlc_server.records import decode_stored_record
     from sdcp_fast.protocol.problems import BadRequest
-    from sdcp_fast.store.records import decode_stored_record
 
     if codec == "c" and not cbor.available():
         pytest.skip(f"native CBOR codec not built: {cbor.status()}")

@@ -13,8 +13,8 @@ from sdcp_fast.commitlog.http import HttpCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.problems import Forbidden
 from sdcp_fast.transport.tls import client_context, server_context
+from tests.store.certkit import make_certs
 
-from .certkit import make_certs
 from .serverkit import ALPN, WIRES, serving
 
 SCOPE = bytes(range(16))

@@ -1,0 +1,1 @@
+"""The MLC server (sdcp-fast mlc): its requests, limits, authorization and metrics."""
