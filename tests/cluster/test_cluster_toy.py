@@ -1,6 +1,7 @@
 """The default layout of three simulated hosts with the toy model: every instance registered
 in etcd, completions through each host's front end from the machine's own namespace, and a
-host killed with -9: its instances leave the registry once their leases expire."""
+host killed with -9: its instances leave the registry once their leases expire, and the
+other hosts' front ends go on serving."""
 
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def test_a_completion_through_each_front_end_from_the_machine(cluster: tuple[Pat
         assert out["choices"][0]["text"] == expected, url
 
 
-def test_a_killed_host_leaves_the_registry_when_its_leases_expire(cluster: tuple[Path, ClusterSpec]) -> None:
+def test_a_killed_host_leaves_the_registry_when_its_leases_expire_and_the_others_serve_on(cluster: tuple[Path, ClusterSpec]) -> None:
     directory, spec = cluster
     before = registered(spec)
     assert {"mlc-h3", "verifier-h3", "drafter-h3"} <= set(before)
@@ -90,3 +91,6 @@ def test_a_killed_host_leaves_the_registry_when_its_leases_expire(cluster: tuple
         assert time.monotonic() < deadline, f"h3's instances still registered: {sorted(now)}"
         time.sleep(0.5)
     assert now == {name: uri for name, uri in before.items() if not name.endswith("-h3")}
+    endpoints = json.loads((directory / "endpoints.json").read_text())
+    for url in endpoints["frontends"]:  # h1 and h2: a verifier (h2's) and a drafter (h1's) are left
+        assert complete(url, endpoints["api_key"], PROMPT, 12)["choices"][0]["text"] == greedy_text(PROMPT, 12)

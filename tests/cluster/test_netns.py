@@ -64,3 +64,16 @@ def test_down_removes_namespaces_links_and_bridge(network: Network) -> None:
     network.down()
     assert network.leftovers() == []
     assert sleeper.wait(timeout=30) != 0  # stopped with its host
+
+
+def test_without_namespaces_the_tests_skip_saying_why_and_fail_in_one_line_under_ci(monkeypatch) -> None:
+    from tests.cluster import conftest
+
+    monkeypatch.setattr(conftest, "unavailable", lambda: "network namespaces need root")
+    monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(pytest.skip.Exception, match="need root"):
+        require_namespaces()
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="the cluster tests need network namespaces: .*need root") as err:
+        require_namespaces()
+    assert not err.value.pytrace and "\n" not in str(err.value)
