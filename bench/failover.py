@@ -46,7 +46,7 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
     from sdcp_fast.protocol.peer import Peer, PeerRole
     from sdcp_fast.roles.drafter import DrafterRole
     from sdcp_fast.roles.router import RouterRole, SessionSpec
-    from sdcp_fast.roles.verifier import VerifierRole
+    from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
     from sdcp_fast.store import embedded
     from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -67,8 +67,9 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
             network.unregister(a_uri)
 
     def verifier(uri: str, **kw: Any) -> VerifierRole:
-        role = VerifierRole(ModelRunner(model), uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=target, router=router_uri, batch_wait=0.0, output_wait=1.0, **kw)
+        config = VerifierConfig(uri=uri, target_digest=target, router=router_uri, batch_wait=0.0, output_wait=1.0)
+        role = VerifierRole(ModelRunner(model), config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            **kw)
         network.register(uri, role.handler)
         return role
 
@@ -104,7 +105,7 @@ async def one_failover(model: Any, *, pages: bool, prompt: list[int], before: in
         while not stopped:
             await asyncio.sleep(0.001)
         live = a.live(session)
-        while live.kv_busy:  # A's last publish lands (a partition does not stop it)
+        while live.kv.busy:  # A's last publish lands (a partition does not stop it)
             await asyncio.sleep(0.001)
         published = _counter(a, "sdcp_target_kv_published_bytes_total")
         now[0] += 3600.0  # A's status expires; B and the drafter report again

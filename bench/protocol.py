@@ -167,11 +167,11 @@ async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_bat
     store = RemoteStore(mlc, transport=counted)
     role: Any
     if kind == "verifier":
-        from sdcp_fast.roles.verifier import VerifierRole
+        from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 
-        role = VerifierRole(ConstantScorer(), uri=uri, mlc=store, transport=counted, target_digest=TARGET,
-                            backend="auto", max_batch=max_batch, batch_wait=batch_wait, offload=True,
-                            target_kv=None)
+        config = VerifierConfig(uri=uri, target_digest=TARGET, backend="auto", max_batch=max_batch,
+                                batch_wait=batch_wait, offload=True)
+        role = VerifierRole(ConstantScorer(), config, mlc=store, transport=counted, target_kv=None)
     else:
         from sdcp_fast.roles.drafter import DrafterRole
 

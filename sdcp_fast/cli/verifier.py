@@ -69,9 +69,10 @@ def _load(args: argparse.Namespace) -> Target:
 
 
 def _role(args: argparse.Namespace, target: Target, store: Store, transport: Transport) -> VerifierRole:
-    from sdcp_fast.roles.verifier import VerifierRole
+    from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 
-    return VerifierRole(target.scorer, uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
-                        router=args.router, backend=args.backend, max_batch=args.max_batch,
-                        batch_wait=args.batch_wait_ms / 1000, offload=True, status_ttl_ms=args.status_ttl_ms,
-                        max_prompt=target.context, prefill_chunk=args.prefill_chunk, prefill_solo=args.prefill_solo)
+    config = VerifierConfig(uri=args.uri, target_digest=target.digest, router=args.router, backend=args.backend,
+                            max_batch=args.max_batch, batch_wait=args.batch_wait_ms / 1000, offload=True,
+                            status_ttl_ms=args.status_ttl_ms, max_prompt=target.context,
+                            prefill_chunk=args.prefill_chunk, prefill_solo=args.prefill_solo)
+    return VerifierRole(target.scorer, config, mlc=store, transport=transport)

@@ -20,7 +20,7 @@ from sdcp_fast.protocol import Action, contract_digest, extend_digest, prefix_di
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec, serving_spec
-from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
+from sdcp_fast.roles.verifier import RoundInfo, VerifierConfig, VerifierRole
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -200,11 +200,13 @@ class Deployment:
             target_digest=e.target_digest, tokenizer_digest=e.tokenizer_digest,
             drafter_models={drafter_uri(d.name): e.drafter_digests[d.name] for d in e.drafters},
             scope=hashlib.sha256(b"sdcp-fast-inprocess").digest()[:16], clock=e.clock)
+        config = VerifierConfig(
+            uri=VERIFIER, target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
+            self_decode_idle=None if e.drafters else 0.0, status_ttl_ms=STATUS_TTL_MS,
+            prefill_chunk=e.prefill_chunk, prefill_solo=e.prefill_solo)
         self.verifier = VerifierRole(
-            e.scorer, uri=VERIFIER, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
-            target_digest=e.target_digest, router=ROUTER, backend=e.backend, batch_wait=e.batch_wait,
-            clock=e.clock, on_round=on_round, self_decode_idle=None if e.drafters else 0.0,
-            status_ttl_ms=STATUS_TTL_MS, prefill_chunk=e.prefill_chunk, prefill_solo=e.prefill_solo,
+            e.scorer, config, mlc=e.mlc, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)),
+            clock=e.clock, on_round=on_round,
             target_kv=None)  # one verifier: no other one could resume from published pages
         self.drafters = {
             d.name: DrafterRole(d, uri=drafter_uri(d.name), mlc=e.mlc, router=ROUTER, seed=e.seed,

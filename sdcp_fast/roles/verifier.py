@@ -2,6 +2,8 @@
 the request, calls the core (:class:`~sdcp_fast.protocol.VerifierSession`) and encodes its
 answer, and the parts the views hand work to:
 
+- :mod:`~sdcp_fast.roles.verifier_config`: what it is built from, one config and its parts' context;
+- :mod:`~sdcp_fast.roles.verifier_open`: what opening a session reads and sets up;
 - :mod:`~sdcp_fast.roles.verifier_batch`: q rows, batches and scoring passes (the kernels
   through :mod:`~sdcp_fast.roles.scoring`);
 - :mod:`~sdcp_fast.roles.verifier_commit`: the commit log, then the output and the events;
@@ -19,10 +21,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
-from sdcp_fast.cache import ObjectUnavailable
 from sdcp_fast.model.interfaces import TargetKV, TargetScorer
 from sdcp_fast.model.kv_transfer import target_kv_of
 from sdcp_fast.protocol import (
@@ -45,13 +46,15 @@ from sdcp_fast.protocol.messages import ROLE_VERIFIER
 from sdcp_fast.protocol.peer import Peer, PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.registry import SessionRegistry
-from sdcp_fast.protocol.session import Pending, State, VerifierSession
+from sdcp_fast.protocol.session import Pending, State
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.verifier_batch import Batcher
 from sdcp_fast.roles.verifier_commit import Committer
+from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
 from sdcp_fast.roles.verifier_kv import KvPublisher
+from sdcp_fast.roles.verifier_open import open_objects, serve
 from sdcp_fast.roles.verifier_state import Background, Deadlines, LiveSession, Round, RoundInfo
 from sdcp_fast.roles.wire import (
     Routes,
@@ -64,7 +67,7 @@ from sdcp_fast.roles.wire import (
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Transport
 
-__all__ = ["RoundInfo", "VerifierRole"]
+__all__ = ["RoundInfo", "VerifierConfig", "VerifierRole"]
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -72,69 +75,28 @@ CANCEL_WAIT = 30.0  # seconds a cancel waits for a round already in a scoring pa
 
 
 class VerifierRole:
-    def __init__(
-        self,
-        scorer: TargetScorer,
-        *,
-        uri: str,
-        mlc: Store,
-        transport: Transport,
-        target_digest: bytes,
-        router: str | None = None,
-        backend: str = "auto",
-        max_batch: int = 64,
-        max_sessions: int = 4096,
-        max_prompt: int = 1 << 17,
-        batch_wait: float = 0.005,
-        output_wait: float = 10.0,
-        status_ttl_ms: int = 10_000,
-        offload: bool = False,
-        self_decode_idle: float | None = None,
-        clock: Callable[[], float] = time.monotonic,
-        on_round: Callable[[RoundInfo], None] | None = None,
-        target_kv: TargetKV | None | str = "auto",
-        kv_publish_tokens: int = 32,
-        kv_publish_growth: float = 0.25,
-        prefill_chunk: int | None = None,
-        prefill_solo: int | None = None,
-    ) -> None:
-        self.scorer = scorer
-        self.uri = uri
-        self.router = router
-        # Bounds a router cannot exceed (docs/security.md, "Limits"): sessions not yet ended
-        # (a new one beyond it is 503 sdcp-busy: open it at another verifier) and prompt tokens.
-        self.max_sessions = max_sessions
-        self.max_prompt = max_prompt
-        self.output_wait = output_wait
-        self.status_ttl_ms = status_ttl_ms
-        self.target_digest = target_digest
-        self.clock = clock
-        self.mlc = mlc
+    """Built from one :class:`VerifierConfig`; ``target_kv`` says where target KV pages come
+    from ("auto": a scorer with a paged cache; None: nothing is published or imported),
+    ``on_round`` observes each committed round."""
+
+    def __init__(self, scorer: TargetScorer, config: VerifierConfig, *, mlc: Store, transport: Transport,
+                 clock: Callable[[], float] = time.monotonic, on_round: Callable[[RoundInfo], None] | None = None,
+                 target_kv: TargetKV | None | str = "auto") -> None:
+        self.scorer, self.config, self.uri = scorer, config, config.uri
         self.client = SdcpClient(transport)
-        # Offloaded, scoring passes leave the event loop, so that a service keeps answering
-        # while a pass runs; in process they run inline.
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="verifier") if offload else None
-        self.objects = Objects(mlc, self._executor)
         self.sessions: SessionRegistry[LiveSession] = SessionRegistry()
-        self.load = VerifierLoad(max_batch)
         self.routes = Routes()
-        self.metrics: VerifierMetrics = VerifierMetrics.mount(self.routes)
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="verifier") if config.offload else None
+        self.context = context = VerifierContext(
+            store=mlc, objects=Objects(mlc, self._executor), load=VerifierLoad(config.max_batch),
+            metrics=VerifierMetrics.mount(self.routes), background=Background(), clock=clock)
+        self.objects, self.load, self.metrics, self.clock = context.objects, context.load, context.metrics, clock
         self._tasks: list[asyncio.Task[None]] = []
-        self._background = Background()
         self._deadlines = Deadlines()  # of the output long-polls
-        # Pages of the committed prefix (docs/reliability.md, scenario 2): "auto" takes them from a
-        # scorer with a paged cache; None publishes and imports nothing.
-        self.kv = KvPublisher(
-            target_kv_of(scorer, target_digest) if isinstance(target_kv, str) else target_kv,
-            store=mlc, objects=self.objects, metrics=self.metrics, background=self._background,
-            publish_tokens=kv_publish_tokens, publish_growth=kv_publish_growth)
-        self.committer = Committer(
-            objects=self.objects, store=mlc, load=self.load, metrics=self.metrics, kv=self.kv,
-            background=self._background, client=self.client, router=router, clock=clock, on_round=on_round, uri=uri)
-        self.batcher = Batcher(
-            scorer, self.sessions, objects=self.objects, committer=self.committer, load=self.load,
-            metrics=self.metrics, clock=clock, backend=backend, max_batch=max_batch, batch_wait=batch_wait,
-            self_decode_idle=self_decode_idle, prefill_chunk=prefill_chunk, prefill_solo=prefill_solo)
+        pages = target_kv_of(scorer, config.target_digest) if isinstance(target_kv, str) else target_kv
+        self.kv = KvPublisher(pages, config, context)
+        self.committer = Committer(config, context, kv=self.kv, client=self.client, on_round=on_round)
+        self.batcher = Batcher(scorer, self.sessions, config, context, committer=self.committer)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         self.routes.add("POST", r"proposals", self._post_proposal)
@@ -160,22 +122,21 @@ class VerifierRole:
 
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self.batcher.run(), name="verifier-batcher"))
-        if self.router is not None:
-            self._tasks.append(asyncio.create_task(self._report_status(), name="verifier-status"))
+        if (router := self.config.router) is not None:
+            reports = report_status_forever(self.report_status, self.config.status_ttl_ms, router)
+            self._tasks.append(asyncio.create_task(reports, name="verifier-status"))
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
-        await self._background.cancel()
+        await self.context.background.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
         for live in self.sessions.records():
             self.scorer.release(live.session.session)
-            for future in live.waiting.values():
-                if not future.done():
-                    future.cancel()
+            live.waiters.cancel()
         self._deadlines.close()
         if self._executor is not None:
             self._executor.shutdown(wait=False)
@@ -184,19 +145,18 @@ class VerifierRole:
     def status(self) -> Status:
         self.load.queue = self.batcher.queued
         return Status(instance=self.uri, role=ROLE_VERIFIER, load=self.load.percent(), queue=self.load.queue,
-                      ttl_ms=self.status_ttl_ms)
+                      ttl_ms=self.config.status_ttl_ms)
 
     async def report_status(self) -> None:
         status = self.status()
-        await to_every_router(self.router, lambda router: self.client.status(router, status))
+        await to_every_router(self.config.router, lambda router: self.client.status(router, status))
 
-    def _is_router(self, peer: Peer) -> bool:
-        """Whether ``peer`` is one of the routers this verifier serves (any router if none is set)."""
-        routers = routers_of(self.router)
-        return not routers or (peer.uri is not None and any(same_instance(peer.uri, r) for r in routers))
-
-    async def _report_status(self) -> None:
-        await report_status_forever(self.report_status, self.status_ttl_ms, self.router)
+    def _require_own_router(self, request: Request) -> None:
+        """403 unless a router this verifier serves (any router if none is set) sent ``request``."""
+        peer = require_role(request.peer, PeerRole.ROUTER)
+        routers = routers_of(self.config.router)
+        if routers and not (peer.uri is not None and any(same_instance(peer.uri, r) for r in routers)):
+            raise Forbidden(f"{peer.uri} is not this verifier's router")
 
     # -- resources ------------------------------------------------------------------------
 
@@ -210,8 +170,7 @@ class VerifierRole:
         return live
 
     def _open_sessions(self) -> int:
-        ended = (State.FINISHED, State.FAILED, State.FENCED)
-        return sum(1 for live in self.sessions.records() if live.session.state not in ended)
+        return sum(1 for live in self.sessions.records() if not live.session.closed)
 
     async def _post_session(self, request: Request) -> SessionState:
         require_role(request.peer, PeerRole.ROUTER)
@@ -219,72 +178,26 @@ class VerifierRole:
         if request.peer is not None and message.commit_log.startswith("file://"):
             # A path on this verifier's own file system is not a remote peer's to name.
             raise BadRequest("commit_log: a file:// log may be named only by an in-process caller")
-        if (message.session not in self.sessions and len(self.sessions) >= self.max_sessions
-                and self._open_sessions() >= self.max_sessions):  # walked only near the bound
-            raise Busy(f"{self.max_sessions} sessions are open at this verifier")
-        prompt, committed = await self._open_objects(message)
-        if len(prompt if prompt is not None else message.prompt) > self.max_prompt:
-            raise BadRequest(f"the prompt is over {self.max_prompt} tokens")
+        most = self.config.max_sessions
+        if (message.session not in self.sessions and len(self.sessions) >= most
+                and self._open_sessions() >= most):  # walked only near the bound
+            raise Busy(f"{most} sessions are open at this verifier")
+        prompt, committed = await open_objects(message, self.objects, self.committer)
+        if len(prompt if prompt is not None else message.prompt) > self.config.max_prompt:
+            raise BadRequest(f"the prompt is over {self.config.max_prompt} tokens")
         previous = self.sessions.attached(message.session)
         if previous is not None and previous.session.epoch < message.epoch:
             # The epoch it replaces ends here: its output, for its readers (the open fences it).
             await self.committer.publish_output(previous)
-        session, state = self.sessions.open(message, target_digest=self.target_digest,
+        session, state = self.sessions.open(message, target_digest=self.config.target_digest,
                                             vocab=self.scorer.vocab_size, prompt_tokens=prompt,
                                             committed_tokens=committed)
         if self.sessions.attached(message.session) is None:  # not served yet
             if previous is not None:  # re-opened at a higher epoch (§6.9): the old one is over
                 previous.fail_waiting(StaleEpoch("the session was re-opened at a newer epoch"))
-            await self._serve(session, message)
+            await serve(self.sessions, session, message, committer=self.committer, kv=self.kv)
+            self.batcher.wake.set()
         return state
-
-    async def _open_objects(self, message: SessionOpen) -> tuple[tuple[int, ...] | None, Sequence[int]]:
-        """The prompt a cache-ref names, and the output a resume names."""
-        prompt = None
-        committed: Sequence[int] = ()
-        try:
-            if isinstance(message.prompt, str):
-                prompt = await self.objects.tokens(message.prompt)
-            if message.resume is not None:
-                # The log holds every emitted token; the object only what its writer last put
-                # there (roles/verifier_commit.py). The resumed prefix is what the last commit
-                # record names, from the log where it holds it; the core checks its digest.
-                resumed = message.resume.committed
-                committed = await self.committer.output_in_log(message.commit_log)
-                if len(committed) < resumed:
-                    committed = await self.objects.tokens(message.resume.committed_tokens)
-                committed = committed[:resumed]
-        except ObjectUnavailable as exc:
-            raise BadRequest(f"a referenced object could not be read: {exc}") from None
-        return prompt, committed
-
-    async def _serve(self, session: VerifierSession, message: SessionOpen) -> None:
-        """Open the session's log and serve it from now on: the router names this verifier
-        before the open returns, and an output reader must not find the session unknown (it
-        would fail it over again). No round is scored before the open returns: nobody is
-        assigned to it yet."""
-        try:
-            live = await self.committer.open(session, message.commit_log)
-        except ValueError as exc:  # a name no backend serves: the router's mistake, not ours
-            raise BadRequest(f"commit_log cannot be opened: {exc}") from None
-        except StaleEpoch:  # its log moved past this open (a restart, a fence): not held here
-            if session.session in self.sessions and self.sessions.get(session.session) is session:
-                self.sessions.remove(session.session)
-            raise
-        if self.sessions.get(session.session) is not session:
-            raise StaleEpoch("the session was re-opened at a newer epoch")
-        self.sessions.attach(session, live)
-        if live.tokens_ref is not None and session.committed:
-            try:
-                # A resumed session's output, in this epoch's object before anyone is assigned to it.
-                await self.committer.write_output(live, session.output(0).tokens)
-            except BaseException:  # not opened after all: the router's retry writes it again
-                if self.sessions.attached(session.session) is live:
-                    self.sessions.attach(session, None)
-                raise
-        if message.resume is not None:
-            await self.kv.resume(live, message.resume.target_kv)
-        self.batcher.wake.set()
 
     async def _put_drafter(self, request: Request, sid: str) -> SessionState:
         require_role(request.peer, PeerRole.ROUTER)
@@ -311,16 +224,14 @@ class VerifierRole:
         verifier ends a session whose client went away. Queued rounds are dropped unscored, a
         round in a pass ends with it, then the session and its KV cache are freed; its
         drafter's next proposal gets sdcp-unknown-session."""
-        peer = require_role(request.peer, PeerRole.ROUTER)
-        if not self._is_router(peer):
-            raise Forbidden(f"{peer.uri} is not this verifier's router")
+        self._require_own_router(request)
         live = self.live(sid)
         session = live.session
         gone = UnknownSession("the session was cancelled by its router")
         self.sessions.remove(session.session)  # from now on no proposal reaches it
         self.batcher.withdraw(live, gone)
         deadline = self.clock() + CANCEL_WAIT
-        while (session.state in (State.SCORING, State.COMMITTING) or live.prefilling) and self.clock() < deadline:
+        while (session.state in (State.SCORING, State.COMMITTING) or live.prefill.in_pass) and self.clock() < deadline:
             await asyncio.sleep(0.01)  # a round or a prefill chunk in a pass: it finishes first
         self.scorer.release(session.session)
         live.fail_waiting(gone)
@@ -331,9 +242,7 @@ class VerifierRole:
         """Take the drafter away (docs/interpretations.md "Taking the drafter away"): the router
         found no live drafter for a stalled session, so the verifier decodes it itself where
         the contract permits; the router's next assignment ends that. Answers the session-state."""
-        peer = require_role(request.peer, PeerRole.ROUTER)
-        if not self._is_router(peer):
-            raise Forbidden(f"{peer.uri} is not this verifier's router")
+        self._require_own_router(request)
         session = self.live(sid).session
         if session.drop_drafter(load=self.load.percent()):
             log.info("session %s: no live drafter; self-decoding from %d output tokens",
@@ -350,7 +259,7 @@ class VerifierRole:
         if not raw.isdigit():
             raise BadRequest("from must be a uint")
         start = int(raw)
-        deadline = self.clock() + self.output_wait
+        deadline = self.clock() + self.config.output_wait
         while True:
             if live.gone is not None:
                 raise live.gone
@@ -358,13 +267,7 @@ class VerifierRole:
             remaining = deadline - self.clock()
             if out.tokens or out.final or remaining <= 0:
                 return out
-            # A future woken by the commit that releases tokens (or by the session's end),
-            # else at the deadline: no event and no timer of its own per poll.
-            loop = asyncio.get_running_loop()
-            reader: asyncio.Future[None] = loop.create_future()
-            live.readers.append(reader)
-            self._deadlines.add(loop.time() + remaining, reader)
-            await reader
+            await live.waiters.reader(self._deadlines, remaining)
 
     async def _post_proposal(self, request: Request) -> Verdict:
         peer = request.peer
@@ -387,7 +290,7 @@ class VerifierRole:
             if not isinstance(work, Pending):
                 break
             # An identical request is being verified: its verdict answers this one too (§6.3).
-            waiter = live.waiting.get(work.round)
+            waiter = live.waiters.verdicts.get(work.round)
             if waiter is None:
                 await asyncio.sleep(0)
             else:

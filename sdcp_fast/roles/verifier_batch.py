@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -28,11 +28,9 @@ from sdcp_fast.protocol import Proposal, QUnavailable, SdcpProblem, Verdict
 from sdcp_fast.protocol.problems import InternalError
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import State
-from sdcp_fast.roles.load import VerifierLoad
-from sdcp_fast.roles.metrics import VerifierMetrics
-from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.scoring import verify_batch
 from sdcp_fast.roles.verifier_commit import Committer
+from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
 from sdcp_fast.roles.verifier_plan import (
     GROW_BELOW,
     PREFILL_CHUNK_CPU,
@@ -62,25 +60,22 @@ _OPEN = (State.READY, State.SCORING, State.SELF_DECODING)
 
 
 class Batcher:
-    def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], *, objects: Objects,
-                 committer: Committer, load: VerifierLoad, metrics: VerifierMetrics,
-                 clock: Callable[[], float], backend: str, max_batch: int, batch_wait: float,
-                 self_decode_idle: float | None, prefill_chunk: int | None = None,
-                 prefill_solo: int | None = None) -> None:
+    def __init__(self, scorer: TargetScorer, sessions: SessionRegistry[LiveSession], config: VerifierConfig,
+                 context: VerifierContext, *, committer: Committer) -> None:
         self.scorer = scorer
         self.sessions = sessions
-        self.objects = objects
+        self.objects = context.objects
         self.committer = committer
-        self.load = load
-        self.metrics = metrics
-        self.clock = clock
+        self.load = context.load
+        self.metrics = context.metrics
+        self.clock = clock = context.clock
         self._retired = 0.0  # when ended sessions were last retired
-        self.backend = backend
-        self.max_batch = max_batch
-        self.batch_wait = batch_wait
-        # Local policy (docs/interpretations.md): a session no drafter was assigned to for
-        # this many seconds is decoded by the target itself, where its contract permits it.
-        self.self_decode_idle = self_decode_idle
+        # The config's, kept here: a harness may change max_batch on a built verifier.
+        self.backend = config.backend
+        self.max_batch = config.max_batch
+        self.batch_wait = config.batch_wait
+        self.self_decode_idle = config.self_decode_idle
+        prefill_chunk, prefill_solo = config.prefill_chunk, config.prefill_solo
         if prefill_chunk is None:
             prefill_chunk = default_prefill_chunk(scorer)
         if prefill_solo is None:
@@ -116,17 +111,17 @@ class Batcher:
         """Queue a drafter's round (after its q rows, under rule 2) and wait for its verdict.
 
         The caller's cancellation (its client went away) leaves the round to be verified: a
-        retry of the same request waits for its verdict (``live.waiting``). Not through
+        retry of the same request waits for its verdict (``live.waiters``). Not through
         ``asyncio.shield``, whose outer future and callbacks every round paid for: the round's
         future is only replaced by a fresh one, which the round settles instead."""
-        live, future, round_ = item.live, item.future, item.work.round
+        verdicts, future, round_ = item.live.waiters.verdicts, item.future, item.work.round
         assert future is not None
-        live.waiting[round_] = future  # before the rows are fetched: retries wait on it
+        verdicts[round_] = future  # before the rows are fetched: retries wait on it
         if item.work.needs_q:
             try:
                 await self._fetch_q(item, proposal)
             except BaseException:
-                live.waiting.pop(round_, None)
+                verdicts.pop(round_, None)
                 raise
         self._queue.append(item)
         self._expected -= 1
@@ -137,12 +132,12 @@ class Batcher:
         except asyncio.CancelledError:
             if future.cancelled() and item.future is future:
                 item.future = asyncio.get_running_loop().create_future()
-                if live.waiting.get(round_) is future:
-                    live.waiting[round_] = item.future
+                if verdicts.get(round_) is future:
+                    verdicts[round_] = item.future
             raise
         finally:
-            if live.waiting.get(round_) is future and future.done():
-                del live.waiting[round_]
+            if verdicts.get(round_) is future and future.done():
+                del verdicts[round_]
 
     def withdraw(self, live: LiveSession, problem: SdcpProblem) -> int:
         """Take ``live``'s rounds out of the queue unscored (a cancelled session), answering
@@ -205,11 +200,12 @@ class Batcher:
                 state = s.state
             self_decoding = state is State.SELF_DECODING
             owes = state is State.READY and s.drafter is not None and not s.revoked
-            if live.prefilled and not self_decoding and not owes:
+            prefill = live.prefill
+            if prefill.done and not self_decoding and not owes:
                 continue  # nothing of it in the plan: its rounds come through the queue
             lives.append(live)
-            needs.append(SessionNeed(id(live), len(s.prompt) + s.committed, live.fed, live.prefilled,
-                                     live.chunks_failed, state in _OPEN, self_decoding, owes))
+            needs.append(SessionNeed(id(live), len(s.prompt) + s.committed, prefill.fed, prefill.done,
+                                     prefill.chunks_failed, state in _OPEN, self_decoding, owes))
         return lives, needs
 
     def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]], Plan]:
@@ -252,7 +248,7 @@ class Batcher:
                     for live, _ in chunks:
                         # Not chunked again: its first round then feeds the rest in one pass, and a
                         # failure there is a dropped round, sent again by its drafter's back-off.
-                        live.chunks_failed = True
+                        live.prefill.chunks_failed = True
                 # Let readers and drafters run between passes, also while sessions self-decode: an
                 # output read takes a few loop steps (a long-poll wake-up), so a few yields.
                 for _ in range(4):
@@ -280,19 +276,19 @@ class Batcher:
         """One scoring pass over ``batch`` and the prefill ``chunks`` (as ``planned``), then the
         rounds' commits in batch order."""
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
-        fed = [len(r.proposal) + (1 if item.live.prefilled else _need(item.live).unfed)
+        fed = [len(r.proposal) + (1 if item.live.prefill.done else _need(item.live).unfed)
                for item, r in zip(batch, requests, strict=True)]
         for live, end in chunks:
             requests.append(ScoreRequest(live.session.session, _context(live, end), ()))
-            fed.append(end - live.fed)
+            fed.append(end - live.prefill.fed)
         self.progress = started = self.clock()
         self.load.batch(len(batch), sum(fed))
         self.metrics.batch(len(batch) + len(chunks))  # sessions in the pass, those being prefilled too
-        starting = [item.live for item in batch if not item.live.prefilled] + [live for live, _ in chunks]
+        starting = [item.live for item in batch if not item.live.prefill.done] + [live for live, _ in chunks]
         for live in starting:
             need = _need(live)
-            if live.prefill_started is None and need.unfed >= LONG_PREFILL:
-                live.prefill_started = started
+            if live.prefill.started is None and need.unfed >= LONG_PREFILL:
+                live.prefill.started = started
                 how = "in one pass"
                 if chunked(need, self.prefill_chunk):
                     how = f"in chunks of at most {self.prefill_chunk}"
@@ -300,25 +296,25 @@ class Batcher:
                         how += f", {self.prefill_solo or 'the rest'} when no round shares the pass"
                 log.info("session %s: prefill of %d tokens starts (%s)", live.session.session.hex(), need.unfed, how)
         for live, _ in chunks:
-            live.prefilling = True  # a cancel releases its cache only after this pass
+            live.prefill.in_pass = True  # a cancel releases its cache only after this pass
         try:
             logits = await self.objects.call(self.scorer.score, requests)  # off the loop when offloaded
         finally:
             self.load.done()
             for live, _ in chunks:
-                live.prefilling = False
+                live.prefill.in_pass = False
         for live in starting:
-            live.prefill_passes += 1
+            live.prefill.passes += 1
         for live, end in chunks:
-            self.load.prefill = max(0, self.load.prefill - (end - live.fed))
-            live.fed = end
+            self.load.prefill = max(0, self.load.prefill - (end - live.prefill.fed))
+            live.prefill.fed = end
         for item in batch:
-            live = item.live
-            if not live.prefilled and live.prefill_started is not None:
-                n = live.prefill_passes
+            live, prefill = item.live, item.live.prefill
+            if not prefill.done and prefill.started is not None:
+                n = prefill.passes
                 log.info("session %s: prefill of %d tokens done in %.2f s (%d pass%s)", live.session.session.hex(),
-                         len(item.work.context), self.clock() - live.prefill_started, n, "" if n == 1 else "es")
-            live.prefilled = True
+                         len(item.work.context), self.clock() - prefill.started, n, "" if n == 1 else "es")
+            prefill.done = True
         took = self.clock() - started
         if planned.decoding:
             self._adapt(took, planned.prefill, held_back=planned.held_back, rounds=len(batch))
@@ -358,9 +354,9 @@ def _context(live: LiveSession, end: int) -> tuple[int, ...]:
 
 def _need(live: LiveSession) -> SessionNeed:
     """What the plan needs to know of ``live`` (whose round is queued, or that starts a prefill)."""
-    s = live.session
+    s, prefill = live.session, live.prefill
     state = s.state
-    return SessionNeed(id(live), len(s.prompt) + s.committed, live.fed, live.prefilled, live.chunks_failed,
+    return SessionNeed(id(live), len(s.prompt) + s.committed, prefill.fed, prefill.done, prefill.chunks_failed,
                        state in _OPEN, state is State.SELF_DECODING,
                        state is State.READY and s.drafter is not None and not s.revoked)
 

@@ -26,14 +26,13 @@ from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch
 from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord, classify_failed_append, writer_conflict
 from sdcp_fast.protocol.problems import InternalError
 from sdcp_fast.protocol.session import RoundDone, State, VerifierSession
-from sdcp_fast.roles.load import VerifierLoad
-from sdcp_fast.roles.metrics import VerifierMetrics
-from sdcp_fast.roles.objects import Objects, pack_tokens
+from sdcp_fast.roles.objects import pack_tokens
 from sdcp_fast.roles.retry import retrying
+from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
 from sdcp_fast.roles.verifier_kv import KvPublisher, kv_object
-from sdcp_fast.roles.verifier_state import Background, LiveSession, Round, RoundInfo
+from sdcp_fast.roles.verifier_state import KvPages, LiveSession, Round, RoundInfo, SessionLog
 from sdcp_fast.roles.wire import SdcpClient, routers_of
-from sdcp_fast.store.interface import LogAppend, Store
+from sdcp_fast.store.interface import LogAppend
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -63,19 +62,18 @@ def output_of_log(records: Iterable[LogRecord]) -> list[int]:
 
 
 class Committer:
-    def __init__(self, *, objects: Objects, store: Store, load: VerifierLoad, metrics: VerifierMetrics,
-                 kv: KvPublisher, background: Background, client: SdcpClient, router: str | None,
-                 clock: Callable[[], float], on_round: Callable[[RoundInfo], None] | None, uri: str = "") -> None:
-        self.uri = uri  # the verifier's base URI: it names the committed_tokens objects (tokens_object)
-        self.objects = objects
-        self.store = store
-        self.load = load
-        self.metrics = metrics
+    def __init__(self, config: VerifierConfig, context: VerifierContext, *, kv: KvPublisher, client: SdcpClient,
+                 on_round: Callable[[RoundInfo], None] | None = None) -> None:
+        self.uri = config.uri  # it names the committed_tokens objects (tokens_object)
+        self.router = config.router
+        self.objects = context.objects
+        self.store = context.store
+        self.load = context.load
+        self.metrics = context.metrics
+        self.background = context.background
+        self.clock = context.clock
         self.kv = kv
-        self.background = background
         self.client = client
-        self.router = router
-        self.clock = clock
         self.on_round = on_round
 
     async def open(self, session: VerifierSession, commit_log: str) -> LiveSession:
@@ -91,12 +89,13 @@ class Committer:
         if conflict is not None:
             log.warning("session %s: not opened at epoch %d: %s", session.session.hex(), session.epoch, conflict)
             raise StaleEpoch(conflict)
-        return LiveSession(session, log_, view.etag, tokens_object(session, self.uri), self.clock(), kv_ref=kv_object(session, self.uri))
+        return LiveSession(session, SessionLog(log_, view.etag, tokens_object(session, self.uri)), self.clock(),
+                           kv=KvPages(kv_object(session, self.uri)))
 
     async def write_output(self, live: LiveSession, tokens: Sequence[int]) -> None:
         """The session's committed output, in this epoch's object."""
-        assert live.tokens_ref is not None
-        await self.objects.put(live.tokens_ref, pack_tokens(tokens))
+        assert live.log.tokens_ref is not None
+        await self.objects.put(live.log.tokens_ref, pack_tokens(tokens))
 
     async def output_in_log(self, commit_log: str) -> list[int]:
         """The committed output the log named ``commit_log`` holds ([] if it cannot be read)."""
@@ -110,12 +109,12 @@ class Committer:
     async def publish_output(self, live: LiveSession) -> None:
         """This epoch's object brought up to the committed output, for a reader about to need
         it; a failure is logged (the reader then retries, or a fail-over reads the log)."""
-        if live.tokens_ref is None:
+        if live.log.tokens_ref is None:
             return
         try:
             await self.write_output(live, live.session.output(0).tokens)
         except Exception as exc:
-            log.warning("session %s: could not write %s: %s", live.session.session.hex(), live.tokens_ref, exc)
+            log.warning("session %s: could not write %s: %s", live.session.session.hex(), live.log.tokens_ref, exc)
 
     async def commit_batch(self, scored: Sequence[tuple[Round, int, int]], batch: int) -> list[bool]:
         """Commit the rounds of one scoring pass (``(round, accepted, token)`` each): their
@@ -136,7 +135,7 @@ class Committer:
             pending.append((k, item, append.record))
         if not pending:
             return done
-        entries = [LogAppend(item.live.log, record, item.live.etag) for _, item, record in pending]
+        entries = [LogAppend(item.live.log.handle, record, item.live.log.etag) for _, item, record in pending]
         try:
             results = await self.store.append_batch(entries)
         except Exception as exc:  # the store did not answer for any of them: each as unanswered
@@ -158,7 +157,7 @@ class Committer:
                     continue
                 # Appended (the common case, answered without a coroutine per round).
                 live, session = item.live, item.live.session
-                live.etag = outcome
+                live.log.etag = outcome
                 round_done = session.append_done(ok=True)
                 assert isinstance(round_done, RoundDone)
                 if session.state in (State.FINISHED, State.FAILED):
@@ -197,11 +196,11 @@ class Committer:
             return None
         if not isinstance(result, PreconditionFailed):  # no answer: the log read again says what happened (§6.8)
             log.warning("session %s: commit-log append failed: %s", live.session.session.hex(), result)
-            if str((await live.log.read()).etag) == str(live.etag):
+            if str((await live.log.handle.read()).etag) == str(live.log.etag):
                 raise ConnectionError("the log is as we left it: nothing was appended") from result
         # A 412 (§6.8): our record already there means only the answer was lost; a fence or
         # another writer means the session is no longer ours.
-        view = await live.log.read()
+        view = await live.log.handle.read()
         if classify_failed_append(view.records, record) == "committed":
             return str(view.etag)
         return None
@@ -210,7 +209,7 @@ class Committer:
         """After the append: the verdict, the output readers, the router, the observers."""
         live, verdict = item.live, done.verdict
         item.settle(verdict)
-        live.notify()
+        live.waiters.notify()
         for event in done.events:
             self.background.spawn(self.send_event(event))
         self.kv.after_commit(live)

@@ -17,10 +17,9 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import parse, writer_tag
 from sdcp_fast.model.interfaces import TargetKV
 from sdcp_fast.protocol.session import State, VerifierSession
-from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.verifier_state import Background, LiveSession
-from sdcp_fast.store.interface import Store
+from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
+from sdcp_fast.roles.verifier_state import LiveSession
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -50,19 +49,18 @@ class KvPublisher:
     scoring runs (the copy out of the cache, an import); encoding and storing pages run on a
     thread of their own, never in the way of a pass, a verdict or an append."""
 
-    def __init__(self, target_kv: TargetKV | None, *, store: Store, objects: Objects, metrics: VerifierMetrics,
-                 background: Background, publish_tokens: int, publish_growth: float) -> None:
+    def __init__(self, target_kv: TargetKV | None, config: VerifierConfig, context: VerifierContext) -> None:
         self.target_kv = target_kv
-        self.objects = objects
-        self.metrics = metrics
-        self.background = background
+        self.objects = context.objects
+        self.metrics = context.metrics
+        self.background = context.background
         # A publish whenever the published prefix would grow by max(tokens, growth x published):
         # bytes written stay within 1 / growth + 1 times the final object's (a geometric series)
         # while a fail-over recomputes at most about growth x n + tokens positions.
-        self.publish_tokens = publish_tokens
-        self.publish_growth = publish_growth
+        self.publish_tokens = config.kv_publish_tokens
+        self.publish_growth = config.kv_publish_growth
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="verifier-kv") if target_kv is not None else None
-        self._own = Objects(store, self._executor)
+        self._own = Objects(context.store, self._executor)
 
     def close(self) -> None:
         if self._executor is not None:
@@ -100,34 +98,35 @@ class KvPublisher:
             log.warning("session %s: target KV %s unavailable: %s", session.session.hex(), ref, exc)
             self.metrics.resume("cold", "unavailable")
             return
-        live.fed = n  # the first pass, or prefill chunks, compute only what follows
+        live.prefill.fed = n  # the first pass, or prefill chunks, compute only what follows
         self.metrics.resume("pages" if n else "cold", "" if n else "refused", positions=n)
 
     def after_commit(self, live: LiveSession) -> None:
         """Publish if the committed prefix grew enough; drop the pages of an ended session."""
         session = live.session
-        if self.target_kv is None or live.kv_ref is None or live.kv_busy:
+        pages = live.kv
+        if self.target_kv is None or pages.ref is None or pages.busy:
             return
         if session.state in (State.FINISHED, State.FAILED):
             # Nobody resumes an ended session: its pages only take room in the MLC. (A fenced
             # one's stay: if its successor dies before publishing, the next resume uses them.)
-            if live.kv_published:
-                live.kv_published = 0
-                self.background.spawn(self._drop(live.kv_ref))
+            if pages.published:
+                pages.published = 0
+                self.background.spawn(self._drop(pages.ref))
             return
         if session.closed:
             return
-        grown = len(session.prompt) + session.committed - live.kv_published
-        if grown < max(self.publish_tokens, int(live.kv_published * self.publish_growth)):
+        grown = len(session.prompt) + session.committed - pages.published
+        if grown < max(self.publish_tokens, int(pages.published * self.publish_growth)):
             return
-        live.kv_busy = True
+        pages.busy = True
         self.background.spawn(self._publish(live))
 
     async def _publish(self, live: LiveSession) -> None:
         """Copy the committed prefix out of the cache (between passes), encode and store it
         (off the event loop and the scoring thread). A failure is logged and counted: a later
         fail-over then recomputes more, nothing else changes."""
-        kv, ref = self.target_kv, live.kv_ref
+        kv, ref = self.target_kv, live.kv.ref
         assert kv is not None and ref is not None
         session = live.session
         done = False
@@ -138,14 +137,14 @@ class KvPublisher:
                 return
             data = await self._own.call(kv.encode_kv, pages)
             await self._own.put(ref, data)
-            live.kv_published = len(committed)
+            live.kv.published = len(committed)
             self.metrics.kv_published(len(data))
             done = True
         except Exception as exc:
             log.warning("session %s: target KV not published to %s: %s", session.session.hex(), ref, exc)
             self.metrics.kv_publish_failed()
         finally:
-            live.kv_busy = False
+            live.kv.busy = False
         if done:  # rounds committed meanwhile were skipped (one publish at a time): catch up now
             self.after_commit(live)
 

@@ -40,37 +40,48 @@ class RoundInfo:
     batch: int  # sessions in the scoring pass
 
 
-@dataclass
-class LiveSession:
-    """The role's record of one served session."""
+@dataclass(slots=True)
+class SessionLog:
+    """Where a session's commits go: its commit log and its committed output's object."""
 
-    session: VerifierSession
-    log: Log
+    handle: Log
     etag: str  # of the log as this verifier last appended to or read it
     tokens_ref: str | None  # where its committed output is written (None: nowhere)
-    opened: float = 0.0
-    kv_ref: str | None = None  # where its target KV pages are published (None: nowhere)
+
+
+@dataclass(slots=True)
+class KvPages:
+    """A session's published target KV pages (roles/verifier_kv.py)."""
+
+    ref: str | None = None  # where they are published (None: nowhere)
     # Committed length (prompt + output) when the last published pages were taken: they hold
     # all of it the cache had (not the last token, which no pass has fed to the model yet).
-    kv_published: int = 0
-    kv_busy: bool = False  # a publish is in flight (never two at once per session)
-    prefilled: bool = False  # a pass here has fed its context to the model (later passes feed the new tokens)
-    # Context positions already in the scorer's cache before the first round's pass (from
-    # prefill chunks or imported pages), and the prefill's progress for its log lines.
+    published: int = 0
+    busy: bool = False  # a publish is in flight (never two at once per session)
+
+
+@dataclass(slots=True)
+class Prefill:
+    """How far a session's context is in the scorer's cache (roles/verifier_batch.py)."""
+
+    # Context positions already in the cache before the first round's pass (from prefill
+    # chunks or imported pages).
     fed: int = 0
-    prefilling: bool = False  # a prefill chunk of it is in the pass running now
+    done: bool = False  # a pass has fed its context to the model (later passes feed the new tokens)
+    in_pass: bool = False  # a prefill chunk of it is in the pass running now
     chunks_failed: bool = False  # a pass with a prefill chunk of it failed: the rest goes in one pass
-    prefill_started: float | None = None
-    prefill_passes: int = 0
-    ended: float | None = None  # when retire_ended first found it ended
-    released: bool = False  # its KV pages are given back to the scorer
-    # The output long-polls waiting for this session's next tokens: a future each, woken
-    # together by notify (no event object rebuilt per round; their deadlines: Deadlines).
+    started: float | None = None  # for its log lines
+    passes: int = 0
+
+
+@dataclass(slots=True)
+class Waiters:
+    """Who waits on a session: output long-polls for its next tokens (a future each, woken
+    together: no event object rebuilt per round; their deadlines: :class:`Deadlines`) and
+    drafters for the verdicts of their rounds, by round."""
+
     readers: list[asyncio.Future[None]] = field(default_factory=list)
-    waiting: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
-    # Why the session left this verifier (cancelled, re-opened at a newer epoch, fenced): its
-    # pending output polls answer it instead of waiting for tokens that will never come.
-    gone: SdcpProblem | None = None
+    verdicts: dict[int, asyncio.Future[Verdict]] = field(default_factory=dict)
 
     def notify(self) -> None:
         """Wake the output readers: tokens were released, or the session ended."""
@@ -79,13 +90,58 @@ class LiveSession:
             if not reader.done():
                 reader.set_result(None)
 
-    def fail_waiting(self, problem: SdcpProblem) -> None:
-        """Answer every drafter waiting for a verdict and every output reader with ``problem``."""
-        self.gone = problem
+    def reader(self, deadlines: Deadlines, remaining: float) -> asyncio.Future[None]:
+        """A future woken by the commit that releases tokens (or by the session's end), else
+        ``remaining`` seconds from now: no event and no timer of its own per poll."""
+        loop = asyncio.get_running_loop()
+        reader: asyncio.Future[None] = loop.create_future()
+        self.readers.append(reader)
+        deadlines.add(loop.time() + remaining, reader)
+        return reader
+
+    def cancel(self) -> None:
+        """Cancel the drafters' waits (the role is closing)."""
+        for future in self.verdicts.values():
+            if not future.done():
+                future.cancel()
+
+    def fail(self, problem: SdcpProblem) -> None:
+        """Answer every output reader (woken) and every waiting drafter (``problem``)."""
         self.notify()
-        for future in self.waiting.values():
+        for future in self.verdicts.values():
             if not future.done():
                 future.set_exception(problem)
+
+
+@dataclass(slots=True)
+class LiveSession:
+    """The role's record of one served session.
+
+    Whether the session has ended is the core's state, one fact: ``session.closed``
+    (finished, failed or fenced). The other two facts near it are not that one:
+
+    - ``gone`` is why this verifier stopped serving the session, which the core need not
+      know: a cancel by the router or an open at a newer epoch leaves the core's session as
+      it was (a fence ends both). It holds the problem the session's output polls answer.
+    - ``ended`` is when :func:`retire_ended` first found the core's session closed, a
+      reading of the clock: its record is forgotten ``keep`` seconds from then. Its KV pages
+      are given back to the scorer in that same step, so "released" is ``ended is not None``.
+    """
+
+    session: VerifierSession
+    log: SessionLog
+    opened: float = 0.0
+    kv: KvPages = field(default_factory=KvPages)
+    prefill: Prefill = field(default_factory=Prefill)
+    waiters: Waiters = field(default_factory=Waiters)
+    gone: SdcpProblem | None = None
+    ended: float | None = None
+
+    def fail_waiting(self, problem: SdcpProblem) -> None:
+        """This verifier no longer serves the session (``problem`` says why): every output
+        reader and drafter waiting on it gets ``problem``."""
+        self.gone = problem
+        self.waiters.fail(problem)
 
 
 @dataclass(kw_only=True)
@@ -100,8 +156,9 @@ class Round(Scored):
     def settle(self, outcome: Verdict | SdcpProblem) -> None:
         """Answer the drafter (once); a recorded verdict answers any later retry instead."""
         future = self.future
-        if future is not None and self.live.waiting.get(self.work.round) is future:
-            del self.live.waiting[self.work.round]
+        verdicts = self.live.waiters.verdicts
+        if future is not None and verdicts.get(self.work.round) is future:
+            del verdicts[self.work.round]
         if future is None or future.done():
             return
         if isinstance(outcome, Verdict):
@@ -196,13 +253,11 @@ def retire_ended(sessions: SessionRegistry[LiveSession], release: Callable[[byte
     scoring passes: ``release`` changes the scorer's cache. Returns the sessions forgotten."""
     ended: list[LiveSession] = []
     for live in sessions.records():
-        if not live.session.closed or live.kv_busy or live.prefilling:
+        if not live.session.closed or live.kv.busy or live.prefill.in_pass:
             continue
         if live.ended is None:
-            live.ended = now
-        if not live.released:
             release(live.session.session)
-            live.released = True
+            live.ended = now
         ended.append(live)
     ended.sort(key=lambda live: live.ended or now)
     excess = len(ended) - most

@@ -27,7 +27,7 @@ from sdcp_fast.conform.report import Report
 from sdcp_fast.deploy.local import model_digest
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.inprocess import InProcessNetwork
@@ -56,8 +56,8 @@ def run_kit(root: str, *, wrap: Callable[[Handler], Handler] | None = None,
             store: bool = True, scorer: Any = None, kit_kw: dict[str, Any] | None = None) -> Report:
     async def scenario() -> Report:
         mlc = embedded(root)
-        role = VerifierRole(scorer or ToyTarget(), uri=VERIFIER, mlc=mlc, transport=InProcessNetwork().transport(None),
-                            target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05)
+        config = VerifierConfig(uri=VERIFIER, target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05)
+        role = VerifierRole(scorer or ToyTarget(), config, mlc=mlc, transport=InProcessNetwork().transport(None))
         await role.start()
         handler: Handler = role.handler if wrap is None else wrap(role.handler)
 

@@ -29,7 +29,7 @@ from sdcp_fast.protocol.messages import RULE_GREEDY, RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, serving_spec
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from tests.roles.rolekit import PROMPT, ROUTER, SCOPE, TARGET, TOKENIZER, VERIFIER, sid
@@ -95,9 +95,10 @@ async def _run(config: Config, session: bytes, kill: tuple[int, int | None] | No
     router = RouterRole(uri=ROUTER, mlc=store, transport=network.transport(Peer(ROUTER, PeerRole.ROUTER)),
                         target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, drafter_models={},
                         sweep_interval=0.03)
-    verifier = VerifierRole(Slow(target), uri=VERIFIER, offload=True, mlc=store, target_digest=TARGET, router=ROUTER,
-                            transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)), backend="reference",
-                            batch_wait=0.0, output_wait=0.1, status_ttl_ms=TTL_MS)
+    verifier = VerifierRole(Slow(target), VerifierConfig(uri=VERIFIER, target_digest=TARGET, router=ROUTER, offload=True,
+                                                         backend="reference", batch_wait=0.0, output_wait=0.1,
+                                                         status_ttl_ms=TTL_MS),
+                            mlc=store, transport=network.transport(Peer(VERIFIER, PeerRole.VERIFIER)))
     drafters = {}
     for uri in DRAFTERS:
         model = ToyDrafter("toy-good", target, 0.5)  # one model: either drafter proposes the same

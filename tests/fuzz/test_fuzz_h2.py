@@ -13,7 +13,7 @@ from typing import Any
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import MEDIA_TYPE, Policy, Sampling, Verdict, session_path_id
 from sdcp_fast.protocol.peer import PeerRole
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.certs import InstanceSpec, instance_files, write_certificates
@@ -37,8 +37,9 @@ def test_verifier_over_http2_and_mtls(tmp_path) -> None:
     async def scenario() -> tuple[int, int]:
         mlc = embedded(str(tmp_path / "mlc"))
         target = ToyTarget()
-        role = VerifierRole(target, uri="https://127.0.0.1:8501/", mlc=mlc, transport=InProcessNetwork().transport(None),
-                            target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.0)
+        config = VerifierConfig(uri="https://127.0.0.1:8501/", target_digest=TARGET, backend="reference",
+                                batch_wait=0.0, output_wait=0.0)
+        role = VerifierRole(target, config, mlc=mlc, transport=InProcessNetwork().transport(None))
         await role.start()
         server = await serve(role.handler, "127.0.0.1", 0, ssl=server_context(*instance_files(tmp_path, "verifier")))
         url = f"https://127.0.0.1:{server.port}/"

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import hashlib
 from collections.abc import Awaitable, Sequence
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import torch
@@ -36,7 +37,7 @@ from sdcp_fast.protocol import (
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY, RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
-from sdcp_fast.roles.verifier import RoundInfo, VerifierRole
+from sdcp_fast.roles.verifier import RoundInfo, VerifierConfig, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
@@ -160,21 +161,26 @@ class CountingScorer:
         pass
 
 
+def verifier_config(**settings: Any) -> VerifierConfig:
+    """The tests' verifier: VERIFIER on the toy target's digest, reference kernels, no batch
+    wait and short output polls, unless ``settings`` say otherwise."""
+    defaults: dict[str, Any] = dict(uri=VERIFIER, target_digest=TARGET, backend="reference", batch_wait=0.0,
+                                    output_wait=0.05)
+    return VerifierConfig(**{**defaults, **settings})
+
+
 class Rig:
     """A verifier role on an in-process network, with clients for each kind of caller."""
 
-    def __init__(self, root: str, *, scorer: Any = None, **verifier_kw: Any) -> None:
+    def __init__(self, root: str, *, scorer: Any = None, **config: Any) -> None:
         self.network = InProcessNetwork()
         self.store = embedded(root)
         self.mlc = self.store.mlc  # the cache itself, for looking at objects directly
         self.scorer = scorer if scorer is not None else CountingScorer()
         self.target = getattr(self.scorer, "target", self.scorer)
         self.rounds: list[RoundInfo] = []
-        kw: dict[str, Any] = dict(batch_wait=0.0, output_wait=0.05)
-        kw.update(verifier_kw)
-        self.verifier = VerifierRole(self.scorer, uri=VERIFIER, mlc=self.store, target_digest=TARGET,
-                                     transport=self.network.transport(VERIFIER_PEER), backend="reference",
-                                     on_round=self.rounds.append, **kw)
+        self.verifier = VerifierRole(self.scorer, verifier_config(**config), mlc=self.store,
+                                     transport=self.network.transport(VERIFIER_PEER), on_round=self.rounds.append)
         self.network.register(VERIFIER, self.verifier.handler)
         self.roles: list[Any] = []
         self.router = self.client(ROUTER_PEER)
@@ -183,6 +189,10 @@ class Rig:
 
     def client(self, peer: Peer | None) -> SdcpClient:
         return SdcpClient(self.network.transport(peer))  # type: ignore[arg-type]
+
+    def configure(self, **settings: Any) -> None:
+        """Change settings the role reads on each request (``output_wait``), not its parts'."""
+        self.verifier.config = replace(self.verifier.config, **settings)
 
     async def __aenter__(self) -> Rig:
         await self.verifier.start()

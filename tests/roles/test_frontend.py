@@ -114,7 +114,7 @@ def test_sampled_completion_runs_rule_2(tmp_path: Path) -> None:
         async with deployment(tmp_path) as (d, _, _):
             request = {"model": "toy", "prompt": PROMPT, "temperature": 0.8, "seed": 3, "max_tokens": 10}
             first = json.loads((await d.router.handler(post("v1/completions", request))).body)
-            rules = {e.routed.contract.rule for e in d.router.sessions.values()}
+            rules = {r.contract.rule for r in d.router.sessions.values()}
             return first, rules
 
     body, rules = loop.run(scenario())
@@ -280,7 +280,7 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
     from sdcp_fast.protocol.peer import Peer
     from sdcp_fast.roles.drafter import DrafterRole
     from sdcp_fast.roles.router import RouterRole
-    from sdcp_fast.roles.verifier import VerifierRole
+    from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
     from sdcp_fast.transport.inprocess import InProcessNetwork
 
     from .rolekit import DRAFTER, ROUTER, ROUTER_PEER, SCOPE, TARGET, TOKENIZER, Clock, until
@@ -295,9 +295,10 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
             network.unregister(active_uri)
 
     def verifier(uri: str, on_round: Any = None) -> VerifierRole:
-        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round)
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            on_round=on_round)
         network.register(uri, role.handler)
         return role
 
@@ -326,8 +327,8 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
             await drafter.report_status()
             await router.sweep()
             frames = await asyncio.wait_for(reading, 15.0)
-            (entry,) = router.sessions.values()
-            return frames, entry.routed.epoch, greedy(target, encode(PROMPT), 30)
+            (routed,) = router.sessions.values()
+            return frames, routed.epoch, greedy(target, encode(PROMPT), 30)
         finally:
             for role in roles:
                 await role.close()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +35,8 @@ async def two_routers(tmp_path: Path) -> AsyncIterator[tuple[Deployment, Fronten
                        target_digest=a.target_digest, tokenizer_digest=a.tokenizer_digest, drafter_models={},
                        scope=a.scope, clock=a.clock)
         b.table = a.table  # the instances report to both (--router a,b); here they share one table
-        d.verifier.router = d.verifier.committer.router = f"{a.uri},{OTHER}"  # its events go to both
+        routers = f"{a.uri},{OTHER}"  # its events and status go to both
+        d.verifier.config, d.verifier.committer.router = replace(d.verifier.config, router=routers), routers
         d.network.register(OTHER, b.handler)
         frontend = mount_frontend(b, ToyWords(), stop=(EOS,), model="toy", max_tokens=12)
         await b.start()

@@ -24,7 +24,7 @@ from sdcp_fast.model.target_scorer import ModelRunner, greedy_token
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from tests.model.conftest import random_model
@@ -98,10 +98,12 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             killed.append(info.round)
             network.unregister(ACTIVE)  # partitioned: it answers nobody from now on
 
-    def verifier(uri: str, runner: ModelRunner, on_round: Any = None, store: Any = mlc, **kw: Any) -> VerifierRole:
-        role = VerifierRole(runner, uri=uri, mlc=store, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round, offload=mode == "offload", **kw)
+    def verifier(uri: str, runner: ModelRunner, on_round: Any = None, store: Any = mlc,
+                 target_kv: Any = "auto", **kw: Any) -> VerifierRole:
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1, offload=mode == "offload", **kw)
+        role = VerifierRole(runner, config, mlc=store, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            on_round=on_round, target_kv=target_kv)
         network.register(uri, role.handler)
         return role
 
@@ -134,9 +136,9 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             committed_at_a = len(PROMPT) + live.session.committed
             # A's last publish (of round 3's prefix) completes; the partition does not stop it.
             if mode == "unpublished":
-                await until(lambda: not live.kv_busy and active.metrics.kv_failures._value.get() >= 1)
+                await until(lambda: not live.kv.busy and active.metrics.kv_failures._value.get() >= 1)
             else:
-                await until(lambda: not live.kv_busy and live.kv_published >= committed_at_a)
+                await until(lambda: not live.kv.busy and live.kv.published >= committed_at_a)
             clock.advance(11.0)
             await standby.report_status()
             await drafter.report_status()
@@ -144,7 +146,7 @@ def failover(tmp_path: Any, mode: str) -> dict[str, Any]:
             tokens, _ = await asyncio.wait_for(stream, 15.0)
             # B published its own epoch's pages on the way, and deleted them once the session ended.
             ended = object_uri(SCOPE, S, "target_kv", 2, tag=writer_tag(STANDBY))
-            await until(lambda: not standby.live(S).kv_busy and not mlc.mlc.contains(ended))
+            await until(lambda: not standby.live(S).kv.busy and not mlc.mlc.contains(ended))
             ref = object_uri(SCOPE, S, "target_kv", 1, tag=writer_tag(ACTIVE))
             published = 0 if mode == "unpublished" else len(decode(mlc.mlc.get(ref), Layout.of(runner_a.cache, TARGET)))
             return dict(routed=routed, tokens=tokens, committed_at_a=committed_at_a, published=published,

@@ -19,7 +19,7 @@ from sdcp_fast.protocol import Sampling
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -58,7 +58,7 @@ async def direct(root: str) -> tuple[list[int], bytes]:
     router = RouterRole(uri=router_uri, mlc=mlc, transport=network.transport(Peer(router_uri, PeerRole.ROUTER)),
                         target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE,
                         drafter_models={d_uri: model_digest(draft.name)})
-    verifier = VerifierRole(target, uri=verifier_uri, mlc=mlc, router=router_uri, target_digest=TARGET,
+    verifier = VerifierRole(target, VerifierConfig(uri=verifier_uri, target_digest=TARGET, router=router_uri), mlc=mlc,
                             transport=network.transport(Peer(verifier_uri, PeerRole.VERIFIER)))
     drafter = DrafterRole(draft, uri=d_uri, mlc=mlc, router=router_uri, seed=SEED, fixed_m=M,
                           transport=network.transport(Peer(d_uri, PeerRole.DRAFTER)))

@@ -25,7 +25,7 @@ from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_SPECUL
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.transport.base import Request, Response
 
 from .rolekit import (
@@ -298,9 +298,10 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
             network.unregister(ACTIVE)  # partitioned: it answers nobody from now on
 
     def verifier(uri, on_round=None):
-        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round)
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            on_round=on_round)
         network.register(uri, role.handler)
         return role
 
@@ -470,9 +471,10 @@ def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path)
             network.unregister(ACTIVE)
 
     def verifier(uri, on_round=None):
-        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round)
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            on_round=on_round)
         network.register(uri, role.handler)
         return role
 
@@ -512,7 +514,7 @@ def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path)
             await second.sweep()
             tokens, finish = await asyncio.wait_for(stream, 15.0)
             at_standby = standby.sessions.get(S)
-            return adopted, second.sessions[S].routed, tokens, finish, at_standby, at_standby.output(0).tokens
+            return adopted, second.sessions[S], tokens, finish, at_standby, at_standby.output(0).tokens
         finally:
             for role in roles:
                 await role.close()

@@ -13,7 +13,7 @@ from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.inprocess import InProcessNetwork
@@ -55,9 +55,10 @@ def test_the_output_stream_leaves_a_stopped_verifier_at_the_fail_over(tmp_path):
             stoppable[0].running.clear()
 
     def verifier(uri, on_round):
-        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round)
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            on_round=on_round)
         return role
 
     async def scenario():

@@ -12,7 +12,7 @@ from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
@@ -53,9 +53,10 @@ def test_a_second_failover_resumes_from_the_last_commit_records_epoch(tmp_path):
             network.unregister(VERIFIER)  # partitioned: it answers nobody from now on
 
     def verifier(uri, on_round=None):
-        role = VerifierRole(target, uri=uri, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                            output_wait=0.1, on_round=on_round)
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
+                            on_round=on_round)
         network.register(uri, role.handler)
         return role
 
@@ -84,7 +85,7 @@ def test_a_second_failover_resumes_from_the_last_commit_records_epoch(tmp_path):
             await middle.start()
             await middle.report_status()
             await router.sweep()
-            at_middle = router.sessions[S].routed
+            at_middle = router.sessions[S]
             moved = (at_middle.verifier, at_middle.epoch)
             clock.advance(11.0)
             await middle.close()  # silent too, having committed nothing
@@ -92,7 +93,8 @@ def test_a_second_failover_resumes_from_the_last_commit_records_epoch(tmp_path):
             await third.start()
             await third.report_status()
             await router.sweep()
-            routed, opened = router.sessions[S].routed, router.sessions[S].opened
+            routed = router.sessions[S]
+            opened = routed.opened
             at_third = third.sessions.get(S)
             return moved, routed, opened, at_third.committed if at_third is not None else None
         finally:

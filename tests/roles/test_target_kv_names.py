@@ -4,6 +4,7 @@ verifier its epoch was opened at, and a resume takes no pages whose name carries
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -13,15 +14,29 @@ from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol import SessionOpen
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER
 from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier_config import VerifierContext
 from sdcp_fast.roles.verifier_kv import KvPublisher
 from sdcp_fast.roles.verifier_state import Background
 from sdcp_fast.transport.base import Request, Response
 
-from .rolekit import DRAFTER, PROMPT, SCOPE, STANDBY, TARGET, VERIFIER, VERIFIER_PEER, proposal, run, sid
+from .rolekit import (
+    DRAFTER,
+    PROMPT,
+    SCOPE,
+    STANDBY,
+    TARGET,
+    VERIFIER,
+    VERIFIER_PEER,
+    proposal,
+    run,
+    sid,
+    verifier_config,
+)
 from .test_router import RouterRig
 
 S = sid(91)
@@ -33,7 +48,7 @@ def test_a_verifier_publishes_its_pages_under_its_own_tag(tmp_path) -> None:
             await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
             await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
             await rig.router_role.open(SessionSpec(PROMPT, session=S))
-            return rig.verifier.live(S).kv_ref
+            return rig.verifier.live(S).kv.ref
 
     assert run(scenario()) == object_uri(SCOPE, S, "target_kv", 1, tag=writer_tag(VERIFIER))
 
@@ -46,9 +61,8 @@ def test_a_fail_over_names_only_the_pages_of_the_epochs_verifier(tmp_path, right
 
     async def scenario():
         async with RouterRig(str(tmp_path)) as rig:
-            standby = VerifierRole(rig.scorer, uri=STANDBY, mlc=rig.store, target_digest=TARGET,
-                                   transport=rig.network.transport(Peer(STANDBY, PeerRole.VERIFIER)),
-                                   backend="reference", batch_wait=0.0, output_wait=0.05)
+            standby = VerifierRole(rig.scorer, verifier_config(uri=STANDBY), mlc=rig.store,
+                                   transport=rig.network.transport(Peer(STANDBY, PeerRole.VERIFIER)))
 
             async def recording(request: Request) -> Response:
                 if request.method == "POST" and request.path.endswith("sessions"):
@@ -71,7 +85,7 @@ def test_a_fail_over_names_only_the_pages_of_the_epochs_verifier(tmp_path, right
                 await rig.report(rig.client(Peer(STANDBY, PeerRole.VERIFIER)), STANDBY, ROLE_VERIFIER)
                 await rig.report(rig.drafter, DRAFTER, ROLE_DRAFTER)
                 await rig.router_role.sweep()
-                return rig.router_role.sessions[S].routed
+                return rig.router_role.sessions[S]
             finally:
                 await standby.close()
 
@@ -107,11 +121,13 @@ def test_a_resume_takes_no_pages_whose_name_carries_no_tag(tmp_path) -> None:
 
     async def scenario() -> tuple[list[Any], int, int]:
         from sdcp_fast.protocol.session import VerifierSession
-        from sdcp_fast.roles.verifier_state import LiveSession
+        from sdcp_fast.roles.verifier_state import LiveSession, SessionLog
 
         metrics = VerifierMetrics()
-        kv = KvPublisher(pages, store=store, objects=Objects(store), metrics=metrics,  # type: ignore[arg-type]
-                         background=Background(), publish_tokens=1, publish_growth=0.0)
+        context = VerifierContext(store=store, objects=Objects(store), load=VerifierLoad(1), metrics=metrics,
+                                  background=Background(), clock=time.monotonic)
+        config = verifier_config(kv_publish_tokens=1, kv_publish_growth=0.0)
+        kv = KvPublisher(pages, config, context)  # type: ignore[arg-type]
         untagged = object_uri(SCOPE, S, "target_kv", 1)
         tagged = object_uri(SCOPE, S, "target_kv", 1, tag=writer_tag(VERIFIER))
         await store.put(untagged, b"anybody's")
@@ -119,9 +135,9 @@ def test_a_resume_takes_no_pages_whose_name_carries_no_tag(tmp_path) -> None:
         session, _ = VerifierSession.open(session_open(S, contract()), target_digest=TARGET)
         fed = []
         for ref in (untagged, tagged):
-            live = LiveSession(session, None, "", None)  # type: ignore[arg-type]
+            live = LiveSession(session, SessionLog(None, "", None))  # type: ignore[arg-type]
             await kv.resume(live, ref)
-            fed.append(live.fed)
+            fed.append(live.prefill.fed)
         refused = metrics.registry.get_sample_value("sdcp_resumes_total", {"kv": "cold", "reason": "refused"})
         kv.close()
         return fed, int(refused or 0), len(pages.imported)

@@ -370,13 +370,14 @@ def test_output_waits_then_answers_empty_not_final(tmp_path):
             t0 = asyncio.get_running_loop().time()
             empty = await rig.router.output(VERIFIER, S, 0)
             waited = asyncio.get_running_loop().time() - t0
-            rig.verifier.output_wait = 30.0
+            rig.configure(output_wait=30.0)
             pending = asyncio.create_task(rig.router.output(VERIFIER, S, 0))
             await asyncio.sleep(0)
             assert not pending.done()
             verdict = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 2)))
             woken = await asyncio.wait_for(pending, 5.0)
-            beyond = rig.verifier.output_wait = 0.01
+            beyond = 0.01
+            rig.configure(output_wait=beyond)
             past = await rig.router.output(VERIFIER, S, 10)
             return empty, waited, woken, verdict, past, beyond
 
@@ -400,7 +401,7 @@ def test_output_polls_with_different_deadlines_each_answer_at_their_own(tmp_path
             polls = []
             t0 = loop.time()
             for wait in (0.30, 0.10, 0.20, 30.0):
-                rig.verifier.output_wait = wait
+                rig.configure(output_wait=wait)
 
                 async def poll(wait=wait):
                     out = await rig.router.output(VERIFIER, S, 0)
@@ -413,7 +414,7 @@ def test_output_polls_with_different_deadlines_each_answer_at_their_own(tmp_path
             assert not polls[3].done()
             verdict = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 2)))
             woken = await asyncio.wait_for(polls[3], 5.0)
-            rig.verifier.output_wait = 0.05
+            rig.configure(output_wait=0.05)
             t1 = loop.time()
             late = await rig.router.output(VERIFIER, S, len(woken.tokens))
             return empties, answered, woken, verdict, late, loop.time() - t1

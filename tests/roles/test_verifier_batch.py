@@ -9,6 +9,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from typing import Any
 
 import pytest
 import torch
@@ -21,10 +22,11 @@ from sdcp_fast.protocol import Sampling, SdcpProblem
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.roles import verifier_batch
 from sdcp_fast.roles.load import VerifierLoad
+from sdcp_fast.roles.verifier_config import VerifierContext
 from sdcp_fast.store import embedded
 from tests.model.conftest import random_model
 
-from .rolekit import PROMPT, VERIFIER, Rig, contract, proposal, run, sid
+from .rolekit import PROMPT, VERIFIER, Rig, contract, proposal, run, sid, verifier_config
 
 SESSIONS = [sid(40 + i) for i in range(5)]
 
@@ -184,14 +186,21 @@ def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path, monkeyp
     assert len(both) >= 10 and max(max(f) for f in both) <= 4  # the short session decodes in each of them
 
 
+def budget_batcher() -> verifier_batch.Batcher:
+    """A batcher that only learns pass times: 4 rounds a pass, chunks of 32 to 128 tokens."""
+    config = verifier_config(max_batch=4, prefill_chunk=32, prefill_solo=128)
+    stub: Any = None
+    context = VerifierContext(store=stub, objects=stub, load=VerifierLoad(4), metrics=stub, background=stub,
+                              clock=time.monotonic)
+    return verifier_batch.Batcher(FedRunner(random_model(), block_size=4), SessionRegistry(), config, context,
+                                  committer=stub)
+
+
 def test_the_shared_budget_follows_pass_times():
     """Beside decoding rounds, the budget doubles after a pass that fed all of it in little more
     than the median pass of decoding rounds alone (up to ``prefill_solo``) and halves after a slow one
     (down to ``prefill_chunk``); nothing changes before such a pass was timed."""
-    b = verifier_batch.Batcher(
-        FedRunner(random_model(), block_size=4), SessionRegistry(), objects=None, committer=None, load=VerifierLoad(4),
-        metrics=None, clock=time.monotonic, backend="reference", max_batch=4, batch_wait=0.0, self_decode_idle=None,
-        prefill_chunk=32, prefill_solo=128)
+    b = budget_batcher()
     b._adapt(0.5, 32)
     assert b.shared_budget == 32  # no pass of decoding rounds alone timed yet
     for took in (1.0, 9.0, 1.0):  # decoding rounds alone: 1 s, and a spike the median ignores
@@ -207,10 +216,7 @@ def test_a_pass_that_held_a_round_back_for_lack_of_budget_lets_it_grow():
     """First rounds of short prompts (a few context tokens each) seldom add up to exactly the
     shared budget: a pass that left one queued for lack of it counts as a full one (it grows when
     the pass cost little more, and a slow pass still halves it)."""
-    b = verifier_batch.Batcher(
-        FedRunner(random_model(), block_size=4), SessionRegistry(), objects=None, committer=None, load=VerifierLoad(4),
-        metrics=None, clock=time.monotonic, backend="reference", max_batch=4, batch_wait=0.0, self_decode_idle=None,
-        prefill_chunk=32, prefill_solo=128)
+    b = budget_batcher()
     for took in (1.0, 1.0):
         b._adapt(took, 0)
     steps = [(1.1, 30, False, 32), (1.1, 30, True, 64), (1.2, 62, True, 128), (1.0, 3, True, 128),

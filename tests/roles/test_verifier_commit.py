@@ -18,6 +18,7 @@ from sdcp_fast.protocol.problems import BadRequest, InternalError
 from sdcp_fast.roles import retry
 from sdcp_fast.roles.objects import unpack_tokens
 from sdcp_fast.roles.verifier_commit import EVENT_ATTEMPTS, Committer, output_of_log
+from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
 
 from .rolekit import OTHER, SCOPE, VERIFIER, Rig, assignment, contract, proposal, run, sid
 
@@ -48,8 +49,9 @@ def _send(monkeypatch: pytest.MonkeyPatch, answers: list[BaseException | None]) 
     monkeypatch.setattr(retry.asyncio, "sleep", sleep)
     client = Client(answers)
     stub: Any = None
-    committer = Committer(objects=stub, store=stub, load=stub, metrics=stub, kv=stub, background=stub,
-                          client=stub, router="inproc://router/", clock=lambda: 0.0, on_round=None)
+    config = VerifierConfig(uri=VERIFIER, target_digest=b"", router="inproc://router/")
+    context = VerifierContext(store=stub, objects=stub, load=stub, metrics=stub, background=stub, clock=lambda: 0.0)
+    committer = Committer(config, context, kv=stub, client=stub)
     committer.client = client  # type: ignore[assignment]
     asyncio.run(committer.send_event(EVENT))
     return client.calls, waits

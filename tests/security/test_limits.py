@@ -16,7 +16,7 @@ import h2.events
 
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import MEDIA_TYPE, SdcpProblem
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.h2client import H2Transport
@@ -35,8 +35,9 @@ V = ToyTarget().vocab_size
 async def verifier(certs: Certs, root: str, limits: Limits | None = None,
                    **kw: Any) -> AsyncIterator[tuple[str, VerifierRole]]:
     mlc = embedded(root)
-    role = VerifierRole(ToyTarget(), uri=VERIFIER, mlc=mlc, transport=InProcessNetwork().transport(None),
-                        target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05, **kw)
+    config = VerifierConfig(uri=VERIFIER, target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05,
+                            **kw)
+    role = VerifierRole(ToyTarget(), config, mlc=mlc, transport=InProcessNetwork().transport(None))
     await role.start()
     server = await serve(role.handler, "127.0.0.1", 0, ssl=server_context(*certs.files("verifier")), limits=limits)
     try:

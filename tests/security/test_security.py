@@ -19,7 +19,7 @@ from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import SdcpProblem
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import Forbidden
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.errors import TransportError
@@ -37,8 +37,8 @@ async def served_verifier(certs: Certs, root: str) -> AsyncIterator[tuple[str, V
     """A verifier role on loopback behind mutual TLS (its CA: the deployment's)."""
     mlc = embedded(root)
     target = ToyTarget()
-    role = VerifierRole(target, uri=VERIFIER, mlc=mlc, transport=InProcessNetwork().transport(None),
-                        target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05)
+    config = VerifierConfig(uri=VERIFIER, target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05)
+    role = VerifierRole(target, config, mlc=mlc, transport=InProcessNetwork().transport(None))
     await role.start()
     server = await serve(role.handler, "127.0.0.1", 0, ssl=server_context(*certs.files("verifier")))
     try:

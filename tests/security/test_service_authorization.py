@@ -17,7 +17,7 @@ from sdcp_fast.deploy.up import free_port
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import SdcpProblem
 from sdcp_fast.protocol.messages import MEDIA_TYPE
-from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.inprocess import InProcessNetwork
@@ -55,8 +55,8 @@ def test_only_the_router_reads_a_sessions_output(certs: Certs, tmp_path) -> None
 def test_an_insecure_service_takes_no_identity_from_headers(tmp_path) -> None:
     async def scenario() -> tuple[int, str, int]:
         mlc = embedded(str(tmp_path))
-        role = VerifierRole(ToyTarget(), uri=VERIFIER, mlc=mlc, transport=InProcessNetwork().transport(None),
-                            target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05)
+        config = VerifierConfig(uri=VERIFIER, target_digest=TARGET, backend="reference", batch_wait=0.0, output_wait=0.05)
+        role = VerifierRole(ToyTarget(), config, mlc=mlc, transport=InProcessNetwork().transport(None))
         port = free_port()
         served = asyncio.create_task(serve_role(role, host="127.0.0.1", port=port, security=Security(insecure=True)))
         url = f"http://127.0.0.1:{port}/"
