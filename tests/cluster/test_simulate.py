@@ -1,16 +1,19 @@
 """``sdcp-fast cluster up|down`` on simulated hosts: three namespaces whose etcd members form
-one cluster over the bridge, cluster.json saying what runs where, and nothing left after
-``down``."""
+one cluster over the bridge, an MLC node per host registered in it, a host cut off (its link
+down) leaving the registry once its lease expires and coming back once the link is up, and
+nothing left after ``down``."""
 
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
 from sdcp_fast.cluster import simulate
+from sdcp_fast.cluster.membership_etcd import Membership
 from sdcp_fast.cluster.netns import link_names, namespaces
-from sdcp_fast.cluster.spec import only
+from sdcp_fast.cluster.spec import ClusterSpec, only
 
 from .conftest import layout
 
@@ -21,19 +24,40 @@ def etcd_members(url: str) -> list[str]:
         return sorted(m["name"] for m in json.loads(r.read())["members"])
 
 
-def test_three_etcd_members_form_one_cluster_across_hosts_and_down_leaves_nothing(cluster_dir: Path) -> None:
-    spec = only(layout(3), ("etcd",))
-    endpoints = simulate.up(cluster_dir, spec, timeout=90)
+def wait_registered(spec: ClusterSpec, names: set[str], deadline_s: float = 60.0) -> None:
+    """Until exactly ``names`` are registered (the leases' expiry and renewal are the events)."""
+    m = Membership(spec.token, spec.etcd_clients(), timeout=2)
+    try:
+        deadline = time.monotonic() + deadline_s
+        while (now := {x.name for x in m.members()}) != names:
+            assert time.monotonic() < deadline, f"registered: {sorted(now)}, expected {sorted(names)}"
+            time.sleep(0.5)
+    finally:
+        m.close()
+
+
+def test_etcd_members_form_one_cluster_a_cut_off_host_leaves_and_rejoins_and_down_leaves_nothing(
+        cluster_dir: Path) -> None:
+    spec = only(layout(3), ("etcd", "mlc"))
+    endpoints = simulate.up(cluster_dir, spec, timeout=120)
     state = json.loads((cluster_dir / "cluster.json").read_text())
+    net = simulate.network(cluster_dir)
     assert [(h["name"], h["address"]) for h in state["hosts"]] == [(h.name, h.address) for h in spec.hosts]
     for host in state["hosts"]:
         assert host["netns"] in namespaces()
-        [etcd] = host["processes"]
-        assert etcd["role"] == "etcd" and etcd["uri"] == f"http://{host['address']}:2379"
-        assert etcd["pid"] in simulate.network(cluster_dir).pids(host["name"])
+        assert [(p["role"], p["name"]) for p in host["processes"]] == [
+            ("etcd", f"etcd-{host['name']}"), ("mlc", f"mlc-{host['name']}")]
+        assert host["processes"][0]["uri"] == f"http://{host['address']}:2379"
+        assert {p["pid"] for p in host["processes"]} <= set(net.pids(host["name"]))
     for url in endpoints["etcd"]:  # each member, from the machine's own namespace, sees all three
         assert etcd_members(url) == ["etcd-h1", "etcd-h2", "etcd-h3"]
-    net = simulate.network(cluster_dir)
+    wait_registered(spec, {"mlc-h1", "mlc-h2", "mlc-h3"}, 5)
+
+    net.cut_off("h2")
+    wait_registered(spec, {"mlc-h1", "mlc-h3"})
+    net.restore("h2")
+    wait_registered(spec, {"mlc-h1", "mlc-h2", "mlc-h3"})
+
     assert simulate.down(cluster_dir) == []
     assert not {net.netns(h.name) for h in spec.hosts} & set(namespaces())
     assert not ({net.bridge} | {net.veth(h.name) for h in spec.hosts}) & set(link_names())
