@@ -14,7 +14,7 @@ Every function returning an :class:`Assignment` (``assign``, ``after_open``, ``o
 ``reassign_expired``) names the drafter; the adapter PUTs it to the verifier first and sends
 the drafter ``confirmed(routed, state)``, built from the verifier's session-state answer::
 
-    routed = RoutedSession(...); state = POST sessions (open_message(routed))
+    routed = RoutedSession(opened, epoch, verifier, m_init); state = POST sessions (routed.opened)
     a = after_open(routed, state, table, now)          # or on_event / reassign_expired
     state = PUT sessions/{id}/drafter (a); POST assignments (confirmed(routed, state))
     plan = plan_failover(routed, new_verifier, last_commit, committed_tokens=ref)
@@ -67,29 +67,67 @@ def new_session_id(entropy: bytes) -> bytes:
 
 
 @dataclass
-class RoutedSession:
-    """What the router keeps about one session."""
+class Watch:
+    """The router's own bookkeeping of a session, in memory only: whichever process routes the
+    session starts it afresh, and the verifier's answers fill it in again."""
 
-    session: bytes
-    epoch: int
-    contract: Contract
-    prompt: tuple[int, ...] | str
-    commit_log: str
-    verifier: str
-    round: int
-    committed: int
-    digest: bytes
-    m_init: int
-    drafter: str | None = None
-    sampling: Sampling | None = None  # latest policy update, carried in assignments (§6.6)
-    committed_tokens: str | None = None
-    done: bool = False
     tried: set[str] = field(default_factory=set)  # drafters switched away from
-    policies: list[Policy] = field(default_factory=list)  # every update sent, by from_round
     handled: set[tuple[int, int, int, bytes]] = field(default_factory=set)  # events acted on
     progress: float | None = None  # when the committed length last grew, as far as the router saw
     seen: int = -1  # that length
     self_decoding: bool = False  # the verifier decodes it itself: its drafter was told to stop
+
+
+@dataclass
+class RoutedSession:
+    """One session as the router routes it, and its routing record (docs/interpretations.md,
+    "Routing records"): protocol/routing_records.py encodes it for the MLC, whole, and decodes
+    it into this record again.
+
+    Persisted: ``opened`` (the session-open its verifier holds; the session, contract, prompt
+    and commit log are its), ``router``, ``verifier``, ``drafter``, ``m_init``, ``writers``,
+    ``policies``, ``sampling``, ``committed_tokens``, ``done`` and ``request``: what another
+    router needs to take the session over and answer its client's resume.
+
+    Not persisted: ``epoch`` (the open's, or the next one while a fail-over opens it; the
+    encoding names the open's, which the verifier holds), ``round``, ``committed`` and
+    ``digest`` (where the verifier last said the session stands: decoding starts them at the
+    open's resume, and the verifier's answer to that open sent again is authoritative), and
+    ``watch``, the router's own bookkeeping.
+    """
+
+    opened: SessionOpen
+    epoch: int
+    verifier: str
+    m_init: int
+    round: int = 0
+    committed: int = 0
+    digest: bytes = bytes(32)
+    drafter: str | None = None
+    router: str = ""  # the base URI of the router that routes it now
+    writers: dict[int, str] = field(default_factory=dict)  # epoch -> its verifier, who names its committed_tokens
+    sampling: Sampling | None = None  # latest policy update, carried in assignments (§6.6)
+    policies: list[Policy] = field(default_factory=list)  # every update sent, by from_round
+    committed_tokens: str | None = None
+    done: bool = False
+    request: dict[str, object] | None = None  # the client's request body (JSON), for a resume to match
+    watch: Watch = field(default_factory=Watch)
+
+    @property
+    def session(self) -> bytes:
+        return self.opened.session
+
+    @property
+    def contract(self) -> Contract:
+        return self.opened.contract
+
+    @property
+    def prompt(self) -> tuple[int, ...] | str:
+        return self.opened.prompt
+
+    @property
+    def commit_log(self) -> str:
+        return self.opened.commit_log
 
     def follow(self, state: SessionState | Event) -> None:
         """Adopt the verifier's latest round, committed length and digest."""
@@ -121,7 +159,7 @@ def assign(routed: RoutedSession, table: StatusTable, now: float, *,
     if drafter is None:
         return None
     routed.drafter = drafter
-    routed.self_decoding = False
+    routed.watch.self_decoding = False
     return assignment_for(routed, drafter)
 
 
@@ -151,11 +189,11 @@ def on_event(routed: RoutedSession, event: Event, table: StatusTable, now: float
     if event.epoch != routed.epoch or event.session != routed.session:
         return None
     key = (event.epoch, int(event.kind), event.committed, event.digest)
-    if key in routed.handled:
+    if key in routed.watch.handled:
         return None
     assignment = _apply_event(routed, event, table, now)
     if assignment is not None or routed.done:
-        routed.handled.add(key)
+        routed.watch.handled.add(key)
     return assignment
 
 
@@ -167,13 +205,13 @@ def _apply_event(routed: RoutedSession, event: Event, table: StatusTable, now: f
         return None
     if kind is Action.SWITCH:
         if routed.drafter is not None:
-            routed.tried.add(routed.drafter)
-        assignment = assign(routed, table, now, exclude=routed.tried)
+            routed.watch.tried.add(routed.drafter)
+        assignment = assign(routed, table, now, exclude=routed.watch.tried)
         if assignment is None:
             # Every permitted drafter was tried: start the rotation again rather than stall,
             # and when the current drafter is the only live one, keep it, so that the ladder
             # goes on to its next entry instead of leaving the session unassigned.
-            routed.tried.clear()
+            routed.watch.tried.clear()
             assignment = assign(routed, table, now, exclude=() if routed.drafter is None else (routed.drafter,))
             if assignment is None:
                 assignment = assign(routed, table, now)
@@ -190,7 +228,7 @@ def reassign_expired(
     (not those the verifier decodes itself: that drafter had been told to stop already)."""
     plans = []
     for routed in sessions:
-        if routed.done or routed.drafter is None or routed.self_decoding or table.live(routed.drafter, now):
+        if routed.done or routed.drafter is None or routed.watch.self_decoding or table.live(routed.drafter, now):
             continue
         assignment = assign(routed, table, now, exclude=(routed.drafter,))
         if assignment is not None:
@@ -204,16 +242,16 @@ def expired_drafters(sessions: Iterable[RoutedSession], table: StatusTable, now:
     session the verifier decodes itself is left alone: its drafter was told to stop, and
     assigning another would end the self-decoding its ladder chose."""
     return [r for r in sessions
-            if not r.done and r.drafter is not None and not r.self_decoding and not table.live(r.drafter, now)
+            if not r.done and r.drafter is not None and not r.watch.self_decoding and not table.live(r.drafter, now)
             and choose_drafter(table, r.contract, now, exclude=(r.drafter,)) is not None]
 
 
 def note_progress(routed: RoutedSession, committed: int, now: float) -> bool:
     """The router saw ``committed`` tokens committed at ``now``; whether that is progress."""
-    if routed.progress is not None and committed <= routed.seen:
+    if routed.watch.progress is not None and committed <= routed.watch.seen:
         return False
-    routed.seen = max(committed, routed.seen)
-    routed.progress = now
+    routed.watch.seen = max(committed, routed.watch.seen)
+    routed.watch.progress = now
     return True
 
 
@@ -227,7 +265,7 @@ def stall_after(routed: RoutedSession, table: StatusTable, *, ttls: float = 3.0,
 def stalled(sessions: Iterable[RoutedSession], table: StatusTable, now: float, *, ttls: float = 3.0) -> list[RoutedSession]:
     """Open sessions that showed no progress for :func:`stall_after` seconds."""
     return [r for r in sessions
-            if not r.done and r.progress is not None and now - r.progress >= stall_after(r, table, ttls=ttls)]
+            if not r.done and r.watch.progress is not None and now - r.watch.progress >= stall_after(r, table, ttls=ttls)]
 
 
 def after_probe(routed: RoutedSession, state: SessionState, table: StatusTable, now: float) -> Assignment | None:
@@ -243,14 +281,14 @@ def after_probe(routed: RoutedSession, state: SessionState, table: StatusTable, 
     if marker in (Action.FINISH, Action.FAIL):
         return None  # the output reader sees the end
     if marker is Action.SELF_DECODE:
-        routed.self_decoding = True  # the ladder chose it; the verifier's event ends it
-        routed.progress = now
+        routed.watch.self_decoding = True  # the ladder chose it; the verifier's event ends it
+        routed.watch.progress = now
         return None
-    routed.self_decoding = False
+    routed.watch.self_decoding = False
     expired = routed.drafter is not None and not table.live(routed.drafter, now)
     if moved and not expired:
         return None
-    routed.progress = now  # the next look comes a full period later
+    routed.watch.progress = now  # the next look comes a full period later
     exclude = () if routed.drafter is None else (routed.drafter,)
     return assign(routed, table, now, exclude=exclude) or assign(routed, table, now)
 

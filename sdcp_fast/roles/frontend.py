@@ -170,15 +170,14 @@ class Frontend:
             raise ApiError(400, "Last-Event-ID is not an event id of this API (<32 hex digits>:<index>)",
                            code="invalid_last_event_id") from None
         try:
-            entry = await self.router.adopt(session)
+            routed = await self.router.adopt(session)
         except (ConnectionError, TimeoutError, OSError) as exc:  # the MLC holding the records is away
             log.warning("session %s: resume: routing record not readable: %s", session.hex(), exc)
             raise ApiError(503, "the session's routing record cannot be read now; retry later", kind="server_error",
                            code="sdcp-busy") from None
-        if entry is None:
+        if routed is None:
             raise ApiError(404, f"no live session {session.hex()} to resume: it is unknown or it finished",
                            code="session_not_found")
-        routed = entry.routed
         if tuple(routed.prompt) != tuple(job.spec.prompt) or routed.contract.max_new != job.spec.max_new:
             raise ApiError(409, "Last-Event-ID names a session of another request; send the same request again",
                            code="last_event_id_mismatch")

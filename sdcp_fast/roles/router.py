@@ -9,7 +9,8 @@ whose verifier's status expired: fence, read the last record, open elsewhere wit
 ``resume``, re-send the sampling policy, re-assign. Its watchdog looks at every session that
 committed nothing for a few ttl_ms: it moved on, the verifier decodes it, or it gets a drafter
 again (protocol/routing.py; docs/reliability.md, "Drafter death"). Assignment delivery, the
-sweep, the watchdog and fail-over live in roles/router_recovery.py.
+sweep, the watchdog and fail-over are the router's :class:`Recovery` (roles/router_recovery.py).
+Each session is one :class:`RoutedSession`, whose encoding is its routing record in the MLC.
 """
 
 from __future__ import annotations
@@ -28,13 +29,13 @@ from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol import (
     Action,
-    Assignment,
     BadRequest,
     Contract,
     Event,
     Output,
     Sampling,
     SdcpProblem,
+    SessionOpen,
     Status,
 )
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY, parse_instance_path_id
@@ -46,15 +47,14 @@ from sdcp_fast.protocol.routing import (
     new_session_id,
     note_progress,
     on_event,
-    open_message,
     policy_update,
 )
-from sdcp_fast.protocol.routing_records import adoption, routed_from
+from sdcp_fast.protocol.routing_records import adoption
 from sdcp_fast.protocol.status_table import StatusTable, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.router_records import RecordStore
-from sdcp_fast.roles.router_recovery import Recovery, _Routed
+from sdcp_fast.roles.router_recovery import Recovery
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Response, Transport
@@ -95,7 +95,7 @@ def serving_spec(prompt: Sequence[int] = (), **kw: Any) -> SessionSpec:
     return SessionSpec(prompt=tuple(prompt), **kw)
 
 
-class RouterRole(Recovery):
+class RouterRole:
     def __init__(
         self,
         *,
@@ -123,13 +123,16 @@ class RouterRole(Recovery):
         self.table = StatusTable()
         for instance, model in drafter_models.items():
             self.table.register_model(instance, model)
-        self.sessions: dict[bytes, _Routed] = {}
+        self.sessions: dict[bytes, RoutedSession] = {}  # each also its routing record
+        self.changed: dict[bytes, asyncio.Event] = {}  # set when a session moved: wakes its output reader
         self._tasks: list[asyncio.Task[None]] = []
-        self._lock = asyncio.Lock()  # one reassignment or fail-over at a time
-        self._undelivered: dict[bytes, Assignment] = {}  # assignments whose drafter did not get them
         self.records = RecordStore(mlc, self.scope, uri)
         self.routes = Routes()
         self.metrics = RouterMetrics.mount(self.routes)
+        self.recovery = Recovery(
+            uri=uri, client=self.client, mlc=mlc, objects=self.objects, records=self.records, metrics=self.metrics,
+            table=self.table, sessions=self.sessions, changed=self.changed, scope=self.scope,
+            sweep_interval=sweep_interval, stall_ttls=stall_ttls, clock=clock)
         self.routes.add("PUT", r"instances/(?P<iid>[^/]+)/status", self._put_status)
         self.routes.add("POST", r"events", self._post_event)
         self.routes.add("GET", r"instances", self._get_instances)  # operators: who is live now
@@ -139,7 +142,7 @@ class RouterRole(Recovery):
         return self.routes
 
     async def start(self) -> None:
-        self._tasks.append(asyncio.create_task(self._sweeper(), name="router-sweep"))
+        self._tasks.append(asyncio.create_task(self.recovery.run(), name="router-sweep"))
         self._tasks.append(asyncio.create_task(self.adopt_listed(), name="router-adopt"))
 
     async def close(self) -> None:
@@ -149,6 +152,10 @@ class RouterRole(Recovery):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+
+    async def sweep(self) -> None:
+        """One sweep now (:meth:`Recovery.sweep`), as the periodic one does."""
+        await self.recovery.sweep()
 
     # -- resources ------------------------------------------------------------------------
 
@@ -179,24 +186,24 @@ class RouterRole(Recovery):
     async def _post_event(self, request: Request) -> None:
         require_role(request.peer, PeerRole.VERIFIER)
         event = decode_body(Event, request)
-        entry = self.sessions.get(event.session)
-        if entry is None:
+        routed = self.sessions.get(event.session)
+        if routed is None:
             return None  # not ours (or long gone): nothing to do
         peer = request.peer
         assert peer is not None
-        if peer.uri is None or not same_instance(peer.uri, entry.routed.verifier):
+        if peer.uri is None or not same_instance(peer.uri, routed.verifier):
             raise Forbidden(f"{peer.uri} is not the verifier of this session")
-        if not await self._still_ours(entry.routed):  # events are rare: one read of the record each
+        if not await self.recovery.still_ours(routed):  # events are rare: one read of the record each
             return None
-        async with self._lock:
-            if event.epoch == entry.routed.epoch:
-                note_progress(entry.routed, event.committed, self.clock())
-            assignment = on_event(entry.routed, event, self.table, self.clock())
+        async with self.recovery.lock:
+            if event.epoch == routed.epoch:
+                note_progress(routed, event.committed, self.clock())
+            assignment = on_event(routed, event, self.table, self.clock())
             if assignment is not None:
-                await self._assign(entry.routed, assignment)
-            elif entry.routed.done:
-                await self._persist(entry.routed)
-        entry.changed.set()
+                await self.recovery.assign(routed, assignment)
+            elif routed.done:
+                await self.recovery.persist(routed)
+        self.recovery.moved(routed.session)
         return None
 
     # -- the front end's calls ------------------------------------------------------------
@@ -221,71 +228,70 @@ class RouterRole(Recovery):
                 raise Busy("no live verifier: none has reported its status within its ttl_ms"
                            + (f"; unreachable: {', '.join(unreachable)}" if unreachable else ""))
             routed = RoutedSession(
-                session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
-                commit_log=object_uri(self.scope, session, "commit_log"), verifier=verifier, round=0,
-                committed=0, digest=bytes(32), m_init=spec.m_init,
+                opened=SessionOpen(session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
+                                   commit_log=object_uri(self.scope, session, "commit_log")),
+                epoch=1, verifier=verifier, m_init=spec.m_init, router=self.uri, writers={1: verifier},
                 committed_tokens=object_uri(self.scope, session, "committed_tokens", 1, tag=writer_tag(verifier)),
+                request=request,
             )
-            opened = open_message(routed)
             try:
-                state = await self.client.open_session(verifier, opened)
+                state = await self.client.open_session(verifier, routed.opened)
                 break
             except (ConnectionError, OSError) as exc:
                 # Died since its last status report (a kill just before an
                 # open): its status has not expired yet, but another verifier can take the session.
                 log.warning("session %s: verifier %s unreachable at open: %s", session.hex(), verifier, exc)
                 unreachable.append(verifier)
-        self.sessions[session] = _Routed(routed, opened=opened, writers={1: verifier}, request=request)
+        self.sessions[session], self.changed[session] = routed, asyncio.Event()
         note_progress(routed, state.committed, self.clock())
         self.metrics.sessions.inc()
-        async with self._lock:
+        async with self.recovery.lock:
             assignment = after_open(routed, state, self.table, self.clock())
             if assignment is not None:
-                await self._assign(routed, assignment)
+                await self.recovery.assign(routed, assignment)
             else:
-                await self._persist(routed)
+                await self.recovery.persist(routed)
         return routed
 
     # -- adoption (docs/interpretations.md, "Routing records") ----------------------------
 
-    async def adopt(self, session: bytes, *, claim: bool = True) -> _Routed | None:
+    async def adopt(self, session: bytes, *, claim: bool = True) -> RoutedSession | None:
         """Take over ``session`` from its routing record: at a restart (``claim`` False: only
         if the record still names this router) or for a client resuming its stream here
         (``claim``: whichever router routed it). None when there is no live session to take.
         The verifier is sent the session-open it holds again (idempotent, §6.1) and its
         answer says where the session stands."""
-        entry = self.sessions.get(session)
-        if entry is not None:
-            return entry
-        record = await self.records.read(session)
-        if record is None:
+        routed = self.sessions.get(session)
+        if routed is not None:
+            return routed
+        routed = await self.records.read(session)
+        if routed is None:
             return None
-        why = adoption(record, self.uri, claim=claim)
+        why = adoption(routed, self.uri, claim=claim)
         if why is not None:
             log.info("session %s: not adopted: %s", session.hex(), why)
             await self.records.forget({session})
             return None
-        entry = self.sessions.get(session)  # adopted meanwhile by a concurrent call
-        if entry is not None:
-            return entry
-        routed = routed_from(record)
-        entry = _Routed(routed, opened=record.opened, writers=dict(record.writers), request=record.request)
-        self.sessions[session] = entry
+        held = self.sessions.get(session)  # adopted meanwhile by a concurrent call
+        if held is not None:
+            return held
+        was, routed.router = routed.router, self.uri
+        self.sessions[session], self.changed[session] = routed, asyncio.Event()
         note_progress(routed, routed.committed, self.clock())
         log.info("session %s: adopted at epoch %d (verifier %s, drafter %s; was routed by %s)", session.hex(),
-                 routed.epoch, routed.verifier, routed.drafter, record.router)
-        await self._persist(routed)
+                 routed.epoch, routed.verifier, routed.drafter, was)
+        await self.recovery.persist(routed)
         if routed.done:
-            return entry  # ended: adopted for its output only, which its verifier may still serve
+            return routed  # ended: adopted for its output only, which its verifier may still serve
         try:
-            state = await self.client.open_session(routed.verifier, record.opened)
+            state = await self.client.open_session(routed.verifier, routed.opened)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             # Its verifier is away: the output reader and the sweep fail the session over.
             log.warning("session %s: verifier %s did not say where it stands: %s", session.hex(), routed.verifier, exc)
-            return entry
+            return routed
         routed.follow(state)
         note_progress(routed, state.committed, self.clock())
-        return entry
+        return routed
 
     async def adopt_listed(self) -> None:
         """At start: adopt the live sessions this router's index names."""
@@ -297,7 +303,7 @@ class RouterRole(Recovery):
 
     async def policy(self, session: bytes, from_round: int, sampling: Sampling) -> None:
         """A sampling update from ``from_round`` on (§6.6)."""
-        routed = self.sessions[session].routed
+        routed = self.sessions[session]
         before = routed.sampling, list(routed.policies)
         try:
             await self.client.policy(routed.verifier, policy_update(routed, from_round, sampling))
@@ -305,70 +311,70 @@ class RouterRole(Recovery):
             if problem.status < 500:  # refused, so never in effect: later assignments and a fail-over must not carry it
                 routed.sampling, routed.policies = before
             raise
-        await self._persist(routed)
+        await self.recovery.persist(routed)
 
     async def output(self, session: bytes, *, poll: float | None = None, start: int = 0) -> AsyncIterator[Output]:
         """The session's committed output as it grows, by index from ``start``, across
         fail-overs: output of an epoch lower than one already seen is discarded, so nothing
         repeats or goes missing (§6.7)."""
-        entry = self.sessions[session]
+        routed, changed = self.sessions[session], self.changed[session]
         index, epoch = start, 0
         while True:
-            routed = entry.routed
             verifier = routed.verifier
             try:
-                out = await self._poll_output(entry, verifier, index, poll)
+                out = await self._poll_output(routed, changed, verifier, index, poll)
                 if out is None:
                     continue  # failed over meanwhile: poll the new verifier from the same index
             except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
                 if isinstance(exc, SdcpProblem) and exc.suffix == "sdcp-unknown-session":
                     if routed.done:
                         raise  # ended (cancelled) and gone: nothing is left to read
-                    await self._lost(routed, verifier)
+                    await self.recovery.lost(routed, verifier)
                 elif isinstance(exc, SdcpProblem) and exc.status < 500 and exc.suffix != "sdcp-stale-epoch":
                     raise
                 # The verifier is gone or fenced: wait for the fail-over to name another.
-                entry.changed.clear()
+                changed.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(entry.changed.wait(), self.sweep_interval * 4)
+                    await asyncio.wait_for(changed.wait(), self.sweep_interval * 4)
                 continue
             if out.epoch < epoch:
                 continue
             epoch = out.epoch
-            if out.final and not entry.routed.done:  # before the last yield: its reader may stop there
-                entry.routed.done = True
-                await self._persist(entry.routed)
+            if out.final and not routed.done:  # before the last yield: its reader may stop there
+                routed.done = True
+                await self.recovery.persist(routed)
             if out.from_ == index and out.tokens:
                 index += len(out.tokens)
-                if out.epoch == entry.routed.epoch:
-                    note_progress(entry.routed, index, self.clock())
+                if out.epoch == routed.epoch:
+                    note_progress(routed, index, self.clock())
                 yield out
             if out.final:
                 if not out.tokens:
                     yield out
                 return
 
-    async def _poll_output(self, entry: _Routed, verifier: str, index: int, poll: float | None) -> Output | None:
+    async def _poll_output(self, routed: RoutedSession, changed: asyncio.Event, verifier: str, index: int,
+                           poll: float | None) -> Output | None:
         """One output long-poll at ``verifier``, given up (None) once a fail-over opened the
         session elsewhere: a stopped or partitioned verifier answers nothing and resets nothing,
         and its poll would hold the stream until it came back."""
-        opened = entry.opened
-        call = asyncio.ensure_future(self.client.output(verifier, entry.routed.session, index, timeout=poll))
+        opened = routed.opened
+        call = asyncio.ensure_future(self.client.output(verifier, routed.session, index, timeout=poll))
         try:
             while True:
-                changed = asyncio.ensure_future(entry.changed.wait())
+                woken = asyncio.ensure_future(changed.wait())
                 try:
                     # The timeout only backs up the event: a fail-over sets it once the new verifier holds the session.
-                    done, _ = await asyncio.wait((call, changed), timeout=self.sweep_interval * 4,
+                    done, _ = await asyncio.wait((call, woken), timeout=self.sweep_interval * 4,
                                                  return_when=asyncio.FIRST_COMPLETED)
                 finally:
-                    changed.cancel()
+                    woken.cancel()
                 if call in done:
                     return call.result()
-                if entry.opened is not opened:
+                if routed.opened is not opened:
                     return None
-                if changed in done:
-                    entry.changed.clear()  # an event or a cancel: the poll answers those itself
+                if woken in done:
+                    changed.clear()  # an event or a cancel: the poll answers those itself
         finally:
             call.cancel()  # given up, or its reader went away: the transport resets the request
 
@@ -386,14 +392,13 @@ class RouterRole(Recovery):
         """End a session nobody reads any more: ``DELETE sessions/{id}`` at its verifier (an
         extension, docs/interpretations.md "Cancelling a session"), which drops its rounds and
         frees its cache; the sweep no longer reassigns or fails it over."""
-        entry = self.sessions.get(session)
-        if entry is None or entry.routed.done:
+        routed = self.sessions.get(session)
+        if routed is None or routed.done:
             return
-        routed = entry.routed
         routed.done = True
-        self._undelivered.pop(session, None)
-        entry.changed.set()
-        await self._persist(routed)
+        self.recovery.undelivered.pop(session, None)
+        self.recovery.moved(session)
+        await self.recovery.persist(routed)
         log.info("session %s: cancelled (%s) at verifier %s", session.hex(), why, routed.verifier)
         try:
             await self.client.cancel(routed.verifier, session)

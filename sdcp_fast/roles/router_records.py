@@ -14,8 +14,8 @@ import logging
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.failures import ObjectUnavailable
+from sdcp_fast.protocol.routing import RoutedSession
 from sdcp_fast.protocol.routing_records import (
-    RoutingRecord,
     decode_index,
     decode_record,
     encode_index,
@@ -41,22 +41,24 @@ class RecordStore:
     def index_name(self) -> str:
         return object_uri(self.scope, index_id(self.router), "routing")
 
-    async def write(self, record: RoutingRecord) -> None:
-        """Store ``record`` and keep the index in step (a finished session leaves it).
-        A failure is logged: the session goes on, only its adoption would miss the change."""
+    async def write(self, routed: RoutedSession) -> None:
+        """Store the session's routing record as it stands when the write comes (its encoding)
+        and keep the index in step (a finished session leaves it). A failure is logged: the
+        session goes on, only its adoption would miss the change."""
         async with self._lock:
             try:
-                await self.store.put(self.name(record.session), encode_record(record))
-                listed = record.session in self.index
-                if record.done and listed:
-                    self.index.discard(record.session)
-                elif not record.done and not listed:
-                    self.index.add(record.session)
+                data, done = encode_record(routed), routed.done  # one state, whatever changes meanwhile
+                await self.store.put(self.name(routed.session), data)
+                listed = routed.session in self.index
+                if done and listed:
+                    self.index.discard(routed.session)
+                elif not done and not listed:
+                    self.index.add(routed.session)
                 else:
                     return
                 await self.store.put(self.index_name(), encode_index(self.router, self.index))
             except Exception as exc:  # the MLC is away: routing goes on without the record
-                log.warning("session %s: routing record not written: %s", record.session.hex(), exc)
+                log.warning("session %s: routing record not written: %s", routed.session.hex(), exc)
 
     async def forget(self, sessions: set[bytes]) -> None:
         """Take sessions another router routes now (or that ended) off the index."""
@@ -69,8 +71,8 @@ class RecordStore:
             except Exception as exc:
                 log.warning("routing index not written: %s", exc)
 
-    async def read(self, session: bytes) -> RoutingRecord | None:
-        """The session's record; None when there is none or it is not one we can read
+    async def read(self, session: bytes) -> RoutedSession | None:
+        """The session as its record holds it; None when there is none or it is not one we can read
         (logged: a foreign or malformed object is never adopted)."""
         try:
             data = await self.store.get(self.name(session))

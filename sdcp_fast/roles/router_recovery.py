@@ -2,7 +2,8 @@
 sweep that reassigns sessions of expired drafters and fails over sessions of expired
 verifiers, and the watchdog that looks at sessions that committed nothing for a few ttl_ms
 (docs/reliability.md, "Drafter death"). The decisions are protocol/routing.py's (time passed
-in); this module carries them out. :class:`RouterRole` (roles/router.py) is the role itself.
+in); this module carries them out. :class:`RouterRole` (roles/router.py) is the role itself; it
+builds a :class:`Recovery` with the parts both share.
 """
 
 from __future__ import annotations
@@ -11,12 +12,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
-from sdcp_fast.protocol import Action, Assignment, SdcpProblem, SessionOpen
+from sdcp_fast.protocol import Action, Assignment, SdcpProblem
 from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.routing import (
     RoutedSession,
@@ -30,7 +29,6 @@ from sdcp_fast.protocol.routing import (
     plan_failover,
     stalled,
 )
-from sdcp_fast.protocol.routing_records import record_of
 from sdcp_fast.protocol.status_table import StatusTable, choose_drafter, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
@@ -43,35 +41,26 @@ log = logging.getLogger("sdcp_fast.router")
 KV_PROBES = 4  # epochs looked back for target KV pages at a fail-over
 
 
-@dataclass
-class _Routed:
-    routed: RoutedSession
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
-    opened: SessionOpen | None = None  # the session-open its verifier holds: sent again, it says where it stands
-    writers: dict[int, str] = field(default_factory=dict)  # epoch -> its verifier, who names its committed_tokens
-    request: dict[str, Any] | None = None  # the client's request, kept in the routing record
-
-
 class Recovery:
-    """The router's assignment and recovery half; :class:`~sdcp_fast.roles.router.RouterRole`
-    holds the state declared here."""
+    """The router's assignment and recovery: it delivers assignments, writes routing records,
+    and runs the sweep, the watchdog and fail-overs over the router's sessions. It is given
+    the parts it shares with :class:`~sdcp_fast.roles.router.RouterRole`, which builds it: the
+    sessions routed (each :class:`RoutedSession` is also its routing record), an event per
+    session that wakes its output reader when it moved, the status table, the client, the
+    record store, the MLC. ``lock`` makes one assignment, reassignment or fail-over at a time;
+    ``undelivered`` holds assignments whose drafter did not get them, for the sweep to send again."""
 
-    client: SdcpClient
-    uri: str
-    records: RecordStore
-    mlc: Store
-    objects: Objects
-    metrics: RouterMetrics
-    table: StatusTable
-    sessions: dict[bytes, _Routed]
-    scope: bytes
-    sweep_interval: float
-    stall_ttls: float
-    clock: Callable[[], float]
-    _lock: asyncio.Lock
-    _undelivered: dict[bytes, Assignment]
+    def __init__(self, *, uri: str, client: SdcpClient, mlc: Store, objects: Objects, records: RecordStore,
+                 metrics: RouterMetrics, table: StatusTable, sessions: dict[bytes, RoutedSession],
+                 changed: dict[bytes, asyncio.Event], scope: bytes, sweep_interval: float, stall_ttls: float,
+                 clock: Callable[[], float]) -> None:
+        self.uri, self.client, self.mlc, self.objects, self.records = uri, client, mlc, objects, records
+        self.metrics, self.table, self.sessions, self.changed = metrics, table, sessions, changed
+        self.scope, self.sweep_interval, self.stall_ttls, self.clock = scope, sweep_interval, stall_ttls, clock
+        self.lock = asyncio.Lock()
+        self.undelivered: dict[bytes, Assignment] = {}
 
-    async def _assign(self, routed: RoutedSession, assignment: Assignment) -> None:
+    async def assign(self, routed: RoutedSession, assignment: Assignment) -> None:
         """Inform the verifier, then the drafter, with the verifier's current state (§6.1)."""
         state = await self.client.put_drafter(routed.verifier, assignment)
         self.metrics.assignments.inc()
@@ -85,20 +74,18 @@ class Recovery:
             log.warning("session %s: assignment to %s failed: %s", assignment.session.hex(), assignment.drafter, exc)
             # A drafter that never got it never proposes, and its status stays fresh, so no
             # expiry would ever reassign the session: the sweep delivers it again.
-            self._undelivered[assignment.session] = assignment
+            self.undelivered[assignment.session] = assignment
         else:
-            self._undelivered.pop(assignment.session, None)
-        await self._persist(routed)
+            self.undelivered.pop(assignment.session, None)
+        await self.persist(routed)
 
-    async def _persist(self, routed: RoutedSession) -> None:
-        """Write the session's routing record (roles/router_records.py)."""
-        entry = self.sessions.get(routed.session)
-        if entry is None or entry.opened is None:
-            return
-        await self.records.write(record_of(routed, router=self.uri, opened=entry.opened, writers=entry.writers,
-                                           request=entry.request))
+    async def persist(self, routed: RoutedSession) -> None:
+        """Write the session's routing record (roles/router_records.py), unless another router
+        took it over (:meth:`still_ours`): that one's record is not this router's to rewrite."""
+        if self.sessions.get(routed.session) is routed:
+            await self.records.write(routed)
 
-    async def _still_ours(self, routed: RoutedSession) -> bool:
+    async def still_ours(self, routed: RoutedSession) -> bool:
         """Whether no other router took the session over (a client resumed its stream there):
         one that did routes it from now on, so this router lets it go."""
         record = await self.records.read(routed.session)
@@ -106,11 +93,13 @@ class Recovery:
             return True
         log.info("session %s: router %s routes it now; letting it go", routed.session.hex(), record.router)
         self.sessions.pop(routed.session, None)
-        self._undelivered.pop(routed.session, None)
+        self.changed.pop(routed.session, None)
+        self.undelivered.pop(routed.session, None)
         await self.records.forget({routed.session})
         return False
 
-    async def _sweeper(self) -> None:
+    async def run(self) -> None:
+        """The sweep, every ``sweep_interval`` seconds, until cancelled."""
         while True:
             await asyncio.sleep(self.sweep_interval)
             try:
@@ -121,45 +110,43 @@ class Recovery:
     async def sweep(self) -> None:
         """Reassign sessions of expired drafters; fail over sessions of expired verifiers (§6.9)."""
         now = self.clock()
-        open_ = [e.routed for e in self.sessions.values() if not e.routed.done]
-        async with self._lock:
+        open_ = [r for r in self.sessions.values() if not r.done]
+        async with self.lock:
             for routed in expired_drafters(open_, self.table, now):
                 await self._look_at(routed, f"drafter {routed.drafter} expired")
             for routed in stalled(open_, self.table, now, ttls=self.stall_ttls):
-                await self._look_at(routed, f"nothing committed for {now - (routed.progress or now):.1f} s")
+                await self._look_at(routed, f"nothing committed for {now - (routed.watch.progress or now):.1f} s")
             for routed in open_:
                 # No drafter was live when it opened (§6.1): assign one once one reports.
                 late = assign(routed, self.table, now) if routed.drafter is None else None
                 if late is not None:
                     with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
-                        await self._assign(routed, late)
-            for session, assignment in list(self._undelivered.items()):
-                held = self.sessions.get(session)
-                pending = held.routed if held is not None else None
+                        await self.assign(routed, late)
+            for session, assignment in list(self.undelivered.items()):
+                pending = self.sessions.get(session)
                 if (pending is None or pending.done or pending.drafter != assignment.drafter
                         or pending.epoch != assignment.epoch):
-                    del self._undelivered[session]  # since replaced, or over
+                    del self.undelivered[session]  # since replaced, or over
                     continue
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
-                    await self._assign(pending, assignment)
+                    await self.assign(pending, assignment)
             for routed in expired_verifiers(open_, self.table, now):
                 await self._failover(routed)
 
     async def _look_at(self, routed: RoutedSession, why: str) -> None:
         """Ask the verifier where the session stands (its session-open again: idempotent,
         §6.1), then give it a drafter unless it moved on or the verifier decodes it itself."""
-        entry = self.sessions.get(routed.session)
-        if entry is None or routed.done or entry.opened is None or entry.opened.epoch != routed.epoch:
+        if routed.session not in self.sessions or routed.done or routed.opened.epoch != routed.epoch:
             return  # ended (a cancel too) since the sweep began, or moved
-        if not await self._still_ours(routed):
+        if not await self.still_ours(routed):
             return
         try:
-            state = await self.client.open_session(routed.verifier, entry.opened)
+            state = await self.client.open_session(routed.verifier, routed.opened)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             log.warning("session %s: %s; verifier %s did not say where it stands: %s",
                         routed.session.hex(), why, routed.verifier, exc)
             return
-        if state.epoch == routed.epoch and state.committed < routed.seen:
+        if state.epoch == routed.epoch and state.committed < routed.watch.seen:
             # It knows less than was already committed: it lost the session (a restart) and the
             # open made it afresh. As for an output reader told sdcp-unknown-session: fail over.
             log.warning("session %s: verifier %s no longer had it", routed.session.hex(), routed.verifier)
@@ -169,7 +156,7 @@ class Recovery:
         now = self.clock()
         assignment = after_probe(routed, state, self.table, now)
         if assignment is None:
-            if routed.self_decoding:
+            if routed.watch.self_decoding:
                 log.info("session %s: %s; the verifier decodes it itself", routed.session.hex(), why)
             elif state.state is None and choose_drafter(self.table, routed.contract, now) is None:
                 await self._drop_drafter(routed, why, state.committed)
@@ -177,7 +164,7 @@ class Recovery:
         log.warning("session %s: %s at %d tokens; assigning %s (was %s)", routed.session.hex(), why,
                     state.committed, assignment.drafter, before)
         with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
-            await self._assign(routed, assignment)
+            await self.assign(routed, assignment)
 
     async def _drop_drafter(self, routed: RoutedSession, why: str, committed: int) -> None:
         """No live drafter may take a stalled session: the verifier decodes it itself
@@ -195,25 +182,25 @@ class Recovery:
             log.warning("session %s: %s at %d tokens; no live drafter, and the contract does not let the "
                         "verifier decode it: it waits for one", routed.session.hex(), why, committed)
 
-    async def _lost(self, routed: RoutedSession, verifier: str) -> None:
+    async def lost(self, routed: RoutedSession, verifier: str) -> None:
         """The verifier of record no longer knows the session: it restarted before its status
         expired, so the sweep would never fail the session over (§6.9). Fail it over now,
         unless that already happened."""
-        async with self._lock:
+        async with self.lock:
             if not routed.done and routed.verifier == verifier:
                 log.warning("session %s: verifier %s no longer has it", routed.session.hex(), verifier)
                 await self._failover(routed)
 
-    async def _target_kv(self, session: bytes, epoch: int) -> str | None:
+    async def _target_kv(self, routed: RoutedSession, epoch: int) -> str | None:
         """The newest target KV pages in the MLC (§6.9 "if available"): each verifier publishes
         its epoch's (roles/verifier_kv.py); one that died before its first publish left none, and
         an older epoch's still hold a prefix of the committed tokens, which the new verifier
         checks. Only pages named for the verifier the session was opened at for their epoch are
         taken (docs/security.md, "Names nobody can squat"). A few probes, then none: the new
         verifier computes the prefix itself."""
-        writers = self.sessions[session].writers
+        session = routed.session
         for e in range(epoch, max(0, epoch - KV_PROBES), -1):
-            writer = writers.get(e)
+            writer = routed.writers.get(e)
             if writer is None:
                 continue  # nobody known to have verified this epoch: no name is its verifier's
             ref = object_uri(self.scope, session, "target_kv", e, tag=writer_tag(writer))
@@ -225,12 +212,12 @@ class Recovery:
                 return None
         return None
 
-    def _tokens_ref(self, session: bytes, epoch: int) -> str:
+    def _tokens_ref(self, routed: RoutedSession, epoch: int) -> str:
         """The committed_tokens object of ``epoch``: named for the verifier the session was
         opened at for that epoch, so only it can have made it (docs/security.md, "Names
         nobody can squat")."""
-        writer = self.sessions[session].writers.get(epoch)
-        return object_uri(self.scope, session, "committed_tokens", epoch,
+        writer = routed.writers.get(epoch)
+        return object_uri(self.scope, routed.session, "committed_tokens", epoch,
                           tag=None if writer is None else writer_tag(writer))
 
     async def _failover(self, routed: RoutedSession) -> None:
@@ -238,7 +225,7 @@ class Recovery:
         session at another verifier with ``resume`` and the current sampling, re-assign."""
         old = routed.verifier
         target = choose_verifier(self.table, self.clock(), exclude=(old,))
-        if target is None or routed.session not in self.sessions or not await self._still_ours(routed):
+        if target is None or routed.session not in self.sessions or not await self.still_ours(routed):
             return
         log_ = await self.mlc.commit_log(routed.commit_log)
         await log_.append(fence_for(routed), None)
@@ -247,23 +234,29 @@ class Recovery:
         last = next((r for r in reversed(view.records) if isinstance(r, CommitRecord)), None)
         # The resumed prefix: the new verifier takes it from the log, which holds every emitted
         # token, and from this object only where the log does not (roles/verifier_commit.py).
-        written = None if last is None else self._tokens_ref(routed.session, last.epoch)
-        pages = None if last is None else await self._target_kv(routed.session, last.epoch)
+        written = None if last is None else self._tokens_ref(routed, last.epoch)
+        pages = None if last is None else await self._target_kv(routed, last.epoch)
         plan = plan_failover(routed, target, last, committed_tokens=written, target_kv=pages)
         self.metrics.failovers.inc()
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex(), old, target, routed.epoch)
         state = await self.client.open_session(target, plan.open)
-        self.sessions[routed.session].opened = plan.open
+        routed.opened = plan.open
         # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
-        self.sessions[routed.session].writers[routed.epoch] = target
-        routed.committed_tokens = self._tokens_ref(routed.session, routed.epoch)
+        routed.writers[routed.epoch] = target
+        routed.committed_tokens = self._tokens_ref(routed, routed.epoch)
         for policy in (plan.policy, *plan.later):
             if policy is not None:
                 await self.client.policy(target, policy)
         assignment = after_open(routed, state, self.table, self.clock())
         if assignment is not None:
-            await self._assign(routed, assignment)
+            await self.assign(routed, assignment)
         else:
-            await self._persist(routed)
-        self.sessions[routed.session].changed.set()
+            await self.persist(routed)
+        self.moved(routed.session)
+
+    def moved(self, session: bytes) -> None:
+        """Wake the session's output reader: it ended, or its verifier or drafter changed."""
+        changed = self.changed.get(session)
+        if changed is not None:
+            changed.set()

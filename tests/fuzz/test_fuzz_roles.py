@@ -101,8 +101,8 @@ class RouterRig(Loop):
         """The routed sessions and the status table (a refused report changes neither)."""
         now = self.router.clock()
         statuses = {instance: self.router.table.status(instance, now) for instance in (DRAFTER, VERIFIER)}
-        return (sorted((k, (r.epoch, r.verifier, r.drafter, r.round)) for k, e in self.router.sessions.items()
-                       for r in [e.routed]), statuses)
+        return (sorted((k, (r.epoch, r.verifier, r.drafter, r.round)) for k, r in self.router.sessions.items()),
+                statuses)
 
     def close(self) -> None:
         self.run(self.rig.__aexit__(None, None, None))

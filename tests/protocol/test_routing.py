@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.protocol.messages import Action, Event, Policy, Sampling, SessionState
+from sdcp_fast.protocol.messages import Action, Event, Policy, Sampling, SessionOpen, SessionState
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.protocol.routing import (
     RoutedSession,
+    Watch,
     after_open,
     assign,
     confirmed,
@@ -26,9 +27,9 @@ from sdcp_fast.protocol.status_table import StatusTable
 from tests.protocol.sessionkit import PROMPT, SID, TARGET, VERIFIER, contract, status, table_with
 
 
-def routed(**overrides):
-    fields = dict(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log",
-                  verifier=VERIFIER, round=0, committed=0, digest=bytes(32), m_init=4)
+def routed(*, session=SID, self_decoding=False, **overrides):
+    opened = SessionOpen(session=session, epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log")
+    fields = dict(opened=opened, epoch=1, verifier=VERIFIER, m_init=4, watch=Watch(self_decoding=self_decoding))
     fields.update(overrides)
     return RoutedSession(**fields)
 

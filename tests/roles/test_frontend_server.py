@@ -213,7 +213,7 @@ def test_a_client_that_goes_away_ends_its_session_at_the_verifier(tmp_path: Path
             committed = live.session.committed
             await asyncio.sleep(0.3)
             assert live.session.committed == committed  # nothing decoded after the cancel
-            assert d.router.sessions[session].routed.done
+            assert d.router.sessions[session].done
             return committed, len(d.verifier.sessions)
 
     committed, left = loop.run(scenario())
@@ -238,7 +238,7 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_ends_its_session(tmp_p
                 if session not in d.verifier.sessions:
                     break
                 await asyncio.sleep(0.01)
-            return len(d.verifier.sessions), d.router.sessions[session].routed.done
+            return len(d.verifier.sessions), d.router.sessions[session].done
 
     assert loop.run(scenario()) == (0, True)
 
@@ -260,7 +260,7 @@ def test_a_stream_closed_before_its_first_event_ends_its_session(tmp_path: Path)
                 if session not in d.verifier.sessions:
                     break
                 await asyncio.sleep(0.01)
-            return d.router.sessions[session].routed.done, session in d.verifier.sessions, server._in_flight
+            return d.router.sessions[session].done, session in d.verifier.sessions, server._in_flight
 
     assert loop.run(scenario()) == (True, False, {})
 
@@ -307,7 +307,7 @@ def test_http2_with_prior_knowledge_serves_the_same_api_and_a_reset_stream_ends_
                 await leaving.aclose()  # the client goes away: its connection ends
                 (session,) = set(d.router.sessions) - before
                 for _ in range(500):
-                    if d.router.sessions[session].routed.done and session not in d.verifier.sessions:
+                    if d.router.sessions[session].done and session not in d.verifier.sessions:
                         break
                     await asyncio.sleep(0.01)
                 left = int(session in d.verifier.sessions)

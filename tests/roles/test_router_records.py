@@ -101,7 +101,7 @@ def test_finished_malformed_foreign_and_taken_records_are_not_adopted(tmp_path: 
             await a.text(finished.session)
             taken = await a.open(serving_spec(encode(PROMPT), max_new=4000))
             assert await b.adopt(taken.session) is not None  # a client resumed it at b
-            still_ours = await a._still_ours(taken)
+            still_ours = await a.recovery.still_ours(taken)
             gone_from_a = taken.session not in a.sessions
             malformed, foreign = bytes([1]) * 16, bytes([2]) * 16
             await a.mlc.put(a.records.name(malformed), b'{"format": "sdcp-fast-routing/1", "open": 5}')

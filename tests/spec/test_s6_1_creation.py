@@ -60,8 +60,8 @@ def test_router_never_assigns_to_an_instance_whose_status_expired() -> None:
     assert choose_drafter(table, contract(), now=0.05) == "https://old/"
     assert choose_drafter(table, contract(), now=0.1) == "https://busy/"
     table.expire(20.0)
-    routed = RoutedSession(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="l",
-                           verifier=VERIFIER, round=0, committed=0, digest=bytes(32), m_init=1)
+    opened = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="l")
+    routed = RoutedSession(opened=opened, epoch=1, verifier=VERIFIER, m_init=1)
     assert assign(routed, table, 20.0) is None
 
 
@@ -113,7 +113,6 @@ def test_router_chooses_a_live_verifier_and_a_random_session_id() -> None:
     assert choose_verifier(table, 1.0) is None  # expired: never chosen
     ids = {new_session_id(os.urandom(16)) for _ in range(4)}
     assert len(ids) == 4
-    routed = RoutedSession(session=ids.pop(), epoch=1, contract=contract(), prompt=PROMPT,
-                           commit_log="mlc://log", verifier="https://v2/", round=0, committed=0,
-                           digest=bytes(32), m_init=4)
+    opened = SessionOpen(session=ids.pop(), epoch=1, contract=contract(), prompt=PROMPT, commit_log="mlc://log")
+    routed = RoutedSession(opened=opened, epoch=1, verifier="https://v2/", m_init=4)
     assert open_message(routed).epoch == 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdcp_fast.protocol.messages import Policy, Sampling, Status
+from sdcp_fast.protocol.messages import Policy, Sampling, SessionOpen, Status
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.protocol.routing import RoutedSession, assign, policy_update
 from sdcp_fast.protocol.session import ScoreNeeded
@@ -54,8 +54,8 @@ def test_router_carries_updated_profile_in_later_assignments() -> None:
     assignments; the contract in those assignments is unchanged."""
     table = StatusTable()
     table.report(Status(instance=DRAFTER, role=1, load=0, queue=0, ttl_ms=1000), 0.0)
-    routed = RoutedSession(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="l",
-                           verifier=VERIFIER, round=0, committed=0, digest=bytes(32), m_init=2)
+    opened = SessionOpen(session=SID, epoch=1, contract=contract(), prompt=PROMPT, commit_log="l")
+    routed = RoutedSession(opened=opened, epoch=1, verifier=VERIFIER, m_init=2)
     policy_update(routed, 1, Sampling(top_p_milli=900))
     a = assign(routed, table, 0.0)
     assert a is not None and a.sampling == Sampling(top_p_milli=900) and a.contract == contract()

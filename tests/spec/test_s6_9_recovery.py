@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from sdcp_fast.protocol.commitlog import CommitRecord, append_allowed
-from sdcp_fast.protocol.messages import Status
+from sdcp_fast.protocol.messages import SessionOpen, Status
 from sdcp_fast.protocol.problems import NotAssigned, StaleEpoch
 from sdcp_fast.protocol.routing import RoutedSession, after_open, plan_failover, reassign_expired
 from sdcp_fast.protocol.session import ScoreNeeded, State, VerifierSession
@@ -36,8 +36,9 @@ def _table(now: float = 0.0) -> StatusTable:
 
 
 def _routed(session: VerifierSession) -> RoutedSession:
-    routed = RoutedSession(session=SID, epoch=session.epoch, contract=session.contract, prompt=PROMPT,
-                           commit_log="mlc://log", verifier=VERIFIER, round=session.round,
+    opened = SessionOpen(session=SID, epoch=session.epoch, contract=session.contract, prompt=PROMPT,
+                         commit_log="mlc://log")
+    routed = RoutedSession(opened=opened, epoch=session.epoch, verifier=VERIFIER, round=session.round,
                            committed=session.committed, digest=session.digest, m_init=4)
     routed.drafter = DRAFTER
     return routed
@@ -150,7 +151,7 @@ def test_a_session_open_at_a_higher_epoch_replaces_the_session_at_this_verifier(
     """§6.9: a session opened again at a new epoch (here at the same verifier) starts over from
     the resume; the session of the old epoch can no longer commit or release output (409
     sdcp-stale-epoch), and a session-open with an older epoch is refused likewise."""
-    from sdcp_fast.protocol.messages import Resume, SessionOpen
+    from sdcp_fast.protocol.messages import Resume
     from sdcp_fast.protocol.registry import SessionRegistry
 
     registry = SessionRegistry()
