@@ -1,11 +1,14 @@
 """``sdcp-fast cluster up|down`` on simulated hosts: three namespaces whose etcd members form
-one cluster over the bridge, an MLC node per host registered in it, a host cut off (its link
+one cluster over the bridge, an MLC node per host registered in it (started again when it
+exits), a host cut off (its link
 down) leaving the registry once its lease expires and coming back once the link is up, and
 nothing left after ``down``."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import time
 import urllib.request
 from pathlib import Path
@@ -36,6 +39,10 @@ def wait_registered(spec: ClusterSpec, names: set[str], deadline_s: float = 60.0
         m.close()
 
 
+def node_pids(directory: Path, host: str) -> dict[str, int]:
+    return {p["name"]: p["pid"] for p in json.loads((directory / host / "node.json").read_text())["processes"]}
+
+
 def test_etcd_members_form_one_cluster_a_cut_off_host_leaves_and_rejoins_and_down_leaves_nothing(
         cluster_dir: Path) -> None:
     spec = only(layout(3), ("etcd", "mlc"))
@@ -52,6 +59,15 @@ def test_etcd_members_form_one_cluster_a_cut_off_host_leaves_and_rejoins_and_dow
     for url in endpoints["etcd"]:  # each member, from the machine's own namespace, sees all three
         assert etcd_members(url) == ["etcd-h1", "etcd-h2", "etcd-h3"]
     wait_registered(spec, {"mlc-h1", "mlc-h2", "mlc-h3"}, 5)
+
+    mlc_h1 = state["hosts"][0]["processes"][1]["pid"]  # an instance that exits is started again
+    os.kill(mlc_h1, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while (pid := node_pids(cluster_dir, "h1")["mlc-h1"]) == mlc_h1:
+        assert time.monotonic() < deadline, "mlc-h1 was not started again"
+        time.sleep(0.5)
+    assert pid in net.pids("h1")
+    wait_registered(spec, {"mlc-h1", "mlc-h2", "mlc-h3"})
 
     net.cut_off("h2")
     wait_registered(spec, {"mlc-h1", "mlc-h3"})
