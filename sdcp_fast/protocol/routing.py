@@ -81,8 +81,8 @@ class Watch:
 @dataclass
 class RoutedSession:
     """One session as the router routes it, and its routing record (docs/interpretations.md,
-    "Routing records"): protocol/routing_records.py encodes it for the MLC, whole, and decodes
-    it into this record again.
+    "Routing records"): protocol/routing_records.py encodes its persisted part for the MLC and
+    decodes that into this record again.
 
     Persisted: ``opened`` (the session-open its verifier holds; the session, contract, prompt
     and commit log are its), ``router``, ``verifier``, ``drafter``, ``m_init``, ``writers``,

@@ -109,7 +109,10 @@ class RouterRole:
         sweep_interval: float = 0.5,
         stall_ttls: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
+        table: StatusTable | None = None,
     ) -> None:
+        """``table``: the status table, when one is shared with another router (tests that
+        restart one); None: its own. Its :class:`Recovery` works on the same one."""
         self.uri = uri
         self.mlc = mlc
         self.client = SdcpClient(transport)
@@ -120,7 +123,7 @@ class RouterRole:
         self.sweep_interval = sweep_interval
         self.stall_ttls = stall_ttls  # the watchdog's period, in the session's drafter's ttl_ms
         self.clock = clock
-        self.table = StatusTable()
+        self.table = table if table is not None else StatusTable()
         for instance, model in drafter_models.items():
             self.table.register_model(instance, model)
         self.sessions: dict[bytes, RoutedSession] = {}  # each also its routing record

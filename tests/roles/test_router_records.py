@@ -23,12 +23,13 @@ from tests.roles.test_frontend import PROMPT, greedy
 from tests.roles.test_frontend_resume import OTHER, two_routers
 
 
-def restarted(d: Deployment) -> RouterRole:
-    """The router of ``d`` as a new process of it would be: same URI and scope, nothing in memory."""
+def restarted(d: Deployment, table: StatusTable | None = None) -> RouterRole:
+    """The router of ``d`` as a new process of it would be: same URI and scope, nothing in memory
+    (but ``table``, where given: the statuses it would hear again)."""
     a = d.router
     return RouterRole(uri=ROUTER, mlc=a.mlc, transport=d.network.transport(Peer(ROUTER, PeerRole.ROUTER)),
                       target_digest=a.target_digest, tokenizer_digest=a.tokenizer_digest, drafter_models={},
-                      scope=a.scope, clock=a.clock)
+                      scope=a.scope, clock=a.clock, table=table)
 
 
 def test_a_restarted_router_adopts_its_live_sessions_and_routes_them_to_their_end(tmp_path: Path) -> None:
@@ -36,8 +37,7 @@ def test_a_restarted_router_adopts_its_live_sessions_and_routes_them_to_their_en
         async with two_routers(tmp_path) as (d, _, _, target):
             routed = await d.router.open(serving_spec(encode(PROMPT), max_new=60))
             await d.router.close()  # its process ends: the sweep stops, nothing in memory is kept
-            again = restarted(d)
-            again.table = d.router.table
+            again = restarted(d, table=d.router.table)
             d.network.register(ROUTER, again.handler)  # the verifier's events reach the new process
             await again.start()
             try:
