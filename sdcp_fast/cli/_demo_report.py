@@ -1,7 +1,8 @@
 """The demo's report, the same in process and across processes: each session's text and
 figures, the speculative run's summary, and the speedup over target-only decoding
 (:mod:`sdcp_fast.harness.speedup` measures it) with the lines that explain it, and when the
-measured costs eat the bound, what it would take to pay.
+measured costs eat the bound, what it would take to pay; then the speedup of each session
+alone (B = 1), and both figures side by side.
 """
 
 from __future__ import annotations
@@ -34,6 +35,37 @@ def _print_comparison(base: dict[str, Any], tokens: int, where: str) -> None:
             "nor is its sign: the runs cannot tell speculation from noise"
         print(f"  the spread ({lo}-{hi}x) is as large as the effect: on this machine, under its present load, "
               f"the size of the speedup is not known; {sure}")
+
+
+def _print_alone(alone: dict[str, Any], where: str) -> None:
+    print(f"\neach session alone (B = 1: one session in flight){where}, {alone['repeats']} interleaved pairs of one "
+          f"session each (same roles, process, thread and device):")
+    print(f"  {'pair':>4}  {'session':<32} {'first':<12} {'tokens':>6}  {'speculative':>13}  {'target-only':>13}  "
+          f"{'speedup':>7}")
+    for i, p in enumerate(alone["pairs"], 1):
+        print(f"  {i:>4}  {p['session'][:32]:<32} {p['first']:<12} {p['tokens']:>6}  "
+              f"{p['speculative_tokens_per_s']:>7.1f} tok/s  {p['target_only_tokens_per_s']:>7.1f} tok/s  "
+              f"{p['speedup']:>6.2f}x")
+    rate = alone["tokens_per_s_per_session"]
+    spec, base = rate["speculative"], rate["target_only"]
+    same = alone["identical_output"]
+    accept = "" if alone["acceptance"] is None else f", acceptance {alone['acceptance']:.0%}"
+    print(f"per-session tokens/s: speculative {spec['median']} (range {spec['min']}-{spec['max']}), target-only "
+          f"{base['median']} (range {base['min']}-{base['max']}){accept}")
+    print(f"speedup at B = 1 {alone['speedup']}x (median of {alone['repeats']}; range {alone['speedup_min']}-"
+          f"{alone['speedup_max']}x; the range covers the sessions' prompts as well as the load)" +
+          ("" if same is None else f"; each pair's outputs identical: {'yes' if all(same) else 'NO'}"))
+
+
+def _print_side_by_side(base: dict[str, Any] | None, alone: dict[str, Any] | None, sessions: int) -> None:
+    figures = [(f"batched ({sessions} sessions decoded together)", base),
+               ("each session alone (B = 1)", alone)]
+    shown = [(name, f) for name, f in figures if f is not None]
+    if len(shown) < 2:
+        return
+    print("\nspeedup over target-only decoding, median (range):")
+    for name, f in shown:
+        print(f"  {name:<40} {f['speedup']}x ({f['speedup_min']}-{f['speedup_max']}x)")
 
 
 def why(base: dict[str, Any]) -> list[str]:
@@ -72,10 +104,13 @@ def report(out: dict[str, Any], args: argparse.Namespace, details: Sequence[str]
     """Print the demo's result, as one JSON object with ``--json``, else each session's text
     with its ``details``, the ``summary`` line and the comparison (run ``where``); the exit
     status is 1 when there is a ``problem`` or rule 1's output differs from the baseline's."""
-    base = out["baseline"]
+    base, alone = out["baseline"], out.get("alone")
     same = None if base is None else base["identical_output"]
     if problem is None and same is not None and not all(same):
         problem = "the output differs from target-only greedy decoding"
+    if problem is None and alone is not None and alone["identical_output"] is not None \
+            and not all(alone["identical_output"]):
+        problem = "a session decoded alone differs from its target-only greedy decoding"
     if args.json:
         print(json.dumps(out))
         return 0 if problem is None else 1
@@ -85,6 +120,9 @@ def report(out: dict[str, Any], args: argparse.Namespace, details: Sequence[str]
     print(f"\n{summary}")
     if base is not None:
         _print_comparison(base, out["tokens"], where)
+    if alone is not None:
+        _print_alone(alone, where)
+    _print_side_by_side(base, alone, len(out["sessions"]))
     if problem is not None:
         print(f"sdcp-fast demo: {problem}", file=sys.stderr)
     return 0 if problem is None else 1

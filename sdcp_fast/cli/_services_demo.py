@@ -72,8 +72,10 @@ async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool
         await client.close()
 
 
-def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Callable[..., dict[str, Any]]) -> int:
-    """``compare(setup, args, lengths, same)``: the demo's like-for-like speedup."""
+def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Callable[..., dict[str, Any]],
+                 compare_alone: Callable[..., dict[str, Any] | None]) -> int:
+    """``compare(setup, args, lengths, same)``: the demo's like-for-like speedup, batched;
+    ``compare_alone(setup, args, lengths)``: each session alone (B = 1)."""
     texts = setup.texts
     from sdcp_fast.cli._demo_report import report as demo_report
     from sdcp_fast.deploy.up import Up
@@ -106,7 +108,7 @@ def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Call
     passes = c.get("sdcp_batch_size_count", 0.0)
     escalations = {k.split('"')[1]: int(v) for k, v in c.items() if k.startswith("sdcp_escalations_total{")}
     seconds = report["seconds"]
-    baseline = None
+    baseline = alone = None
     if not args.no_baseline:
         if not quiet:
             print(f"speculative and target-only decoding of the same prompts, in process (like for like), "
@@ -118,6 +120,10 @@ def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Call
                     for o, (t, _, _) in zip(outs, report["results"], strict=True)]
 
         baseline = compare(setup, args, lengths, same)
+        if args.alone > 0 and not quiet:
+            print(f"each session alone (B = 1), in process, {args.alone} interleaved pair(s) per session ...",
+                  flush=True)
+        alone = compare_alone(setup, args, lengths)
     out = {
         "mode": "services", "model": model,
         "sessions": [{"prompt": label, "text": t, "finish": f, "tokens": n}
@@ -126,7 +132,7 @@ def run_services(args: argparse.Namespace, model: str, setup: Any, compare: Call
         "acceptance": round(accepted / proposed, 3) if proposed else None,
         "rounds": int(c.get("sdcp_rounds_total", 0)), "self_decoded_rounds": int(c.get("sdcp_self_decoded_rounds_total", 0)),
         "target_passes": int(passes), "tokens_per_pass": round(total / passes, 2) if passes else None,
-        "escalations": escalations, "baseline": baseline,
+        "escalations": escalations, "baseline": baseline, "alone": alone,
     }
     details = [f"{s['tokens']} tokens, finish {s['finish']}" for s in out["sessions"]]
     summary = (f"speculative, across processes: {total} tokens in {seconds:.2f}s ({out['tokens_per_s']} tokens/s), "

@@ -8,7 +8,8 @@ committed to a fenced file commit log in the embedded MLC, and escalated when th
 keeps being rejected, with a line per round. Both print the text and the figures, and the
 speedup over target-only decoding: ``--repeats`` pairs of speculative and target-only runs
 of the same sessions in this process, interleaved, with the range and the time per target
-pass of each side (harness/speedup.py).
+pass of each side (harness/speedup.py); then the same for each session alone (B = 1,
+``--alone`` pairs per session), with each side's per-session tokens/s.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the target-only runs (no speedup figure)")
     p.add_argument("--repeats", type=int, default=3,
                    help="speculative/target-only pairs behind the speedup, interleaved (default 3)")
+    p.add_argument("--alone", type=int, default=1, metavar="N",
+                   help="speculative/target-only pairs of each session alone (B = 1: one session in flight), "
+                        "interleaved, per session; 0 skips them (default 1)")
     p.add_argument("--quiet", action="store_true", help="no per-round lines")
     p.add_argument("--json", action="store_true", help="print one JSON object with the results instead")
     p.add_argument("--inprocess", action="store_true",
@@ -229,6 +233,36 @@ def compare(setup: Setup, args: argparse.Namespace, lengths: list[int],
     return comparison(pairs, same(outs[0]) if args.rule == 1 else None)
 
 
+def compare_alone(setup: Setup, args: argparse.Namespace, lengths: list[int]) -> dict[str, Any] | None:
+    """Each session alone (B = 1): ``--alone`` pairs per session, each pair the session
+    decoded by itself speculatively and target-only to ``lengths`` tokens, interleaved like
+    :func:`compare`'s; under rule 1, whether each pair's two outputs are the same. None with
+    ``--alone 0``."""
+    from sdcp_fast.harness.speedup import each_alone, interleaved
+
+    if args.alone <= 0:
+        return None
+    specs = [replace(spec, max_new=n) for spec, n in zip(_specs(args, setup), lengths, strict=True)]
+    n = len(specs)
+    outs: dict[tuple[str, int], list[int]] = {}
+
+    def speculative(k: int) -> Timed:
+        with _fresh_store() as mlc:
+            results, timed = _speculative(setup, [specs[k % n]], mlc, args)
+        outs["s", k] = results[0].tokens
+        return timed
+
+    def target_only(k: int) -> Timed:
+        with _fresh_store() as mlc:
+            tokens, timed = _target_only(setup, [specs[k % n]], mlc, args.backend, args.seed + 1000)
+        outs["b", k] = tokens[0]
+        return timed
+
+    pairs = interleaved(speculative, target_only, n * args.alone)
+    identical = [outs["s", k] == outs["b", k] for k in range(len(pairs))] if args.rule == 1 else None
+    return each_alone(pairs, [setup.labels[k % n] for k in range(len(pairs))], identical)
+
+
 def run(args: argparse.Namespace) -> int:
     from sdcp_fast.cli._demo_report import report
     from sdcp_fast.deploy.local import RoundInfo
@@ -257,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.inprocess:
         from sdcp_fast.cli._services_demo import run_services
 
-        return run_services(args, model, setup, compare)
+        return run_services(args, model, setup, compare, compare_alone)
 
     specs = _specs(args, setup)
 
@@ -278,14 +312,18 @@ def run(args: argparse.Namespace) -> int:
                   f"MLC and commit logs in {root}", flush=True)
         results, timed = _speculative(setup, specs, mlc, args, show)
         seconds, passes, total = timed.seconds, timed.passes, timed.tokens
-        baseline = None
+        baseline = alone = None
         if not args.no_baseline:
             if not quiet:
                 print(f"speculative and target-only decoding of the same sessions, {args.repeats} interleaved "
                       f"pairs ...", flush=True)
             # The same sessions to the same lengths, so both runs produce the same token count.
-            baseline = compare(setup, args, [len(r.tokens) for r in results],
+            lengths = [len(r.tokens) for r in results]
+            baseline = compare(setup, args, lengths,
                                lambda outs: [o == r.tokens for o, r in zip(outs, results, strict=True)])
+            if args.alone > 0 and not quiet:
+                print(f"each session alone (B = 1), {args.alone} interleaved pair(s) per session ...", flush=True)
+            alone = compare_alone(setup, args, lengths)
         mlc.close()
 
     out = {
@@ -299,7 +337,7 @@ def run(args: argparse.Namespace) -> int:
         ],
         "tokens": total, "seconds": round(seconds, 3), "tokens_per_s": round(total / seconds, 1),
         "target_passes": passes, "tokens_per_pass": round(total / max(1, passes), 2),
-        "baseline": baseline,
+        "baseline": baseline, "alone": alone,
     }
     details = [f"{len(r.tokens)} tokens in {r.rounds} rounds, acceptance {r.acceptance:.0%}, "
                f"self-decoded {r.self_decoded}, finish {s['finish']}, digest chain "

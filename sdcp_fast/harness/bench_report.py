@@ -104,6 +104,32 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def alone_table(report: dict[str, Any]) -> str:
+    """Each session alone (B = 1) beside the batched figure: per drafter, each side's
+    per-session tokens/s and the speedup (median, range) of the interleaved one-session
+    pairs, and the speedup at the highest level measured."""
+    alone = report.get("alone") or {}
+    if not alone:
+        return ""
+    top = max(report["settings"]["levels"])
+    lines = ["each session alone (B = 1: one session in flight, its speculative and target-only runs interleaved, "
+             f"one prompt per pair), beside the speedup at {top} sessions in flight:",
+             f"{'config':26} {'pairs':>5} {'tok/s':>6} {'spread':>13} {'t-o tok/s':>9} {'spread':>13} "
+             f"{'x B=1':>5} {'x range':>11} {f'x @{top}':>6} {'same':>4}"]
+    for name, f in alone.items():
+        spec, base = f["tokens_per_s_per_session"]["speculative"], f["tokens_per_s_per_session"]["target_only"]
+        batched = report["summary"].get(name, {})
+        at_top = batched.get(str(top), batched.get(top, {})).get("speedup")
+        same = f["identical_output"]
+        ranges = [f"{a['min']}-{a['max']}" for a in (spec, base)] + [f"{f['speedup_min']}-{f['speedup_max']}"]
+        lines.append(f"{name:26} {f['repeats']:>5} {spec['median']:>6.1f} {ranges[0]:>13} {base['median']:>9.1f} "
+                     f"{ranges[1]:>13} {f['speedup']:>5.2f} {ranges[2]:>11} {_f(at_top, '.2f'):>6} "
+                     f"{'-' if same is None else 'yes' if all(same) else 'NO':>4}")
+    lines.append("  tok/s: per session, speculative then target-only (t-o); the ranges cover the prompts as well as "
+                 "the load")
+    return "\n".join(lines)
+
+
 PEER_KINDS = {"inprocess": "SDCP, roles in one process", "embedded": "SDCP, sdcp-fast up over HTTP/2 + mTLS",
               "hf": "HF transformers generate", "remote": "SDCP, the remote deployment"}
 
@@ -147,6 +173,9 @@ def peers_table(report: dict[str, Any]) -> str:
 def text(report: dict[str, Any]) -> str:
     """What a finished run prints: the tables, the notes, the machine and the command."""
     lines = [table(report["summary"]), "", breakdown_table(report["summary"]), "", peers_table(report)]
+    alone = alone_table(report)
+    if alone:
+        lines += ["", alone]
     lines += [f"note: {note}" for note in report["notes"]]
     la = report["environment"]["load_average"]
     if la:

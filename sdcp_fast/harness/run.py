@@ -9,6 +9,8 @@ deployment is what it was started with: ``--embedded`` starts ``sdcp-fast up`` w
 first drafter, the same fixed M and batch limit (and device), which sits next to the in-process
 ``<drafter>`` row to show what distribution costs; ``--router`` measures a running
 deployment, whose target-only figure is measured in process when its model is here.
+Then each session alone (B = 1): each drafter's fixed-M configuration against target-only,
+one prompt at a time, the two sides interleaved (``harness/alone.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Plan:
     m: int = 4
     variants: bool = True  # adaptive M and no batching, for the first drafter
     hf: bool = True
+    alone: bool = True  # each session alone (B = 1), each drafter against target-only, interleaved
     backend: str = "auto"
     device: str = "cpu"
     timeout: float = 600.0
@@ -123,6 +126,10 @@ def run(plan: Plan) -> dict[str, Any]:
     if any(c.path == "hf" for c in configs) and 1 not in plan.levels:
         work += [(c, 1) for c in configs if c.path == "hf"]
     total = sum(len(_prompts(plan, lv).prompts) for _, lv in work) * plan.repeats
+    alone_configs = [c for c in configs if plan.alone and c.path == "inprocess" and c.drafter is not None
+                     and c.name == c.drafter]
+    total += 2 * len(alone_configs) * len(plan.workload.prompts) * plan.repeats
+    alone: dict[str, dict[str, Any]] = {}
     runs: list[RunSample] = []
     bar = tqdm(total=total, unit="session", disable=not plan.progress, dynamic_ncols=True)
     up = None
@@ -165,6 +172,19 @@ def run(plan: Plan) -> dict[str, Any]:
                 up[0].stop()
                 up[1].cleanup()
                 up = None
+        for config in alone_configs:
+            from sdcp_fast.harness.alone import measure
+
+            assert target is not None and config.drafter is not None
+            bar.set_description(f"{config.name} alone vs {TARGET_ONLY}")
+            alone[config.name] = measure(target, drafters[config.drafter], config, Config(TARGET_ONLY, "inprocess", None, None),
+                                         plan.workload,
+                                         plan.repeats, backend=plan.backend, timeout=plan.timeout,
+                                         on_session=lambda: bar.update(1))
+            if plan.progress:
+                a = alone[config.name]
+                bar.write(f"  {config.name} alone (B = 1): {a['speedup']}x target-only, median of {a['repeats']} "
+                          f"pairs ({a['speedup_min']}-{a['speedup_max']}x)")
     finally:
         bar.close()
         if up is not None:
@@ -214,6 +234,7 @@ def run(plan: Plan) -> dict[str, Any]:
         "wall_s": time.perf_counter() - t_start,
         "notes": plan.notes,
         "summary": summary,
+        "alone": alone,
         "runs": [r.to_json() for r in runs],
     }
 

@@ -8,6 +8,11 @@ interleaved (:func:`interleaved`: the order swapped from one pair to the next), 
 rises or falls during the run lands on both sides; a bench run pairs each configuration's
 repeat i with target-only's repeat i at the same concurrency level.
 
+Batched, a pair is all sessions decoded together on each side (:func:`comparison`). Each
+session alone (B = 1, :func:`each_alone`), a pair is one session decoded by itself on each
+side: what a user of speculative decoding at low batch sees, since target-only decoding then
+has no other sessions to share its passes with.
+
 Figures that explain the speedup are counted per session pass (one session's part of a target
 pass), not per pass over all sessions: a session is scored once per round, alone or in a pass
 shared with other sessions. Target-only decoding commits one token per session pass;
@@ -112,6 +117,36 @@ def spread(ratios: Sequence[float]) -> dict[str, Any]:
     median, lo, hi = statistics.median(ratios), min(ratios), max(ratios)
     return {"speedup": median, "speedup_min": lo, "speedup_max": hi,
             "spread_as_large_as_effect": hi - lo >= abs(median - 1.0)}
+
+
+def _rates(runs: Sequence[Timed]) -> dict[str, float]:
+    rates = [r.tokens / max(r.seconds, 1e-9) for r in runs]
+    return {"median": round(statistics.median(rates), 1), "min": round(min(rates), 1), "max": round(max(rates), 1)}
+
+
+def each_alone(pairs: Sequence[tuple[Timed, Timed]], sessions: Sequence[str],
+               identical: list[bool] | None) -> dict[str, Any]:
+    """The figures of pairs of one session each (B = 1; ``sessions[i]`` names pair i's): the
+    speedup (median, range) and each side's per-session tokens/s (median, range), the
+    acceptance, each pair, and (rule 1) whether each pair's outputs are the same. The range
+    covers the sessions' prompts as well as the load."""
+    ratios = speedups(pairs)
+    figure = spread(ratios)
+    proposed = sum(s.proposed for s, _ in pairs)
+    return {
+        "speedup": round(figure["speedup"], 2), "speedup_min": round(figure["speedup_min"], 2),
+        "speedup_max": round(figure["speedup_max"], 2), "repeats": len(pairs),
+        "spread_as_large_as_effect": figure["spread_as_large_as_effect"],
+        "tokens_per_s_per_session": {"speculative": _rates([s for s, _ in pairs]),
+                                     "target_only": _rates([b for _, b in pairs])},
+        "acceptance": round(sum(s.accepted for s, _ in pairs) / proposed, 3) if proposed else None,
+        "pairs": [{"session": name, "first": "speculative" if i % 2 == 0 else "target-only", "tokens": b.tokens,
+                   "speculative_s": round(s.seconds, 3), "target_only_s": round(b.seconds, 3),
+                   "speculative_tokens_per_s": round(s.tokens / max(s.seconds, 1e-9), 1),
+                   "target_only_tokens_per_s": round(b.tokens / max(b.seconds, 1e-9), 1), "speedup": round(x, 2)}
+                  for i, ((s, b), name, x) in enumerate(zip(pairs, sessions, ratios, strict=True))],
+        "identical_output": identical,
+    }
 
 
 def comparison(pairs: Sequence[tuple[Timed, Timed]], identical: list[bool] | None) -> dict[str, Any]:

@@ -16,12 +16,23 @@ def test_demo_json_runs_sessions_to_the_end(capsys):
     base = report["baseline"]
     assert base["tokens_per_session_pass"]["target_only"] == 1.0 < base["tokens_per_pass"]["target_only"]
     assert base["bound"] > 1 and abs(base["bound_from_costs"] - base["bound"] / base["pass_cost"]) < 0.02
+    # Each session alone (B = 1): one interleaved pair per session by default, its spread beside it.
+    alone = report["alone"]
+    assert alone["repeats"] == 3 and all(alone["identical_output"])
+    assert [p["session"] for p in alone["pairs"]] == [s["prompt"] for s in report["sessions"]]
+    assert [p["first"] for p in alone["pairs"]] == ["speculative", "target-only", "speculative"]
+    assert all(p["tokens"] == 12 for p in alone["pairs"])
+    for side in ("speculative", "target_only"):
+        rate = alone["tokens_per_s_per_session"][side]
+        assert 0 < rate["min"] <= rate["median"] <= rate["max"]
+    assert alone["speedup_min"] <= alone["speedup"] <= alone["speedup_max"]
 
 
 def test_demo_prints_rounds_and_figures(capsys):
     assert main(["demo", "--inprocess", "--model", "toy", "--sessions", "2", "--max-new", "8", "--rule", "2"]) == 0
     out = capsys.readouterr().out
     assert "digest chain verified" in out and "tokens/s" in out and " r1 " in out and "speedup" in out
+    assert "each session alone (B = 1" in out and "speedup at B = 1 " in out and "per-session tokens/s" in out
 
 
 @pytest.mark.model

@@ -1,6 +1,7 @@
 """The demo's report of the speedup: the median with its range, the flag when the range is as
 wide as the effect, and the why (per session pass: tokens, time, the bound from them, and what
-it would take when speculation cannot pay)."""
+it would take when speculation cannot pay); each session alone (B = 1) beside the batched
+figure."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import argparse
 import pytest
 
 from sdcp_fast.cli._demo_report import report
-from sdcp_fast.harness.speedup import Timed, comparison
+from sdcp_fast.harness.speedup import Timed, comparison, each_alone
 
 
 def test_a_range_as_wide_as_the_effect_is_said(capsys: pytest.CaptureFixture[str]) -> None:
@@ -58,3 +59,31 @@ def test_the_why_gives_tokens_per_round_and_the_room_for_each_m(capsys: pytest.C
     text = capsys.readouterr().out
     assert "accepted independently at 50%: a round commits M=1 1.5, M=2 1.75, M=3 1.88, M=4 1.94 tokens" in text
     assert "1.3x needs it below 1.15, 1.35, 1.45, 1.49" in text
+
+
+def _alone(identical: list[bool]) -> dict:
+    pairs = [(Timed(12, 0.1, 4, proposed=8, accepted=6, rounds=4), Timed(12, 0.3, 12)),
+             (Timed(12, 0.4, 12, proposed=8, accepted=0, rounds=4), Timed(12, 0.2, 12))]
+    return each_alone(pairs, ["the copy prompt", "a chat prompt"], identical)
+
+
+def test_each_session_alone_is_printed_beside_the_batched_figure(capsys: pytest.CaptureFixture[str]) -> None:
+    batched = comparison([(Timed(24, 1.0, 10), Timed(24, 0.9, 24))], [True, True])
+    out = {"sessions": [{"prompt": "a", "text": "x"}, {"prompt": "b", "text": "y"}], "tokens": 24,
+           "baseline": batched, "alone": _alone([True, True])}
+    assert report(out, argparse.Namespace(json=False), ["", ""], "summary") == 0
+    text = capsys.readouterr().out
+    assert "each session alone (B = 1: one session in flight), 2 interleaved pairs" in text
+    assert "the copy prompt" in text and "120.0 tok/s" in text and "40.0 tok/s" in text and "3.00x" in text
+    assert "per-session tokens/s: speculative 75.0 (range 30.0-120.0), target-only 50.0 (range 40.0-60.0)" in text
+    assert "speedup at B = 1 1.75x (median of 2; range 0.5-3.0x" in text
+    side = text[text.index("speedup over target-only decoding, median (range):"):]
+    assert "batched (2 sessions decoded together)    0.9x (0.9-0.9x)" in side
+    assert "each session alone (B = 1)               1.75x (0.5-3.0x)" in side
+
+
+def test_a_session_alone_unlike_its_target_only_run_fails_the_demo(capsys: pytest.CaptureFixture[str]) -> None:
+    out = {"sessions": [], "tokens": 24, "baseline": None, "alone": _alone([True, False])}
+    assert report(out, argparse.Namespace(json=True), [], "summary") == 1
+    assert report(out, argparse.Namespace(json=False), [], "summary") == 1
+    assert "a session decoded alone differs from its target-only greedy decoding" in capsys.readouterr().err

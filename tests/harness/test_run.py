@@ -142,3 +142,24 @@ def test_open_loop_sessions_arrive_as_drawn_and_progress_is_shown(tmp_path: Path
     captured = capsys.readouterr()
     assert "toy-good @2" in captured.err  # the live display: configuration and level
     assert "toy-good @2: " in captured.out and " tok/s median of 1" in captured.out
+
+
+def test_each_session_alone_pairs_every_drafter_with_target_only(report_dir: Path) -> None:
+    from sdcp_fast.harness.bench_report import alone_table
+
+    report = json.loads((report_dir / "report.json").read_text())
+    assert set(report["alone"]) == {"toy-good", "toy-weak"}  # the fixed-M rows, not the variants
+    for fig in report["alone"].values():
+        # 3 prompts x 2 repeats, one session each, the order swapped from one pair to the next
+        assert fig["repeats"] == 6 and all(fig["identical_output"])
+        assert [p["session"] for p in fig["pairs"]][:3] == ["0:toy", "1:toy", "2:toy"]
+        assert [p["first"] for p in fig["pairs"]][:2] == ["speculative", "target-only"]
+        assert all(p["tokens"] == 6 for p in fig["pairs"])
+        for side in ("speculative", "target_only"):
+            rate = fig["tokens_per_s_per_session"][side]
+            assert 0 < rate["min"] <= rate["median"] <= rate["max"]
+        assert fig["speedup_min"] <= fig["speedup"] <= fig["speedup_max"]
+    table = alone_table(report)
+    assert table.startswith("each session alone (B = 1") and "beside the speedup at 2 sessions in flight" in table
+    row = next(ln for ln in table.splitlines() if ln.startswith("toy-good "))
+    assert row.split()[1] == "6" and row.split()[-1] == "yes"

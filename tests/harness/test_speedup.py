@@ -1,5 +1,5 @@
 """The speedup over target-only decoding: pairs interleaved with the order swapped, the median
-with its range, the figures per session pass; the speculation bound from acceptance and costs,
+with its range, the figures per session pass, each session alone (B = 1); the speculation bound from acceptance and costs,
 and its inverse: the acceptance a goal needs."""
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from sdcp_fast.harness.speedup import (
     acceptance_needed,
     combined,
     comparison,
+    each_alone,
     from_rates,
     interleaved,
     speedup_bound,
@@ -92,3 +93,20 @@ def test_a_bench_run_pairs_repeat_i_of_each_side() -> None:
 def test_runs_one_after_another_combine_into_one() -> None:
     got = combined([Timed(10, 1.0, 5, proposed=8, accepted=4, rounds=2), Timed(20, 2.0, 6, session_passes=9)])
     assert got == Timed(30, 3.0, 11, proposed=8, accepted=4, rounds=2, session_passes=14)
+
+
+def test_each_session_alone_gives_per_session_rates_and_the_speedup_range() -> None:
+    # Two sessions alone, one pair each then a second round: 20 and 10 tokens.
+    pairs = [(Timed(20, 1.0, 10, proposed=20, accepted=10, rounds=10), Timed(20, 2.0, 20)),
+             (Timed(10, 1.0, 10, proposed=20, accepted=0, rounds=10), Timed(10, 0.5, 10)),
+             (Timed(20, 0.8, 8, proposed=16, accepted=12, rounds=8), Timed(20, 2.0, 20))]
+    got = each_alone(pairs, ["copy", "chat", "copy"], [True, True, True])
+    assert (got["speedup"], got["speedup_min"], got["speedup_max"], got["repeats"]) == (2.0, 0.5, 2.5, 3)
+    assert got["spread_as_large_as_effect"]  # 0.5-2.5x around 2x: the chat session loses
+    assert got["tokens_per_s_per_session"] == {"speculative": {"median": 20.0, "min": 10.0, "max": 25.0},
+                                               "target_only": {"median": 10.0, "min": 10.0, "max": 20.0}}
+    assert got["acceptance"] == round(22 / 56, 3)
+    assert [(p["session"], p["first"], p["tokens"], p["speedup"]) for p in got["pairs"]] == [
+        ("copy", "speculative", 20, 2.0), ("chat", "target-only", 10, 0.5), ("copy", "speculative", 20, 2.5)]
+    assert got["pairs"][1]["speculative_tokens_per_s"] == 10.0 and got["pairs"][1]["target_only_tokens_per_s"] == 20.0
+    assert got["identical_output"] == [True, True, True]
