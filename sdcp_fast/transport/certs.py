@@ -1,11 +1,11 @@
 """A development CA and per-instance certificates whose SANs carry the SDCP identity.
 
 Each instance certificate names its base URI and ``urn:sdcp:role:<role>`` as URI SANs (the
-scheme in ``sdcp_fast/protocol/peer.py``), the host of its base URI plus ``localhost``
-and ``127.0.0.1`` as DNS/IP SANs, and both the serverAuth and clientAuth usages: every
-instance serves requests and makes them. Keys are ECDSA P-256 (cheap handshakes) and are
-written with mode 0600. This is for development and tests; production operators bring
-their own PKI with the same SANs.
+scheme in ``sdcp_fast/protocol/peer.py``), the host of its base URI and its further
+``hosts`` plus ``localhost`` and ``127.0.0.1`` as DNS/IP SANs, and both the serverAuth and
+clientAuth usages: every instance serves requests and makes them. Keys are ECDSA P-256
+(cheap handshakes) and are written with mode 0600. This is for development and tests;
+production operators bring their own PKI with the same SANs.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ class InstanceSpec:
     name: str
     role: PeerRole
     uri: str | None = None
+    hosts: tuple[str, ...] = ()  # more DNS names or addresses to name (a cluster host's name)
 
     @classmethod
     def parse(cls, text: str) -> InstanceSpec:
@@ -125,8 +126,8 @@ def make_instance(ca: Issuer, spec: InstanceSpec, days: int = LEAF_DAYS) -> Issu
         sans.append(x509.UniformResourceIdentifier(spec.uri))
     sans.append(x509.UniformResourceIdentifier(role_uri(spec.role)))
     hosts = [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-    if spec.uri and urlsplit(spec.uri).hostname:
-        host = _host_san(urlsplit(spec.uri).hostname or "")
+    names = [urlsplit(spec.uri).hostname or ""] if spec.uri and urlsplit(spec.uri).hostname else []
+    for host in (_host_san(name) for name in [*names, *spec.hosts]):
         if host not in hosts:
             hosts.append(host)
     sans.extend(hosts)
