@@ -46,11 +46,11 @@ STATUS_TTL_MS = 3000
 def write_cluster_certificates(spec: ClusterSpec, certs: Path) -> None:
     """One CA (reused where ``certs`` has one) and a certificate per instance of the spec
     (etcd members excepted: they speak plain HTTP to each other and to the node) plus
-    ``client``. Each names its base URI, hence its host's address, as SANs."""
+    ``client``. Each names its base URI, its host's address and its host's name as SANs."""
     from sdcp_fast.protocol.peer import PeerRole
     from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 
-    specs = [InstanceSpec(i.name, PeerRole(i.role), i.uri if i.role != "mlc" else i.uri + "/")
+    specs = [InstanceSpec(i.name, PeerRole(i.role), i.uri if i.role != "mlc" else i.uri + "/", (i.host,))
              for i in spec.instances() if i.role != "etcd"]
     specs.append(InstanceSpec("client", PeerRole.CLIENT, None))
     write_certificates(certs, specs)
