@@ -26,11 +26,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, as its own distribution
-    import tomli as tomllib
-
 ROLES = ("etcd", "mlc", "router", "verifier", "drafter")
 PORTS = {"etcd": 2379, "etcd-peer": 2380, "mlc": 8470, "router": 8500, "api": 8000, "verifier": 8600,
          "drafter": 8700}
@@ -138,6 +133,13 @@ def _quote(text: str) -> str:
 
 def parse(text: str) -> ClusterSpec:
     """A spec from its TOML text (ValueError says what is wrong)."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the same parser as its own distribution, where the standard library has none
+        try:
+            import tomli as tomllib
+        except ModuleNotFoundError:
+            raise ValueError("reading a cluster spec on Python 3.10 needs the tomli package") from None
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
