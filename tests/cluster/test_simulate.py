@@ -78,3 +78,16 @@ def test_etcd_members_form_one_cluster_a_cut_off_host_leaves_and_rejoins_and_dow
     assert not {net.netns(h.name) for h in spec.hosts} & set(namespaces())
     assert not ({net.bridge} | {net.veth(h.name) for h in spec.hosts}) & set(link_names())
     assert not (cluster_dir / "cluster.json").exists() and not (cluster_dir / "endpoints.json").exists()
+
+
+def test_a_host_that_cannot_start_takes_the_whole_cluster_down_and_says_why(cluster_dir: Path) -> None:
+    spec = only(layout(2), ("verifier",))  # verifiers with no MLC to share: each node refuses to start
+    try:
+        simulate.up(cluster_dir, spec, timeout=60)
+    except RuntimeError as exc:
+        assert "exited with 1" in str(exc) and "no host runs an MLC" in str(exc)
+    else:
+        raise AssertionError("up succeeded")
+    assert not (cluster_dir / "cluster.json").exists()
+    tag = json.loads((cluster_dir / "cluster.down.json").read_text())["tag"]
+    assert not [name for name in [*namespaces(), *link_names()] if tag in name]
