@@ -59,6 +59,7 @@ def test_demo_across_processes_streams_through_the_front_end(capsys):
     assert all(s["tokens"] == 16 and s["text"] for s in report["sessions"])
     assert report["tokens_per_pass"] > 1 and report["acceptance"] is not None
     assert all(report["baseline"]["identical_output"])
+    assert report["alone"]["repeats"] == 3 and all(report["alone"]["identical_output"])
 
 
 def test_unknown_model_is_a_clear_error(capsys):
