@@ -73,7 +73,13 @@ class Network:
 
     def up(self) -> None:
         """Make the bridge, the namespaces and their links (removing what was made where a step
-        fails)."""
+        fails). A subnet that an interface here already has is refused: two bridges holding one
+        subnet would split its traffic between two networks."""
+        import ipaddress
+
+        subnet = str(ipaddress.ip_interface(self.bridge_cidr).network)
+        if subnet in used_subnets():
+            raise NetnsError(f"{subnet} is in use here (another simulated cluster?): choose another subnet")
         try:
             ip("link", "add", self.bridge, "type", "bridge")
             ip("addr", "add", self.bridge_cidr, "dev", self.bridge)

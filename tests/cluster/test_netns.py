@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sdcp_fast.cluster.netns import Network, free_subnet, link_names, namespaces
+from sdcp_fast.cluster.netns import NetnsError, Network, free_subnet, link_names, namespaces
 from sdcp_fast.cluster.spec import host_addresses
 
 from .conftest import require_namespaces
@@ -55,6 +55,16 @@ def test_hosts_talk_tcp_to_each_other_and_to_the_machine_and_a_cut_off_host_to_n
     finally:
         server.kill()
         server.wait()
+
+
+def test_a_second_network_on_the_same_subnet_is_refused(network: Network) -> None:
+    other = Network(secrets.token_hex(3), network.bridge_cidr, (("h1", network.hosts[0][1]),))
+    try:
+        with pytest.raises(NetnsError, match="in use here"):
+            other.up()
+        assert other.leftovers() == [] and network.leftovers() != []
+    finally:
+        other.down()
 
 
 def test_down_removes_namespaces_links_and_bridge(network: Network) -> None:

@@ -13,12 +13,16 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from sdcp_fast.cluster import simulate
 from sdcp_fast.cluster.membership_etcd import Membership
 from sdcp_fast.cluster.netns import link_names, namespaces
 from sdcp_fast.cluster.spec import ClusterSpec, only
 
 from .conftest import layout
+
+pytestmark = pytest.mark.services
 
 
 def etcd_members(url: str) -> list[str]:
