@@ -37,25 +37,6 @@ def layout(n: int = 3, **kwargs: object) -> ClusterSpec:
     return replace(default_layout(n, subnet=free_subnet(), **kwargs), lease_ttl_s=3)  # type: ignore[arg-type]
 
 
-class Cluster:
-    """A cluster started by ``simulate.up`` in ``directory``, and taken down by the fixture."""
-
-    def __init__(self, directory: Path, spec: ClusterSpec) -> None:
-        self.directory, self.spec = directory, spec
-        self.endpoints: dict[str, object] = {}
-
-    def up(self, timeout: float = 150.0) -> Cluster:
-        self.endpoints = simulate.up(self.directory, self.spec, timeout=timeout)
-        return self
-
-    @property
-    def network(self):  # noqa: ANN201 - a netns.Network
-        return simulate.network(self.directory)
-
-    def down(self) -> list[str]:
-        return simulate.down(self.directory)
-
-
 @pytest.fixture
 def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     """A folder for ``simulate.up``; whatever was started in it is removed afterwards."""
