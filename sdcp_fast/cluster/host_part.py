@@ -232,6 +232,8 @@ class Node:
 
     def stop(self) -> None:
         """Revoke the leases, stop the roles and the MLC, then etcd."""
+        log.info("stopping %s", self.host.name)
+        began = time.monotonic()
         if self.membership is not None:
             for lease in self.leases.values():
                 self._quietly(self.membership.revoke, lease)
@@ -240,10 +242,12 @@ class Node:
         for name in etcd:
             del self.up.services[name]
         self.up.stop()
+        log.info("roles and MLC stopped in %.1f s", time.monotonic() - began)
         self.up.services = etcd
         # A member whose peers stop with it spends seconds on leader transfer; its WAL makes a
         # kill after a short grace safe.
         self.up.stop(timeout=3.0)
+        log.info("%s stopped in %.1f s", self.host.name, time.monotonic() - began)
 
 
 def wait_port(host: str, port: int, deadline: float) -> None:
