@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
@@ -11,16 +13,20 @@ from sdcp_fast.protocol.routing import (
     RoutedSession,
     Watch,
     after_open,
+    after_probe,
     assign,
     confirmed,
     expired_drafters,
     expired_verifiers,
     new_session_id,
+    note_progress,
     on_event,
     open_message,
     plan_failover,
     policy_update,
     reassign_expired,
+    stall_after,
+    stalled,
 )
 from sdcp_fast.protocol.session import VerifierSession
 from sdcp_fast.protocol.status_table import StatusTable
@@ -104,6 +110,26 @@ def test_a_self_decoding_session_is_not_taken_from_its_expired_drafter():
     drafting, decoding = routed(drafter="a"), routed(session=b"2" * 16, drafter="a", self_decoding=True)
     assert expired_drafters([drafting, decoding], table, 1.0) == [drafting]
     assert [p.session for p in reassign_expired([drafting, decoding], table, 1.0)] == [SID]
+
+
+def test_the_watchdog_looks_at_a_session_that_committed_nothing_for_three_ttls():
+    table = table_with(status("a", ttl_ms=1000), status("b", ttl_ms=1000))
+    r = routed(drafter="a")
+    assert note_progress(r, 0, 0.0) and not note_progress(r, 0, 1.0)  # the first look counts; no growth then
+    assert stall_after(r, table) == 3.0 and stall_after(routed(), table) == 10.0  # no drafter: the default
+    assert stalled([r], table, 2.9) == [] and stalled([r], table, 3.0) == [r]
+    assert stalled([routed(drafter="a", done=True)], table, 9.0) == []
+    assert note_progress(r, 5, 2.5) and stalled([r], table, 5.0) == []  # growth resets the period
+    table = table_with(status("a"), status("b"), now=6.0)  # both report again
+    state = SessionState(session=SID, epoch=1, round=2, committed=5, digest=b"\x05" * 32)
+    assert after_probe(r, replace(state, epoch=2), table, 6.0) is None  # another epoch's answer
+    a = after_probe(r, state, table, 6.0)  # nothing more committed: another drafter
+    assert a is not None and a.drafter == "b" == r.drafter and r.watch.progress == 6.0
+    assert after_probe(r, replace(state, committed=7), table, 6.1) is None  # it moved on
+    assert after_probe(r, replace(state, committed=7, state=int(Action.FINISH)), table, 6.2) is None
+    assert after_probe(r, replace(state, committed=8, state=int(Action.SELF_DECODE)), table, 6.3) is None
+    assert r.watch.self_decoding and r.watch.progress == 6.3
+    assert expired_drafters([r], table_with(status("a"), now=9.0), 9.0) == []  # b was told to stop: not a failure
 
 
 def test_failover_plan_fences_then_resumes():
