@@ -109,10 +109,11 @@ def test_a_record_whose_fields_disagree_with_its_session_open_is_refused():
     body["session"] = "00" * 16
     with pytest.raises(ValueError, match="disagrees"):
         decode_record(json.dumps(body).encode())
-    body = json.loads(encode_record(record))
-    body["open"] = "not-cbor"
-    with pytest.raises(ValueError, match="malformed"):
-        decode_record(json.dumps(body).encode())
+    for member, value in (("open", "not-cbor"), ("open", 5), ("verifier", 5), ("writers", [])):
+        body = json.loads(encode_record(record))
+        body[member] = value
+        with pytest.raises(ValueError, match="malformed"):
+            decode_record(json.dumps(body).encode())
 
 
 def test_adoption_takes_live_sessions_only_and_at_a_restart_only_its_own():
