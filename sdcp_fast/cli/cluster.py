@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--spec", metavar="FILE", help="a cluster spec instead of the default layout (its addresses "
                                                    "must lie in 198.18.0.0/15)")
     up.add_argument("--model", default="auto", help="the target model: toy, smollm2, auto (default)")
-    up.add_argument("--subnet", default=None, help="the hosts' /24 in 198.18.0.0/15 (default 198.18.0.0/24)")
+    up.add_argument("--subnet", default=None, help="the hosts' subnet, inside 198.18.0.0/15 (default 198.18.0.0/24; "
+                                                   "a --spec's hosts share the /24 of its first host)")
     up.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for every host (default 240)")
     down = sub.add_parser("down", help="stop the hosts and remove their namespaces, links and bridge")
     down.add_argument("--dir", required=True, metavar="DIR")
@@ -54,16 +55,17 @@ def run(args: argparse.Namespace) -> int:
         if why:
             print(f"sdcp-fast cluster up: {why}", file=sys.stderr)
             return 2
-        if args.spec:
-            import ipaddress
+        import ipaddress
 
+        if args.spec:
             spec = load(args.spec)
             outside = [h.address for h in spec.hosts if ipaddress.ip_address(h.address) not in BENCHMARK_RANGE]
             if outside:
                 raise ValueError(f"simulated hosts live in {BENCHMARK_RANGE}, not at {', '.join(outside)}")
         else:
             spec = simulate.default_spec(args.hosts, args.subnet or DEFAULT_SUBNET, args.model)
-        endpoints = simulate.up(directory, spec, timeout=args.timeout)
+        prefix_len = ipaddress.ip_network(args.subnet).prefixlen if args.subnet and not args.spec else 24
+        endpoints = simulate.up(directory, spec, prefix_len=prefix_len, timeout=args.timeout)
     except (ValueError, OSError, NetnsError, RuntimeError, TimeoutError) as exc:
         print(f"sdcp-fast cluster {args.action}: {exc}", file=sys.stderr)
         return 1

@@ -11,6 +11,7 @@ starts, so ``down`` removes what a failed ``up`` left too.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import secrets
@@ -22,7 +23,7 @@ from typing import Any
 
 from sdcp_fast.cluster.host_part import write_cluster_certificates
 from sdcp_fast.cluster.netns import Network
-from sdcp_fast.cluster.spec import ClusterSpec, host_addresses
+from sdcp_fast.cluster.spec import BENCHMARK_RANGE, ClusterSpec, host_addresses
 from sdcp_fast.deploy.up import Up
 
 
@@ -39,6 +40,11 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
     if (directory / "cluster.json").exists():
         raise FileExistsError(f"{directory / 'cluster.json'} exists: `sdcp-fast cluster down --dir {directory}` first")
     bridge = str(_first_address(spec.hosts[0].address, prefix_len))
+    subnet = ipaddress.ip_interface(f"{bridge}/{prefix_len}").network
+    if not subnet.subnet_of(BENCHMARK_RANGE) or any(  # type: ignore[arg-type]
+            ipaddress.ip_address(h.address) not in subnet or h.address == bridge for h in spec.hosts):
+        raise ValueError(f"simulated hosts need addresses in one subnet of {BENCHMARK_RANGE} "
+                         f"(here {subnet}, the bridge at {bridge})")
     net = network_of(spec, bridge, prefix_len, secrets.token_hex(3))
     (directory / "cluster.toml").write_text(spec.to_toml())
     write_cluster_certificates(spec, directory / "certs")
@@ -76,8 +82,6 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
 
 
 def _first_address(address: str, prefix_len: int) -> Any:
-    import ipaddress
-
     return ipaddress.ip_interface(f"{address}/{prefix_len}").network.network_address + 1
 
 

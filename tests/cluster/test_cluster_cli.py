@@ -32,6 +32,9 @@ def test_simulated_hosts_live_in_the_benchmarking_range_only(tmp_path: Path, cap
     assert "simulated hosts live in 198.18.0.0/15, not at 10.9.8.7" in capsys.readouterr().err
     assert main(["cluster", "up", "--dir", str(tmp_path / "c"), "--subnet", "192.168.5.0/24"]) == 1
     assert "not 192.168.5.0/24" in capsys.readouterr().err
+    spec.write_text('[[host]]\nname = "a"\naddress = "198.18.1.11"\n[[host]]\nname = "b"\naddress = "198.18.2.11"\n')
+    assert main(["cluster", "up", "--dir", str(tmp_path / "c"), "--spec", str(spec)]) == 1
+    assert "need addresses in one subnet of 198.18.0.0/15 (here 198.18.1.0/24" in capsys.readouterr().err
     assert not (tmp_path / "c" / "cluster.json").exists()
 
 
