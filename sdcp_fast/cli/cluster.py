@@ -1,12 +1,14 @@
-"""``sdcp-fast cluster up|down|certs``: simulated hosts on this machine, each a network
-namespace on a bridge running ``sdcp-fast node`` (sdcp_fast/cluster/simulate.py); and the
-certificates of a cluster spec, for real hosts."""
+"""``sdcp-fast cluster up|down|status|certs``: simulated hosts on this machine, each a network
+namespace on a bridge running ``sdcp-fast node`` (sdcp_fast/cluster/simulate.py); the
+instances registered in a cluster's etcd; and the certificates of a cluster spec, for real
+hosts."""
 
 from __future__ import annotations
 
 import argparse
 
-HELP = "simulated hosts (network namespaces, root only): cluster up, cluster down; cluster certs for a spec"
+HELP = ("simulated hosts (network namespaces, root only): cluster up, cluster down; cluster status (who is "
+        "registered); cluster certs for a spec")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -23,6 +25,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for every host (default 240)")
     down = sub.add_parser("down", help="stop the hosts and remove their namespaces, links and bridge")
     down.add_argument("--dir", required=True, metavar="DIR")
+    status = sub.add_parser("status", help="the instances registered in the cluster's etcd (JSON)")
+    status.add_argument("--dir", required=True, metavar="DIR", help="a folder with cluster.toml")
     certs = sub.add_parser("certs", help="a CA and every instance's certificate for a cluster spec")
     certs.add_argument("--spec", required=True, metavar="FILE")
     certs.add_argument("--dir", required=True, metavar="DIR", help="certificates go into DIR/certs")
@@ -45,6 +49,18 @@ def run(args: argparse.Namespace) -> int:
             write_cluster_certificates(load(args.spec), directory / "certs")
             print(f"certificates in {directory / 'certs'}")
             return 0
+        if args.action == "status":
+            from dataclasses import asdict
+
+            from sdcp_fast.cluster.membership_etcd import Membership
+
+            spec = load(directory / "cluster.toml")
+            membership = Membership(spec.token, spec.etcd_clients(), timeout=2)
+            try:
+                print(json.dumps([asdict(m) for m in membership.members()], indent=1))
+            finally:
+                membership.close()
+            return 0
         if args.action == "down":
             left = simulate.down(directory)
             if left:
@@ -66,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
             spec = simulate.default_spec(args.hosts, args.subnet or DEFAULT_SUBNET, args.model)
         prefix_len = ipaddress.ip_network(args.subnet).prefixlen if args.subnet and not args.spec else 24
         endpoints = simulate.up(directory, spec, prefix_len=prefix_len, timeout=args.timeout)
-    except (ValueError, OSError, NetnsError, RuntimeError, TimeoutError) as exc:
+    except (ValueError, OSError, NetnsError, RuntimeError, TimeoutError) as exc:  # EtcdError is a RuntimeError
         print(f"sdcp-fast cluster {args.action}: {exc}", file=sys.stderr)
         return 1
     print(json.dumps(endpoints, indent=1))

@@ -9,10 +9,12 @@ import json
 import time
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
+from sdcp_fast.cli import main
 from sdcp_fast.cluster import simulate
 from sdcp_fast.cluster.membership import cert_digest
 from sdcp_fast.cluster.membership_etcd import Membership
@@ -55,7 +57,8 @@ def registered(spec: ClusterSpec) -> dict[str, str]:
         m.close()
 
 
-def test_every_instance_is_registered_with_its_uri_and_certificate(cluster: tuple[Path, ClusterSpec]) -> None:
+def test_every_instance_is_registered_with_its_uri_and_certificate(cluster: tuple[Path, ClusterSpec],
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
     directory, spec = cluster
     m = Membership(spec.token, spec.etcd_clients())
     try:
@@ -69,6 +72,8 @@ def test_every_instance_is_registered_with_its_uri_and_certificate(cluster: tupl
     for x in members:
         assert x.cert_sha256 == cert_digest((directory / "certs" / f"{x.name}.pem").read_bytes())
         assert x.host == x.name.rpartition("-")[2]
+    assert main(["cluster", "status", "--dir", str(directory)]) == 0
+    assert json.loads(capsys.readouterr().out) == [asdict(x) for x in members]
 
 
 def test_a_completion_through_each_front_end_from_the_machine(cluster: tuple[Path, ClusterSpec]) -> None:
