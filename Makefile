@@ -40,7 +40,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check sdcp_fast tests bench triton_kernels
 
 # The packages held to mypy --strict.
-STRICT := sdcp_fast/protocol sdcp_fast/transport sdcp_fast/cache sdcp_fast/commitlog sdcp_fast/store sdcp_fast/mlc_server sdcp_fast/roles
+STRICT := sdcp_fast/protocol sdcp_fast/transport sdcp_fast/cache sdcp_fast/commitlog sdcp_fast/store sdcp_fast/mlc_server sdcp_fast/roles sdcp_fast/cluster
 
 typecheck: $(STAMP)
 	$(BIN)/mypy --strict $(STRICT)
