@@ -240,9 +240,11 @@ def expired_drafters(sessions: Iterable[RoutedSession], table: StatusTable, now:
     """Drafter failure (§6.9): open sessions whose drafter's status expired and that another
     live drafter could take, each to be asked where it stands, then :func:`after_probe`. A
     session the verifier decodes itself is left alone: its drafter was told to stop, and
-    assigning another would end the self-decoding its ladder chose."""
+    assigning another would end the self-decoding its ladder chose. A session whose verifier
+    expired too is left to :func:`expired_verifiers`: its fail-over assigns a drafter."""
     return [r for r in sessions
             if not r.done and r.drafter is not None and not r.watch.self_decoding and not table.live(r.drafter, now)
+            and not table.expired(r.verifier, now)
             and choose_drafter(table, r.contract, now, exclude=(r.drafter,)) is not None]
 
 
@@ -263,9 +265,12 @@ def stall_after(routed: RoutedSession, table: StatusTable, *, ttls: float = 3.0,
 
 
 def stalled(sessions: Iterable[RoutedSession], table: StatusTable, now: float, *, ttls: float = 3.0) -> list[RoutedSession]:
-    """Open sessions that showed no progress for :func:`stall_after` seconds."""
+    """Open sessions that showed no progress for :func:`stall_after` seconds, but for those
+    whose verifier's status expired: they are :func:`expired_verifiers`' to fail over, and
+    asking a hung verifier where they stand would hold the sweep until the call times out."""
     return [r for r in sessions
-            if not r.done and r.watch.progress is not None and now - r.watch.progress >= stall_after(r, table, ttls=ttls)]
+            if not r.done and r.watch.progress is not None and now - r.watch.progress >= stall_after(r, table, ttls=ttls)
+            and not table.expired(r.verifier, now)]
 
 
 def after_probe(routed: RoutedSession, state: SessionState, table: StatusTable, now: float) -> Assignment | None:

@@ -141,7 +141,10 @@ class Recovery:
         if not await self.still_ours(routed):
             return
         try:
-            state = await self.client.open_session(routed.verifier, routed.opened)
+            # Bounded: a hung verifier (stopped, not yet expired) would otherwise hold the sweep,
+            # and every fail-over behind it, for the transport's whole timeout; the next sweep asks again.
+            state = await asyncio.wait_for(self.client.open_session(routed.verifier, routed.opened),
+                                           max(10 * self.sweep_interval, 5.0))
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             log.warning("session %s: %s; verifier %s did not say where it stands: %s",
                         routed.session.hex(), why, routed.verifier, exc)

@@ -7,7 +7,15 @@ from dataclasses import replace
 import pytest
 
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
-from sdcp_fast.protocol.messages import Action, Event, Policy, Sampling, SessionOpen, SessionState
+from sdcp_fast.protocol.messages import (
+    ROLE_VERIFIER,
+    Action,
+    Event,
+    Policy,
+    Sampling,
+    SessionOpen,
+    SessionState,
+)
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.protocol.routing import (
     RoutedSession,
@@ -110,6 +118,19 @@ def test_a_self_decoding_session_is_not_taken_from_its_expired_drafter():
     drafting, decoding = routed(drafter="a"), routed(session=b"2" * 16, drafter="a", self_decoding=True)
     assert expired_drafters([drafting, decoding], table, 1.0) == [drafting]
     assert [p.session for p in reassign_expired([drafting, decoding], table, 1.0)] == [SID]
+
+
+def test_a_session_whose_verifier_expired_is_failed_over_not_probed():
+    """A stopped verifier stops committing before its status expires (ttl 1 s < 3 drafter ttls):
+    its sessions are the fail-over's, and the sweep must not ask it where they stand first (the
+    probe of a hung verifier holds the sweep, and with it the fail-over, for its whole timeout)."""
+    table = table_with(status("a", ttl_ms=100), status("b", ttl_ms=10_000),
+                       status(VERIFIER, role=ROLE_VERIFIER, ttl_ms=1000))
+    r = routed(drafter="a")
+    note_progress(r, 0, 0.0)
+    assert stalled([r], table, 0.9) == expired_drafters([r], table, 0.9) == [r]  # the verifier is live
+    assert stalled([r], table, 3.0) == expired_drafters([r], table, 3.0) == []  # it expired at 1.0
+    assert expired_verifiers([r], table, 3.0) == [r]
 
 
 def test_the_watchdog_looks_at_a_session_that_committed_nothing_for_three_ttls():
