@@ -499,18 +499,24 @@ def check_batch(up: FaultUp, seen: Sequence[Seen], expected: Sequence[Sequence[i
     return audits
 
 
-async def busiest(up: FaultUp, role: str, counter: str, window: float = 0.5) -> str:
+async def busiest(up: FaultUp, role: str, counter: str, window: float = 0.5, deadline: float = 30.0) -> str:
     """The process of ``role`` whose ``counter`` grew most over ``window`` seconds: the one
-    serving sessions now (counters are cumulative, and a restarted process starts from 0)."""
+    serving sessions now (counters are cumulative, and a restarted process starts from 0).
+    On a loaded machine a window can pass with no growth anywhere: then it looks again (up to
+    ``deadline`` seconds), rather than name a process that may serve nothing."""
 
     async def counts() -> dict[str, float]:
         return {name: await asyncio.to_thread(metric, up, name, counter)
                 for name, svc in up.services.items() if svc.role == role}
 
+    t0 = time.monotonic()
     before = await counts()
-    await asyncio.sleep(window)
-    after = await counts()
-    return max(after, key=lambda n: after[n] - before.get(n, 0.0))
+    while True:
+        await asyncio.sleep(window)
+        after = await counts()
+        growth = {n: after[n] - before.get(n, 0.0) for n in after}
+        if max(growth.values()) > 0 or time.monotonic() - t0 > deadline:
+            return max(growth, key=lambda n: growth[n])
 
 
 async def busiest_verifier(up: FaultUp) -> str:

@@ -29,8 +29,8 @@ def load_soak():
 
 def test_a_short_soak_loses_and_duplicates_nothing(whole: FaultUp, seed: int) -> None:
     """Each fault is injected once at least, however long a loaded machine takes over each
-    (``min_faults``: the soak goes on until then), and the verifier kill and stop each fail
-    sessions over (the stop lasts until the router fenced one)."""
+    (``min_faults``: the soak goes on until then), and the verifier stop fails sessions over
+    (it lasts until the router fenced one)."""
     soak = load_soak()
     kinds = ("kill-verifier", "cut-connections", "stop-verifier")
     before = metric(whole, "router", "sdcp_failovers_total")
@@ -43,6 +43,6 @@ def test_a_short_soak_loses_and_duplicates_nothing(whole: FaultUp, seed: int) ->
     assert not summary["log_violations"] and summary["stuck"] == 0, summary
     assert summary["leases_at_end"] == 0, summary
     assert all(summary["faults"][kind] >= 1 for kind in kinds), summary
-    assert failovers >= 2, (failovers, summary)
+    assert failovers >= 1, (failovers, summary)
     for name, bounds in summary["processes"].items():
         assert bounds["fds_max"] < 256, (name, bounds)
