@@ -58,9 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--m", type=int, default=4, help="the fixed M of the fixed-M configurations, sdcp-fast up's drafters' too (default 4)")
     p.add_argument("--no-variants", action="store_true", help="skip adaptive M and no-batching")
     p.add_argument("--no-hf", action="store_true", help="skip HF transformers assisted generation")
-    p.add_argument("--no-alone", action="store_true",
-                   help="skip each session alone (B = 1): each drafter against target-only, one prompt at a time, "
-                        "interleaved pairs")
+    p.add_argument("--alone", type=int, default=1, metavar="N",
+                   help="pairs per prompt of each session alone (B = 1: each drafter against target-only, one "
+                        "prompt at a time, interleaved); 0 skips them (default 1)")
     p.add_argument("--quick", action="store_true",
                    help=f"a short run with the same outputs: {QUICK['prompts']} prompts, {QUICK['max_new']} tokens, "
                         f"sessions {QUICK['sessions']}, one repeat, the first drafter only")
@@ -180,6 +180,6 @@ def _plan(args: argparse.Namespace) -> object:
     return Plan(
         model=model or "", drafters=drafters, levels=levels, repeats=repeats, workload=workload,
         inprocess=model is not None, embedded=not args.inprocess and remote is None, remote=remote,
-        m=args.m, variants=not args.no_variants, hf=not args.no_hf, alone=not args.no_alone, backend=args.backend,
+        m=args.m, variants=not args.no_variants, hf=not args.no_hf, alone=max(0, args.alone), backend=args.backend,
         timeout=args.timeout, progress=not args.no_progress, command=command, device=args.device,
     )

@@ -43,7 +43,7 @@ class Plan:
     m: int = 4
     variants: bool = True  # adaptive M and no batching, for the first drafter
     hf: bool = True
-    alone: bool = True  # each session alone (B = 1), each drafter against target-only, interleaved
+    alone: int = 1  # pairs per prompt of each session alone (B = 1), each drafter against target-only; 0: none
     backend: str = "auto"
     device: str = "cpu"
     timeout: float = 600.0
@@ -128,7 +128,7 @@ def run(plan: Plan) -> dict[str, Any]:
     total = sum(len(_prompts(plan, lv).prompts) for _, lv in work) * plan.repeats
     alone_configs = [c for c in configs if plan.alone and c.path == "inprocess" and c.drafter is not None
                      and c.name == c.drafter]
-    total += 2 * len(alone_configs) * len(plan.workload.prompts) * plan.repeats
+    total += 2 * len(alone_configs) * len(plan.workload.prompts) * plan.alone
     alone: dict[str, dict[str, Any]] = {}
     runs: list[RunSample] = []
     bar = tqdm(total=total, unit="session", disable=not plan.progress, dynamic_ncols=True)
@@ -177,9 +177,9 @@ def run(plan: Plan) -> dict[str, Any]:
 
             assert target is not None and config.drafter is not None
             bar.set_description(f"{config.name} alone vs {TARGET_ONLY}")
-            alone[config.name] = measure(target, drafters[config.drafter], config, Config(TARGET_ONLY, "inprocess", None, None),
-                                         plan.workload,
-                                         plan.repeats, backend=plan.backend, timeout=plan.timeout,
+            baseline = Config(TARGET_ONLY, "inprocess", None, None)
+            alone[config.name] = measure(target, drafters[config.drafter], config, baseline, plan.workload, plan.alone,
+                                         backend=plan.backend, timeout=plan.timeout,
                                          on_session=lambda: bar.update(1))
             if plan.progress:
                 a = alone[config.name]

@@ -18,7 +18,7 @@ PNGS = ("throughput.png", "latency_cdf.png", "acceptance.png", "breakdown.png")
 def report_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bench")
     assert main(["bench", "--model", "toy", "--inprocess", "--sessions", "1,2", "--prompts", "3", "--max-new", "6",
-                 "--repeats", "2", "--no-progress", "--out", str(out)]) == 0
+                 "--repeats", "2", "--alone", "2", "--no-progress", "--out", str(out)]) == 0
     return out
 
 
@@ -130,8 +130,9 @@ def test_open_loop_sessions_arrive_as_drawn_and_progress_is_shown(tmp_path: Path
     out = tmp_path / "rate"
     assert main(["bench", "--model", "toy", "--inprocess", "--drafters", "toy-good", "--no-variants", "--rate", "20",
                  "--sessions", "2", "--prompts", "4", "--max-new", "4", "--repeats", "1", "--no-plots",
-                 "--out", str(out)]) == 0
+                 "--alone", "0", "--out", str(out)]) == 0
     report = json.loads((out / "report.json").read_text())
+    assert report["alone"] == {}  # --alone 0: no session alone
     assert report["settings"]["rate"] == 20 and "open loop, Poisson 20.0/s" in report["settings"]["workload"]
     drawn = Workload(take(builtin(toy=True), 4), 4, rate=20).arrivals(4)
     for run in report["runs"]:
@@ -150,7 +151,7 @@ def test_each_session_alone_pairs_every_drafter_with_target_only(report_dir: Pat
     report = json.loads((report_dir / "report.json").read_text())
     assert set(report["alone"]) == {"toy-good", "toy-weak"}  # the fixed-M rows, not the variants
     for fig in report["alone"].values():
-        # 3 prompts x 2 repeats, one session each, the order swapped from one pair to the next
+        # 3 prompts x 2 (--alone), one session each, the order swapped from one pair to the next
         assert fig["repeats"] == 6 and all(fig["identical_output"])
         assert [p["session"] for p in fig["pairs"]][:3] == ["0:toy", "1:toy", "2:toy"]
         assert [p["first"] for p in fig["pairs"]][:2] == ["speculative", "target-only"]
