@@ -9,6 +9,8 @@ A second optional extension, ``sdcp_fast._h2`` (HTTP/2 framing and HPACK in nght
 ``csrc/nghttp2/``), is built only where pkg-config finds libnghttp2 (Debian: libnghttp2-dev);
 without it the transport uses the pure-Python h2 (``sdcp_fast.transport.h2native.status()``
 says why). SDCP_REQUIRE_NATIVE_H2=1 makes its absence an error (CI sets it).
+The native I/O server ``sdcp_fast._nio`` (``csrc/native_io/``) also needs OpenSSL's headers
+(Debian: libssl-dev); SDCP_REQUIRE_NATIVE_H2=1 makes a failed build of it an error too.
 
 A third, ``sdcp_fast.protocol._cbor_native`` (the strict CBOR codec, from ``csrc/cbor/``), is
 optional like ``_C``: without it ``sdcp_fast.protocol.cbor`` uses its Python codec
@@ -45,6 +47,11 @@ class OptionalBuildExt(build_ext):
                     raise
                 sys.stderr.write(f"warning: sdcp_fast._h2 not built ({exc}); HTTP/2 uses the pure-Python h2\n")
                 return
+            if ext.name == NIO_EXT:
+                if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
+                    raise
+                sys.stderr.write(f"warning: {NIO_EXT} not built ({exc}); the role servers use the pure-Python path\n")
+                return
             if ext.name == CBOR_EXT:
                 if os.environ.get("SDCP_REQUIRE_NATIVE") == "1":
                     raise
@@ -60,6 +67,7 @@ class OptionalBuildExt(build_ext):
 
 
 CBOR_EXT = "sdcp_fast.protocol._cbor_native"
+NIO_EXT = "sdcp_fast._nio"
 ext_modules = []
 if Pybind11Extension is not None:
     ext_modules.append(
@@ -88,17 +96,17 @@ if Pybind11Extension is not None:
     )
 
 
-def _nghttp2_flags():
-    """pkg-config's compile and link flags for libnghttp2, or None where it is not installed."""
+def _pkg_flags(*packages):
+    """pkg-config's compile and link flags for ``packages``, or None where one is not installed."""
     try:
-        cflags = subprocess.run(["pkg-config", "--cflags", "libnghttp2"], capture_output=True, text=True, check=True)
-        libs = subprocess.run(["pkg-config", "--libs", "libnghttp2"], capture_output=True, text=True, check=True)
+        cflags = subprocess.run(["pkg-config", "--cflags", *packages], capture_output=True, text=True, check=True)
+        libs = subprocess.run(["pkg-config", "--libs", *packages], capture_output=True, text=True, check=True)
     except (OSError, subprocess.CalledProcessError):
         return None
     return cflags.stdout.split(), libs.stdout.split()
 
 
-nghttp2 = _nghttp2_flags() if Pybind11Extension is not None else None
+nghttp2 = _pkg_flags("libnghttp2") if Pybind11Extension is not None else None
 if nghttp2 is not None:
     ext_modules.append(
         Pybind11Extension(
@@ -113,6 +121,22 @@ elif os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
     sys.exit("SDCP_REQUIRE_NATIVE_H2=1 but libnghttp2 was not found by pkg-config (Debian: libnghttp2-dev)")
 else:
     sys.stderr.write("note: libnghttp2 not found (pkg-config); sdcp_fast._h2 not built, HTTP/2 uses the pure-Python h2\n")
+
+# The native I/O server (sockets, TLS and HTTP/2 in one C++ thread), optional like _h2.
+native_io = _pkg_flags("libnghttp2", "openssl") if Pybind11Extension is not None else None
+if native_io is not None:
+    ext_modules.append(
+        Pybind11Extension(
+            NIO_EXT,
+            sorted(glob.glob("csrc/native_io/*.cpp")),
+            extra_compile_args=["-O2", "-pthread", *native_io[0]],
+            extra_link_args=["-pthread", *native_io[1]],
+            cxx_std=17,
+        )
+    )
+else:
+    sys.stderr.write(f"note: libnghttp2 or OpenSSL not found (pkg-config); {NIO_EXT} not built, "
+                     "the role servers use the pure-Python path\n")
 
 setup(
     packages=[*find_packages(include=["sdcp_fast", "sdcp_fast.*"]), "sdcp_fast.triton_kernels"],

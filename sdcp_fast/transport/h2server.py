@@ -25,13 +25,15 @@ import h2.exceptions
 from h2.errors import ErrorCodes
 
 from sdcp_fast.protocol.peer import Peer
+from sdcp_fast.transport import nativeserver
 from sdcp_fast.transport.base import Handler, Request, Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.fields import header_dict, outbound_fields
 from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
 from sdcp_fast.transport.h2native import WholeMessage
+from sdcp_fast.transport.nativeserver import NativeServer
 from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
-from sdcp_fast.transport.tls import peer_of
+from sdcp_fast.transport.tls import ServerContext, peer_of
 
 log = logging.getLogger("sdcp_fast.transport")
 
@@ -345,17 +347,22 @@ class H2Server:
 
 async def serve(handler: Handler, host: str, port: int, *, ssl: ssl_module.SSLContext | None,
                 insecure: bool = False, limits: Limits | None = None, base_path: str = "/",
-                handshake_timeout: float = 10.0) -> H2Server:
+                handshake_timeout: float = 10.0) -> H2Server | NativeServer:
     """Listen on ``host:port`` (0: any free port, see ``.port``) and serve ``handler``.
 
     ``ssl`` is a :func:`~sdcp_fast.transport.tls.server_context`; without it ``insecure``
     must be set, and then only a loopback ``host`` is accepted (h2c with prior knowledge).
     ``base_path`` is the path of the instance's base URI; request paths are given relative
-    to it."""
+    to it. The server is this module's or, where chosen, the native one
+    (:mod:`~sdcp_fast.transport.nativeserver`, ``SDCP_SERVER``): the same behaviour either way."""
     if ssl is None:
         if not insecure:
             raise ValueError("serve() needs an SSL context (mutual TLS) unless insecure=True")
         check_insecure(host, "HTTP/2 server binding")
+    if nativeserver.serves(ssl):
+        return await nativeserver.serve(handler, host, port, ssl=ssl if isinstance(ssl, ServerContext) else None,
+                                        limits=limits or Limits(), base_path=base_path,
+                                        handshake_timeout=handshake_timeout)
     server = H2Server(handler, limits or Limits(), base_path)
     loop = asyncio.get_running_loop()
     server._server = await loop.create_server(

@@ -27,9 +27,19 @@ def _common(ctx: ssl.SSLContext, cert: str, key: str, ca: str, alpn: Sequence[st
     return ctx
 
 
-def server_context(cert: str, key: str, ca: str, *, alpn: Sequence[str] = (ALPN_H2,)) -> ssl.SSLContext:
+class ServerContext(ssl.SSLContext):
+    """A :func:`server_context`: the files it was made from travel with it, so that a server
+    whose TLS is not Python's (transport.nativeserver) configures the same."""
+
+    files: tuple[str, str, str]  # certificate chain, key, CA
+
+
+def server_context(cert: str, key: str, ca: str, *, alpn: Sequence[str] = (ALPN_H2,)) -> ServerContext:
     """Server side: our certificate, and a client certificate signed by ``ca`` REQUIRED."""
-    return _common(ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER), cert, key, ca, alpn)
+    ctx = ServerContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.files = (cert, key, ca)
+    _common(ctx, cert, key, ca, alpn)
+    return ctx
 
 
 def client_context(cert: str, key: str, ca: str, *, alpn: Sequence[str] = (ALPN_H2,)) -> ssl.SSLContext:

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from sdcp_fast.protocol.peer import PeerRole
-from sdcp_fast.transport import h2native
+from sdcp_fast.transport import h2native, nativeserver
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 from tests.transport.transport_util import CLIENT_URI, SERVER_URI, Certs
 
@@ -32,10 +32,32 @@ def foreign_certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
 H2_MODULES = frozenset({"test_h2server", "test_h2client", "test_h2conn", "test_h2_refused_stream"})
 
 
+# The server tests run against both servers h2server.serve can start (as aiohttp runs its
+# parser tests against both parsers): the pure-Python one (py) and the native thread (native).
+SERVER_MODULES = frozenset({"test_h2server", "test_h2client", "test_h2_refused_stream", "test_streaming",
+                            "test_binding", "test_nativeserver"})
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rpartition(".")[2]
     if module in H2_MODULES or metafunc.function.__name__.startswith("test_h2_"):
         metafunc.parametrize("h2_impl", [h2native.PY, h2native.C], indirect=True)
+    if module in SERVER_MODULES:
+        metafunc.parametrize("server_impl", [nativeserver.PY, nativeserver.NATIVE], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def server_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    name: str | None = getattr(request, "param", None)
+    if name == nativeserver.NATIVE and not nativeserver.available():
+        if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
+            pytest.fail(f"SDCP_REQUIRE_NATIVE_H2=1: {nativeserver.status()}")
+        pytest.skip(nativeserver.status())
+    nativeserver.use(name)
+    try:
+        yield name
+    finally:
+        nativeserver.use(None)
 
 
 @pytest.fixture(autouse=True)
