@@ -1,0 +1,94 @@
+"""Which server h2server.serve starts, and what only the native one does: whole requests
+handed over in batches, one wake-up each (the shared behaviour is in test_h2server.py and
+its neighbours, run against both servers)."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+
+from sdcp_fast.transport import nativeserver
+from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.h2client import H2Transport
+from sdcp_fast.transport.h2server import H2Server, serve
+from sdcp_fast.transport.tls import client_context, server_context
+from tests.transport.transport_util import CLIENT_URI, Certs, run
+
+
+def test_serve_starts_the_chosen_server(certs: Certs, server_impl: str) -> None:
+    async def scenario() -> str:
+        async with await serve(_ok, "127.0.0.1", 0, ssl=server_context(*certs.pair("server"), certs.ca)) as server:
+            return type(server).__name__
+
+    assert run(scenario()) == ("NativeServer" if server_impl == nativeserver.NATIVE else "H2Server")
+
+
+def test_a_context_not_made_by_server_context_is_served_by_the_python_server(certs: Certs, server_impl: str
+                                                                             ) -> None:
+    # The native thread configures its TLS from server_context's files; of any other context
+    # it knows nothing, so that one keeps Python's TLS.
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(*certs.pair("server"))
+
+    async def scenario() -> bool:
+        async with await serve(_ok, "127.0.0.1", 0, ssl=ctx) as server:
+            return isinstance(server, H2Server)
+
+    assert run(scenario())
+
+
+def test_unknown_server_name_is_an_error(monkeypatch: pytest.MonkeyPatch, server_impl: str) -> None:
+    nativeserver.use(None)
+    monkeypatch.setenv("SDCP_SERVER", "fast")
+    with pytest.raises(ValueError, match="SDCP_SERVER"):
+        nativeserver.implementation()
+    monkeypatch.setenv("SDCP_SERVER", "py")
+    assert nativeserver.implementation() == nativeserver.PY
+
+
+def test_concurrent_requests_reach_python_in_batches_with_their_peer(certs: Certs, server_impl: str) -> None:
+    if server_impl != nativeserver.NATIVE:
+        pytest.skip("batches are the native server's")
+    n = 32
+    peers: list[object] = []
+
+    async def handler(request: Request) -> Response:
+        peers.append(request.peer)
+        return Response(200, request.body)
+
+    async def scenario() -> tuple[list[bytes], int]:
+        ctx = server_context(*certs.pair("server"), certs.ca)
+        async with await serve(handler, "127.0.0.1", 0, ssl=ctx) as server, \
+                H2Transport(client_context(*certs.pair("client"), certs.ca)) as client:
+            assert isinstance(server, nativeserver.NativeServer)
+            base = f"https://127.0.0.1:{server.port}/"
+            await client.request(base, "GET", "warm")  # the connection exists before the burst
+            core = server._core
+            takes = 0
+
+            class Counting:  # the native core, counting its take() calls (one per wake-up)
+                def __getattr__(self, name: str) -> object:
+                    return getattr(core, name)
+
+                def take(self) -> object:
+                    nonlocal takes
+                    takes += 1
+                    return core.take()
+
+            server._core = Counting()
+            bodies = await asyncio.gather(*(client.request(base, "POST", "echo", body=str(i).encode())
+                                            for i in range(n)))
+            server._core = core
+            return [b.body for b in bodies], takes
+
+    bodies, takes = run(scenario())
+    assert bodies == [str(i).encode() for i in range(n)]
+    # The client writes the burst's frames at once; the thread hands on all it decoded per wake-up.
+    assert 1 <= takes < n
+    assert {getattr(p, "uri", None) for p in peers} == {CLIENT_URI}
+
+
+async def _ok(request: Request) -> Response:
+    return Response(200, b"ok")
