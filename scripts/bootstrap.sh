@@ -29,10 +29,10 @@ if ! "$VENV/bin/python" -c "import torch" 2>/dev/null; then
 fi
 # The native HTTP/2 path (sdcp_fast._h2) builds against libnghttp2: installed when missing and
 # we may (root with apt-get); without it the transport uses the pure-Python h2.
-if ! pkg-config --exists libnghttp2 2>/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "bootstrap: installing libnghttp2-dev (native HTTP/2)"
+if ! pkg-config --exists libnghttp2 openssl 2>/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "bootstrap: installing libnghttp2-dev libssl-dev (native HTTP/2 and the native I/O server)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-    libnghttp2-dev pkg-config) >/tmp/sdcp-nghttp2-install.log 2>&1 \
+    libnghttp2-dev libssl-dev pkg-config) >/tmp/sdcp-nghttp2-install.log 2>&1 \
     || echo "bootstrap: libnghttp2-dev not installed (see /tmp/sdcp-nghttp2-install.log)"
 fi
 if [ "$LOCK" = latest ]; then
