@@ -108,7 +108,7 @@ def test_a_told_to_stop_drafter_that_expires_leaves_the_self_decoding_session_al
             await rig.report(rig.client(VERIFIER_PEER), VERIFIER, ROLE_VERIFIER)
             await rig.report(rig.other, OTHER, ROLE_DRAFTER, load=10)
             await router.sweep()
-            result = (list(rig.stubs[OTHER].assignments), live.drafter, live.revoked, getattr(routed, "self_decoding", None))
+            result = (list(rig.stubs[OTHER].assignments), live.drafter, live.revoked, routed.watch.self_decoding)
             scorer.go.set()
             return result
 
