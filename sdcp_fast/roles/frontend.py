@@ -160,6 +160,16 @@ class Frontend:
         return Response(200, headers={"content-type": SSE, "cache-control": "no-cache"},
                         stream=_Events(self._events(session, ident, job, chat, pieces), abandoned))
 
+    def _stop_texts(self, request: dict[str, Any] | None, chat: bool) -> tuple[str, ...] | None:
+        """The stop strings of the request a session was opened for (None: not known): the text a
+        resumed stream holds back depends on them, so a resume must name the same."""
+        if request is None:
+            return None
+        try:
+            return self.requests.job(request, chat, resuming=True).stop_texts
+        except ApiError:
+            return None
+
     async def _resume(self, job: Job, last: str, chat: bool) -> Response:
         """The rest of the stream after the event ``last`` names (``Last-Event-ID``)."""
         if not job.stream:
@@ -178,7 +188,8 @@ class Frontend:
         if routed is None:
             raise ApiError(404, f"no live session {session.hex()} to resume: it is unknown or it finished",
                            code="session_not_found")
-        if tuple(routed.prompt) != tuple(job.spec.prompt) or routed.contract.max_new != job.spec.max_new:
+        if (tuple(routed.prompt) != tuple(job.spec.prompt) or routed.contract.max_new != job.spec.max_new
+                or self._stop_texts(routed.request, chat) not in (None, job.stop_texts)):
             raise ApiError(409, "Last-Event-ID names a session of another request; send the same request again",
                            code="last_event_id_mismatch")
         ident = ("chatcmpl-" if chat else "cmpl-") + session.hex()

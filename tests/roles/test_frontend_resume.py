@@ -188,6 +188,28 @@ def test_ids_of_a_stream_holding_text_back_for_a_stop_string_name_the_tokens_sen
     assert rests and all(r.split() == full.split() for r in rests)
 
 
+def test_a_resume_with_other_stop_strings_names_another_request(tmp_path: Path) -> None:
+    """The stop strings decide which text a stream holds back and where it ends, so the same
+    prompt with other ``stop`` strings does not resume the stream; the same ones do."""
+    async def scenario() -> list[tuple[int, bytes]]:
+        async with two_routers(tmp_path) as (d, _, b, _):
+            whole = await read(await d.router.handler(request(stop=["zzz"])))
+            some = next(i for i, m in whole if i is not None and not i.endswith(":end"))
+            out = []
+            for router in (d.router, b):
+                for stop in (["qqq"], None, ["zzz"]):
+                    extra = {} if stop is None else {"stop": stop}
+                    response = await router.handler(request(some, **extra))
+                    out.append((response.status, response.body))
+            return out
+
+    results = loop.run(scenario())
+    for status, body in results[0:2] + results[3:5]:
+        assert status == 409
+        assert json.loads(body)["error"]["code"] == "last_event_id_mismatch"
+    assert results[2][0] == 200 and results[5][0] == 200
+
+
 def test_a_resume_with_another_max_tokens_names_another_request(tmp_path: Path) -> None:
     """The prompt alone does not make the request: the same prompt with another ``max_tokens``
     would end elsewhere, so its id does not resume it."""
