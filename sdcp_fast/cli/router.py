@@ -31,6 +31,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                    "its routing records are named in it, so a restarted router, or another one "
                                    "sharing the records, needs the same scope to adopt the sessions")
     add_service_arguments(p, name="router", port=8500, router=False)
+    p.add_argument("--etcd", metavar="HOST:PORT[,...]",
+                   help="a cluster's etcd members (sdcp-fast node gives them, with --cluster): verifiers and "
+                        "drafters are discovered from its membership registry instead of --drafter-model, and "
+                        "routing records and commit logs are kept in etcd, not in the MLC")
+    p.add_argument("--cluster", metavar="TOKEN", help="the cluster's name in etcd (its spec's token); with --etcd")
     api = p.add_argument_group("front end", "the OpenAI-compatible API for clients (docs/frontend.md)")
     api.add_argument("--api-listen", metavar="HOST:PORT", default="127.0.0.1:8000",
                      help="where the front end listens (default 127.0.0.1:8000; port 0: any free one)")
@@ -98,7 +103,8 @@ def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Tr
 
     target = loaded.target
     role = RouterRole(uri=args.uri, mlc=store, transport=transport, target_digest=target.digest,
-                      tokenizer_digest=target.tokenizer_digest, drafter_models=loaded.models, scope=loaded.scope)
+                      tokenizer_digest=target.tokenizer_digest, drafter_models=loaded.models, scope=loaded.scope,
+                      **_in_cluster(args, target))
     tokenizer = ToyWords() if target.loaded is None else HFTokenizer(target.loaded.tokenizer)
     if args.api_tokenizer_dir:
         save_tokenizer(tokenizer, args.api_tokenizer_dir, context=target.context)
@@ -107,6 +113,27 @@ def _role(args: argparse.Namespace, loaded: _Loaded, store: Store, transport: Tr
     server = FrontendServer(frontend, api_keys(args.api_key, args.api_key_file), per_key=args.api_per_key,
                             total=args.api_max_inflight, queue=args.api_queue)
     return _WithApi(role, server, args)
+
+
+def _in_cluster(args: argparse.Namespace, target: Target) -> dict[str, Any]:
+    """RouterRole's cluster parts where --etcd is given (sdcp_fast/cluster/discovery.py,
+    etcd_records.py); none otherwise."""
+    if not args.etcd:
+        return {}
+    from sdcp_fast.cluster.discovery import Discovery
+    from sdcp_fast.cluster.etcd_client import parse_endpoints
+    from sdcp_fast.cluster.etcd_records import EtcdRecords, commit_log_ref
+    from sdcp_fast.cluster.membership_etcd import Membership
+    from sdcp_fast.deploy.catalog import load_drafter
+
+    if not args.cluster:
+        raise ValueError("--etcd needs --cluster (the cluster's token)")
+    endpoints = parse_endpoints(args.etcd)
+    registry = Membership(args.cluster, endpoints)
+    local = endpoints[0][1]  # every host runs a member: its roles reach the logs through it
+    return {"discovery": Discovery(registry.members, lambda kind: load_drafter(kind, target)[1]),
+            "records": EtcdRecords(args.cluster, endpoints),
+            "commit_logs": lambda scope, session: commit_log_ref(args.cluster, local, scope, session)}
 
 
 class _WithApi:

@@ -10,8 +10,9 @@ every instance answers and is registered).
 
 Every service listens on all of the host's addresses at its role's port (on a simulated
 host those are its own ``lo`` and ``eth0`` only); peers reach it at its base URI, which
-names the host's address. The roles share the first host's MLC for objects, leases, commit
-logs and routing records: an MLC node per host holds only its own host's tiers so far.
+names the host's address. The roles share the first host's MLC for objects and leases; the
+routers discover verifiers and drafters from etcd's membership registry and keep routing
+records and commit logs in etcd (sdcp_fast/cluster/discovery.py, etcd_records.py).
 Membership: each instance is put under a lease of its own that the node renews every third
 of ``lease_ttl_s``; an instance that exits has its lease revoked and is started again, and
 a lease etcd let expire (the host was cut off for longer than the ttl) is replaced once etcd
@@ -82,12 +83,18 @@ def role_argv(spec: ClusterSpec, me: Instance, directory: Path, model: str) -> l
     if me.role == "router":
         return [*py, "router", *common, "--api-listen", f"{me.address}:{spec.ports['api']}",
                 "--api-key-file", str(directory / "certs" / "api-key"), "--scope", spec.scope,
-                *(a for d in spec.instances("drafter") for a in ("--drafter-model", f"{d.uri}={kinds[d.name]}"))]
+                "--etcd", etcd_endpoints(spec, me), "--cluster", spec.token]
     if me.role == "verifier":
         return [*py, "verifier", *common, "--router", routers]
     if me.role == "drafter":
         return [*py, "drafter", *common, "--router", routers, "--drafter", kinds[me.name], "--threads", "1"]
     raise ValueError(f"no command for role {me.role!r}")
+
+
+def etcd_endpoints(spec: ClusterSpec, me: Instance) -> str:
+    """The etcd members as a role on ``me``'s host reaches them: its host's own first."""
+    here = [f"127.0.0.1:{spec.ports['etcd']}"] if any(i.host == me.host for i in spec.instances("etcd")) else []
+    return ",".join([*here, *(f"{h}:{p}" for h, p in spec.etcd_clients())])
 
 
 class Node:
@@ -99,6 +106,7 @@ class Node:
         self.leases: dict[str, str] = {}
         self.stopping = threading.Event()
         self.membership: Membership | None = None
+        self.kinds: dict[str, str] = {}  # each drafter's kind, registered with it
 
     @property
     def state_file(self) -> Path:
@@ -108,6 +116,7 @@ class Node:
         from sdcp_fast.deploy.catalog import resolve
 
         model = resolve(self.spec.model)
+        self.kinds = self.spec.drafter_kinds(TOY_DRAFTERS if model == "toy" else REAL_DRAFTERS)
         (self.directory / self.host.name).mkdir(parents=True, exist_ok=True)
         self.state_file.unlink(missing_ok=True)
         for i in self.mine:
@@ -166,7 +175,7 @@ class Node:
 
     def member(self, i: Instance) -> Member:
         pem = (self.directory / "certs" / f"{i.name}.pem").read_bytes()
-        return Member(i.role, i.name, i.host, i.uri, cert_digest(pem))
+        return Member(i.role, i.name, i.host, i.uri, cert_digest(pem), self.kinds.get(i.name, ""))
 
     def register(self, i: Instance) -> None:
         assert self.membership is not None

@@ -1,8 +1,11 @@
 """Membership records, as etcd keys and values (pure: no I/O).
 
 An instance is registered as ``/sdcp/<cluster>/instances/<role>/<name>`` whose value is the
-JSON object ``{"role", "name", "host", "uri", "cert_sha256"}``, put under the lease its
-holder keeps alive, so the key is gone once its holder stops renewing (a dead host).
+JSON object ``{"role", "name", "host", "uri", "cert_sha256", "model"}``, put under the
+lease its holder keeps alive, so the key is gone once its holder stops renewing (a dead
+host). ``model`` is a drafter's kind as a drafter spec (``ngram``, ``model:NAME``; empty for
+other roles): a router that discovers the drafter turns it into the model digest contracts
+permit (a record without it reads as empty).
 ``cert_sha256`` is the SHA-256 of the instance certificate's DER form: a peer that meets
 the instance over TLS can check it is the one registered.
 """
@@ -24,6 +27,7 @@ class Member:
     host: str
     uri: str
     cert_sha256: str
+    model: str = ""
 
 
 def _segment(text: str) -> str:
@@ -56,7 +60,8 @@ def decode(value: bytes) -> Member:
     """A record's value; ValueError where it is not one."""
     try:
         data = json.loads(value)
-        return Member(**{k: str(data[k]) for k in ("role", "name", "host", "uri", "cert_sha256")})
+        return Member(**{k: str(data[k]) for k in ("role", "name", "host", "uri", "cert_sha256")},
+                      model=str(data.get("model", "")))
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"not a membership record: {value[:80]!r} ({exc})") from None
 

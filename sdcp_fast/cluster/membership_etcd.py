@@ -1,8 +1,7 @@
 """Membership in etcd: register instances under leases, renew them, list who is alive.
 
-Spoken over etcd's JSON gateway with the commit log's client
-(:class:`~sdcp_fast.commitlog.etcd.EtcdGateway`). ``endpoints`` are the members' client
-addresses; a call that cannot reach one member goes to the next, so losing one member of
+``endpoints`` are the members' client addresses; a call that cannot reach one member goes
+to the next (:class:`~sdcp_fast.cluster.etcd_client.EtcdClient`), so losing one member of
 three changes nothing here.
 """
 
@@ -12,33 +11,19 @@ import base64
 from collections.abc import Sequence
 from typing import Any
 
+from sdcp_fast.cluster.etcd_client import EtcdClient
+from sdcp_fast.cluster.etcd_client import b64 as _b64
 from sdcp_fast.cluster.membership import Member, decode, encode, key, prefix, range_end
-from sdcp_fast.commitlog.etcd import EtcdError, EtcdGateway
-
-
-def _b64(text: str | bytes) -> str:
-    return base64.b64encode(text.encode() if isinstance(text, str) else text).decode()
+from sdcp_fast.commitlog.etcd import EtcdError
 
 
 class Membership:
     def __init__(self, cluster: str, endpoints: Sequence[tuple[str, int]], *, timeout: float = 3.0) -> None:
-        if not endpoints:
-            raise ValueError("no etcd endpoint")
         self.cluster = cluster
-        self._gateways = [EtcdGateway(host, port, timeout=timeout) for host, port in endpoints]
+        self._etcd = EtcdClient(endpoints, timeout=timeout)
 
     def _call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        failure: Exception | None = None
-        for i, gateway in enumerate(self._gateways):
-            try:
-                out = gateway.call(path, body)
-            except (OSError, EtcdError) as exc:
-                failure = exc
-                continue
-            if i:  # the one that answered is asked first from now on
-                self._gateways.insert(0, self._gateways.pop(i))
-            return out
-        raise EtcdError(f"no etcd member answered {path}: {failure}")
+        return self._etcd.call(path, body)
 
     def grant(self, ttl_s: int) -> str:
         """A new lease of ``ttl_s`` seconds; its ID."""
@@ -75,5 +60,4 @@ class Membership:
         return found
 
     def close(self) -> None:
-        for gateway in self._gateways:
-            gateway.close()
+        self._etcd.close()

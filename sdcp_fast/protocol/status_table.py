@@ -76,6 +76,12 @@ class StatusTable:
         self._gone.update(gone)
         return gone
 
+    def withdraw(self, instance: str) -> None:
+        """Drop ``instance`` as if its status had expired (it left the deployment's membership
+        registry): it is no candidate, and :meth:`expired` answers True until it reports again."""
+        if self._entries.pop(instance, None) is not None:
+            self._gone.add(instance)
+
     def ttl(self, instance: str) -> float | None:
         """Seconds of the ttl_ms ``instance`` last reported (also once expired), or None."""
         entry = self._entries.get(instance)

@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
@@ -53,11 +53,14 @@ from sdcp_fast.protocol.routing_records import adoption
 from sdcp_fast.protocol.status_table import StatusTable, choose_verifier
 from sdcp_fast.roles.metrics import RouterMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.router_records import RecordStore
+from sdcp_fast.roles.router_records import RecordObjects, RecordStore
 from sdcp_fast.roles.router_recovery import Recovery
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Response, Transport
+
+if TYPE_CHECKING:
+    from sdcp_fast.cluster.discovery import Discovery
 
 log = logging.getLogger("sdcp_fast.router")
 
@@ -110,9 +113,15 @@ class RouterRole:
         stall_ttls: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         table: StatusTable | None = None,
+        discovery: Discovery | None = None,
+        records: RecordObjects | None = None,
+        commit_logs: Callable[[bytes, bytes], str] | None = None,
     ) -> None:
         """``table``: the status table, when one is shared with another router (tests that
-        restart one); None: its own. Its :class:`Recovery` works on the same one."""
+        restart one); None: its own. Its :class:`Recovery` works on the same one.
+        In a cluster (sdcp_fast/cluster): ``discovery`` keeps the table to the instances the
+        membership registry holds; ``records`` stores the routing records (None: the MLC);
+        ``commit_logs(scope, session)`` names a session's commit log (None: the MLC's)."""
         self.uri = uri
         self.mlc = mlc
         self.client = SdcpClient(transport)
@@ -129,7 +138,8 @@ class RouterRole:
         self.sessions: dict[bytes, RoutedSession] = {}  # each also its routing record
         self.changed: dict[bytes, asyncio.Event] = {}  # set when a session moved: wakes its output reader
         self._tasks: list[asyncio.Task[None]] = []
-        self.records = RecordStore(mlc, self.scope, uri)
+        self.discovery, self.commit_logs = discovery, commit_logs
+        self.records = RecordStore(records if records is not None else mlc, self.scope, uri)
         self.routes = Routes()
         self.metrics = RouterMetrics.mount(self.routes)
         self.recovery = Recovery(
@@ -147,6 +157,8 @@ class RouterRole:
     async def start(self) -> None:
         self._tasks.append(asyncio.create_task(self.recovery.run(), name="router-sweep"))
         self._tasks.append(asyncio.create_task(self.adopt_listed(), name="router-adopt"))
+        if self.discovery is not None:
+            self._tasks.append(asyncio.create_task(self.discovery.run(self.table, self.clock), name="router-discovery"))
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -175,6 +187,8 @@ class RouterRole:
         expected = ROLE_DRAFTER if peer.role is PeerRole.DRAFTER else ROLE_VERIFIER
         if status.role != expected:
             raise Forbidden("status role does not match the certificate's role")
+        if self.discovery is not None and not self.discovery.admits(status.instance):
+            return None  # not registered (yet, or no longer): no candidate of this router's
         self.table.report(status, self.clock())
         return None
 
@@ -232,7 +246,8 @@ class RouterRole:
                            + (f"; unreachable: {', '.join(unreachable)}" if unreachable else ""))
             routed = RoutedSession(
                 opened=SessionOpen(session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
-                                   commit_log=object_uri(self.scope, session, "commit_log")),
+                                   commit_log=self.commit_logs(self.scope, session) if self.commit_logs
+                                   else object_uri(self.scope, session, "commit_log")),
                 epoch=1, verifier=verifier, m_init=spec.m_init, router=self.uri, writers={1: verifier},
                 committed_tokens=object_uri(self.scope, session, "committed_tokens", 1, tag=writer_tag(verifier)),
                 request=request,

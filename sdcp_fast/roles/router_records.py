@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any, Protocol
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.failures import ObjectUnavailable
@@ -22,15 +23,23 @@ from sdcp_fast.protocol.routing_records import (
     encode_record,
     index_id,
 )
-from sdcp_fast.store.interface import Store
 
 log = logging.getLogger("sdcp_fast.router")
+
+
+class RecordObjects(Protocol):
+    """Where the records are kept: the MLC's store, or etcd in a cluster
+    (sdcp_fast/cluster/etcd_records.py). A missing one is ObjectUnavailable."""
+
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> str | None: ...
+
+    async def get(self, uri: str) -> memoryview: ...
 
 
 class RecordStore:
     """Reads and writes one router's routing records and its index, one write at a time."""
 
-    def __init__(self, store: Store, scope: bytes, router: str) -> None:
+    def __init__(self, store: RecordObjects, scope: bytes, router: str) -> None:
         self.store, self.scope, self.router = store, scope, router
         self.index: set[bytes] = set()
         self._lock = asyncio.Lock()

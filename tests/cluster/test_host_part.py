@@ -44,7 +44,10 @@ def test_each_role_is_told_its_peers_from_the_spec_and_shares_the_first_host_s_m
     router = role_argv(spec, by_name["router-h2"], tmp_path, "toy")
     assert option(router, "--uri") == ["https://198.18.0.12:8500/"]
     assert option(router, "--api-listen") == ["198.18.0.12:8000"]
-    assert option(router, "--drafter-model") == ["https://198.18.0.11:8700/=toy-good", "https://198.18.0.13:8700/=toy-weak"]
+    # No list of peers: the router discovers verifiers and drafters from etcd, its own host's member first.
+    assert option(router, "--drafter-model") == []
+    assert option(router, "--etcd") == ["127.0.0.1:2379,198.18.0.11:2379,198.18.0.12:2379,198.18.0.13:2379"]
+    assert option(router, "--cluster") == [spec.token]
     assert option(router, "--scope") == [spec.scope]
     verifier = role_argv(spec, by_name["verifier-h3"], tmp_path, "toy")
     assert option(verifier, "--router") == ["https://198.18.0.11:8500/,https://198.18.0.12:8500/"]
