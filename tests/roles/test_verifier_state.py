@@ -58,6 +58,28 @@ def test_beyond_the_count_the_oldest_ended_session_goes_first(tmp_path):
     run(scenario())
 
 
+def test_a_session_that_left_the_verifier_has_not_ended_and_an_ended_one_is_released_once(tmp_path):
+    """The facts LiveSession's docstring names: a cancel sets ``gone`` and leaves the core's
+    session as it was (not ended, so nothing retires it twice); a finished one is ended by its
+    core, and ``ended`` marks its pages given back."""
+
+    async def scenario():
+        async with Rig(str(tmp_path)) as rig:
+            await rig.open(T, contract(max_new=50), m_init=2)
+            cancelled = rig.verifier.live(T)
+            await rig.router.cancel(VERIFIER, T)
+            await _finish(rig, S)
+            finished = rig.verifier.live(S)
+            released: list[bytes] = []
+            retire_ended(rig.verifier.sessions, released.append, 5.0)
+            return cancelled, finished, released
+
+    cancelled, finished, released = run(scenario())
+    assert cancelled.gone is not None and cancelled.gone.status == 404
+    assert not cancelled.session.closed and cancelled.ended is None
+    assert finished.gone is None and finished.session.closed and finished.ended == 5.0 and released == [S]
+
+
 # -- Deadlines: one timer for the output long-polls' deadlines -----------------------------------
 
 
