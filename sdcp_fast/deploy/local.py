@@ -249,10 +249,12 @@ def generate(
     seed: int = 0,
     backend: str = "auto",
     mlc: Store | None = None,
+    on_round: Callable[[RoundInfo], None] | None = None,
 ) -> list[SessionResult]:
     """Decode every prompt through the roles: ``drafter=None`` is target-only decoding (the
     verifier decodes each session itself, §6.5.2 self_decode). ``m`` fixes M (None: §6.2's
-    choice from measured costs); ``sampling`` is the rule-2 :class:`~sdcp_fast.protocol.Sampling`."""
+    choice from measured costs); ``sampling`` is the rule-2 :class:`~sdcp_fast.protocol.Sampling`;
+    ``on_round`` sees each committed round (a bench marks its steady state by them)."""
     import tempfile
 
     from sdcp_fast.store import embedded
@@ -265,7 +267,7 @@ def generate(
         try:
             engine = Engine(scorer, drafters, mlc, target_digest=scorer_digest(scorer),
                             tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,
-                            fixed_m=m, adaptive_m=m is None)
+                            fixed_m=m, adaptive_m=m is None, on_round=on_round)
             specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m) for p in prompts]
             return engine.run(specs)
         finally:
