@@ -1,6 +1,6 @@
 """What the verifier role keeps beside the core's sessions: per session (its commit log, its
-output readers and waiting drafters, its published KV pages), per round in a batch, and the
-background tasks of its parts.
+published KV pages, its prefill's progress, its output readers and waiting drafters: a record
+each), per round in a batch, and the background tasks of its parts.
 
 A :class:`LiveSession` is attached to its core session in the
 :class:`~sdcp_fast.protocol.registry.SessionRegistry`: that one table says which sessions
