@@ -95,6 +95,15 @@ def compare(a: dict[str, Any], b: dict[str, Any]) -> str:
                     continue
                 ratio = f"{vb / va:.2f}" if va and vb is not None else "-"
                 lines.append(f"{name:26} {level:>4} {label:12} {_f(va, '.4g'):>10} {_f(vb, '.4g'):>10} {ratio:>7}")
+    for name, fa in (a.get("alone") or {}).items():
+        fb = (b.get("alone") or {}).get(name)
+        if fb is not None:
+            for label, key in (("B=1 tok/s", "speculative"), ("B=1 t-o tok/s", "target_only")):
+                va, vb = (f["tokens_per_s_per_session"][key]["median"] for f in (fa, fb))
+                lines.append(f"{name:26} {'1':>4} {label:12} {_f(va, '.4g'):>10} {_f(vb, '.4g'):>10} "
+                             f"{vb / va if va else 0:>7.2f}")
+            lines.append(f"{name:26} {'1':>4} {'B=1 speedup':12} {_f(fa['speedup'], '.4g'):>10} "
+                         f"{_f(fb['speedup'], '.4g'):>10} {fb['speedup'] / fa['speedup']:>7.2f}")
     only = sorted({f"{n}@{lv}" for n, ls in a["summary"].items() for lv in ls} ^
                   {f"{n}@{lv}" for n, ls in b["summary"].items() for lv in ls})
     if only:

@@ -164,3 +164,15 @@ def test_each_session_alone_pairs_every_drafter_with_target_only(report_dir: Pat
     assert table.startswith("each session alone (B = 1") and "beside the speedup at 2 sessions in flight" in table
     row = next(ln for ln in table.splitlines() if ln.startswith("toy-good "))
     assert row.split()[1] == "6" and row.split()[-1] == "yes"
+
+
+def test_compare_prints_the_b1_figures(report_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    report = json.loads((report_dir / "report.json").read_text())
+    report["alone"]["toy-good"]["speedup"] *= 2
+    other = tmp_path / "b.json"
+    other.write_text(json.dumps(report))
+    capsys.readouterr()
+    assert main(["bench", "--compare", str(report_dir / "report.json"), str(other)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert next(ln for ln in lines if ln.startswith("toy-good ") and "B=1 speedup" in ln).split()[-1] == "2.00"
+    assert next(ln for ln in lines if ln.startswith("toy-weak ") and "B=1 tok/s" in ln).split()[-1] == "1.00"
