@@ -5,9 +5,11 @@
 set -uo pipefail
 PACKAGES=()
 need() { command -v "$1" >/dev/null 2>&1 || PACKAGES+=("$2"); }
-# The MLC's etcd commit log and its networked tier (Redis; docs/mlc.md says why not Mooncake).
+# The MLC's etcd commit log and its networked tiers (Redis; Mooncake Store, whose master and TCP
+# transfer engine load libibverbs even without RDMA hardware).
 need etcd etcd-server
 need redis-server redis-server
+ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' || PACKAGES+=(libibverbs1)
 # Simulated hosts (sdcp-fast cluster): network namespaces, veth pairs and a bridge.
 need ip iproute2
 if [ ${#PACKAGES[@]} -gt 0 ]; then

@@ -29,6 +29,7 @@ others' invariants and the lock; what stands alone is elsewhere already (the tie
 from __future__ import annotations
 
 import errno
+import functools
 import heapq
 import itertools
 import os
@@ -46,7 +47,7 @@ from typing import Any, NamedTuple
 from sdcp_fast.cache.failures import BadRange, CacheFull, ObjectLeased, ObjectUnavailable, UnknownLease
 from sdcp_fast.cache.stats import MAX_SCOPES, Accounting
 from sdcp_fast.cache.tiers.tier import Tier
-from sdcp_fast.cache.uri import check_key, scope_of
+from sdcp_fast.cache.uri import check_key, parse, scope_of
 from sdcp_fast.protocol.cbor import deterministic_cbor
 from sdcp_fast.protocol.problems import BadRequest
 
@@ -66,6 +67,18 @@ MAX_LEASES = 1 << 18
 MAX_LEASES_PER_OBJECT = 16
 # What a tier's write raises when the file system under it has less room than its capacity.
 _OUT_OF_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
+# What a takeover on another host reads: the target's KV pages, the prompt's KV and the
+# committed tokens. They are placed in a tier that outlives the writer's host (``outlives_host``:
+# Mooncake Store or Redis) when there is one, and stay there.
+OUTLIVE_HOST = frozenset({"target_kv", "prompt_kv", "committed_tokens"})
+
+
+@functools.lru_cache(maxsize=4096)
+def must_outlive_host(uri: str) -> bool:
+    try:
+        return parse(uri).kind in OUTLIVE_HOST
+    except ValueError:
+        return False
 
 
 @dataclass
@@ -172,6 +185,7 @@ class MLC:
         # Reads promote into the fastest tier whose bytes Python can see without a copy.
         self._deferring = [t for t in self.tiers if hasattr(t, "flush")]
         self._read_tier = next((i for i, t in enumerate(self.tiers) if t.host_readable), len(self.tiers) - 1)
+        self._outliving = next((i for i, t in enumerate(self.tiers) if getattr(t, "outlives_host", False)), None)
 
     # -- objects ---------------------------------------------------------------------------
 
@@ -209,7 +223,7 @@ class MLC:
             self._make_index_room(charge, keep={uri})
             start = 0 if is_tensor and data.device.type == "cuda" else self._read_tier
             full = ""
-            for i in range(start, len(self.tiers)):
+            for i in self._placement(uri, start):
                 if (size <= self.tiers[i].capacity and self._could_hold(i, size, keep={uri})
                         and self._make_room(i, size, keep={uri})):
                     try:
@@ -217,6 +231,10 @@ class MLC:
                         break
                     except CacheFull as exc:
                         full = f" ({exc.detail})"
+                    except ConnectionError:
+                        if i != self._outliving:
+                            raise
+                        # Unreachable: this host's tiers keep it; a takeover elsewhere recomputes it.
             else:
                 raise CacheFull(f"{size} bytes fit in no tier{full}")
             entry = _Entry(uri, scope_of(uri), size, i, handle, f'"{self._instance}-{next(self._ids)}"', meta,
@@ -639,9 +657,17 @@ class MLC:
         self.accounting[entry.scope, self.tiers[src].name].evictions += 1
         self._remove(entry)
 
+    def _placement(self, uri: str, start: int) -> list[int]:
+        """The tiers a put tries, in order: fastest first from ``start``, but an object that
+        must outlive its writer's host first in the tier that does."""
+        order = list(range(start, len(self.tiers)))
+        if self._outliving is not None and must_outlive_host(uri):
+            order = [self._outliving] + [i for i in order if i != self._outliving]
+        return order
+
     def _promote(self, entry: _Entry, target: int) -> None:
-        if entry.tier <= target:
-            return
+        if entry.tier <= target or (entry.tier == self._outliving and must_outlive_host(entry.uri)):
+            return  # reads of an object kept for a takeover leave it where it outlives its writer
         src = entry.tier
         for j in range(target, src):
             # The object leaves its tier: what moves down to make room for it may take its

@@ -25,6 +25,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device-mib", type=int, default=0, help="CUDA device tier capacity (0: none)")
     parser.add_argument("--redis", metavar="URL", help="networked tier, e.g. redis://127.0.0.1:6379/0")
     parser.add_argument("--redis-mib", type=int, default=4096)
+    parser.add_argument("--mooncake-master", metavar="HOST:PORT",
+                        help="networked tier on Mooncake Store instead of Redis: its mooncake_master's RPC address")
+    parser.add_argument("--mooncake-metadata", metavar="URL",
+                        help="the transfer engine's metadata service (default: the master's own, "
+                             "http://<master host>:8080/metadata; or etcd://..., P2PHANDSHAKE)")
+    parser.add_argument("--mooncake-mib", type=int, default=4096, help="bytes this MLC keeps in Mooncake Store")
+    parser.add_argument("--mooncake-segment-mib", type=int, default=512,
+                        help="memory this node lends Mooncake Store (0: none)")
+    parser.add_argument("--mooncake-replicas", type=int, default=2,
+                        help="copies of each object, each in another node's segment where there are several")
+    parser.add_argument("--mooncake-hostname", metavar="ADDR",
+                        help="address other nodes reach this one at (default: the one on the route to the master)")
     parser.add_argument("--max-objects", type=int, default=None, help="objects the index holds at most "
                         "(default 262144; least recently used unleased ones are evicted beyond)")
     parser.add_argument("--max-open-logs", type=int, default=64, help="commit logs open at once (descriptors)")
@@ -51,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
 
         if security.insecure and not is_loopback(args.host):
             raise ValueError(f"--insecure serves loopback addresses only, not {args.host!r}")
+        if args.redis and args.mooncake_master:
+            raise ValueError("one networked tier: --redis or --mooncake-master, not both")
     except (ValueError, FileNotFoundError) as exc:
         print(f"sdcp-fast mlc: {exc}", file=sys.stderr)
         return 2
@@ -65,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     limits = {} if args.max_objects is None else {"max_objects": args.max_objects}
     store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
                      device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib,
+                     mooncake=_mooncake(args), mooncake_bytes=args.mooncake_mib * mib,
                      max_open_logs=args.max_open_logs, **limits)
     scheme = "http" if security.insecure else "https"
     protocol = "HTTP/1.1" if args.http1 else "HTTP/2"
@@ -79,6 +94,17 @@ def run(args: argparse.Namespace) -> int:
 
     run_loop(_serve_h2(args, security, store, ready), settle=True)
     return 0
+
+
+def _mooncake(args: argparse.Namespace) -> Any:
+    if not args.mooncake_master:
+        return None
+    from sdcp_fast.cache.tiers.mooncake import MooncakeConfig
+
+    host = args.mooncake_master.rpartition(":")[0] or "127.0.0.1"
+    return MooncakeConfig(args.mooncake_master, args.mooncake_metadata or f"http://{host}:8080/metadata",
+                          segment_bytes=args.mooncake_segment_mib << 20, replicas=args.mooncake_replicas,
+                          hostname=args.mooncake_hostname)
 
 
 async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> None:

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 from sdcp_fast.cache import MiB
 from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.cache.index import MLC, Clock, Head
+from sdcp_fast.cache.tiers.mooncake import MooncakeConfig
 from sdcp_fast.cache.tiers.tier import Tier
 from sdcp_fast.commitlog.directory import MAX_OPEN, DirectoryLog, LogDirectory
 from sdcp_fast.store.interface import Log, LogAppend
@@ -120,9 +121,10 @@ class LocalStore:
 
 def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_bytes: int = 16384 * MiB,
              device_bytes: int = 0, redis_url: str | None = None, redis_bytes: int = 4096 * MiB,
+             mooncake: MooncakeConfig | None = None, mooncake_bytes: int = 4096 * MiB,
              clock: Clock = time.monotonic, max_open_logs: int = MAX_OPEN, **limits: int) -> LocalStore:
     """The default store: an MLC over [device,] page-locked host memory, disk under ``root``
-    (a temporary folder when None) [and Redis], with its commit logs under ``<root>/logs``
+    (a temporary folder when None) [and Redis or Mooncake Store], with its commit logs under ``<root>/logs``
     (at most ``max_open_logs`` descriptors open). ``limits``: the MLC's ``max_objects``,
     ``index_bytes``, ``max_leases``."""
     from sdcp_fast.cache.tiers.disk import DiskTier
@@ -140,5 +142,9 @@ def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_byte
         from sdcp_fast.cache.tiers.network import RedisTier
 
         tiers.append(RedisTier(redis_bytes, redis_url))
+    elif mooncake is not None:
+        from sdcp_fast.cache.tiers.mooncake import MooncakeTier
+
+        tiers.append(MooncakeTier(mooncake_bytes, mooncake))
     mlc = MLC(tiers, clock=clock, **limits)
     return LocalStore(mlc, LogDirectory(disk.root, max_open=max_open_logs))

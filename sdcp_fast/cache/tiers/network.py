@@ -1,4 +1,4 @@
-"""Networked tier on Redis (see docs/mlc.md for why Redis rather than Mooncake Store here).
+"""Networked tier on Redis, the alternative to Mooncake Store (tiers/mooncake.py).
 
 Objects are plain string values under ``<prefix><uri>``; several MLC instances that share a
 server and prefix see each other's objects (``probe``), which is the many-machines path for
@@ -14,6 +14,7 @@ from sdcp_fast.cache.tiers.tier import as_bytes_view
 
 class RedisTier:
     host_readable = True
+    outlives_host = True  # a server on another host keeps what a takeover reads (cache/index.py)
 
     def __init__(self, capacity: int, url: str, *, prefix: str = "mlc:", name: str = "redis") -> None:
         import redis

@@ -1,0 +1,181 @@
+"""Networked tier on Mooncake Store: objects kept in memory that MLC nodes lend the store
+(their segments), placed by a ``mooncake_master`` and moved over its TCP transfer engine.
+
+With ``replicas`` > 1 the master keeps each object in as many segments, so an object outlives
+the host that wrote it while another lender is up (docs/mlc.md, "Mooncake Store"). Objects are
+values under ``<prefix><uri>``; instances sharing a master and prefix see each other's objects
+(``probe``), as they do on the Redis tier.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from sdcp_fast.cache.tiers.tier import as_bytes_view
+from sdcp_fast.protocol.problems import SdcpProblem
+
+MiB = 1 << 20
+# Mooncake's ErrorCode values that mean something to the tier (mooncake-store/include/types.h).
+_NOT_FOUND = -704
+_HAS_LEASE = -706  # read within the master's --default_kv_lease_ttl: removable once it lapses
+# Drops the master refused for a read lease wait for a later flush; beyond this many the
+# oldest are forgotten (the master's own eviction reclaims them).
+MAX_PENDING_DROPS = 4096
+
+
+class TierUnreachable(SdcpProblem, ConnectionError):
+    """The networked tier did not answer (its master is down or cut off)."""
+
+    suffix = "mlc-tier-unreachable"
+    status = 503
+    title = "The cache's networked tier is unreachable"
+
+
+@dataclass(frozen=True)
+class MooncakeConfig:
+    """Where the store is and what this node lends it.
+
+    ``master``: the master's RPC address, ``host:port``. ``metadata``: the transfer engine's
+    metadata service: ``http://host:port/metadata`` (the master's own, with
+    ``--enable_http_metadata_server``), an ``etcd://`` address or ``P2PHANDSHAKE``.
+    ``segment_bytes``: memory this node lends the store (0: it only reads and writes).
+    ``buffer_bytes``: the client's transfer buffer; larger objects are registered in place.
+    ``hostname``: the address other nodes reach this one at (default: this machine's address
+    on the route to the master)."""
+
+    master: str
+    metadata: str
+    segment_bytes: int = 512 * MiB
+    buffer_bytes: int = 64 * MiB
+    replicas: int = 2
+    hostname: str | None = None
+    protocol: str = "tcp"
+
+    def local_address(self) -> str:
+        if self.hostname:
+            return self.hostname
+        host, _, port = self.master.rpartition(":")
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((host.strip("[]") or "127.0.0.1", int(port or 50051)))  # sends nothing
+            return str(s.getsockname()[0])
+
+
+class MooncakeTier:
+    host_readable = True
+    outlives_host = True  # objects that must survive their writer's host are placed here
+
+    def __init__(self, capacity: int, config: MooncakeConfig, *, prefix: str = "mlc:", name: str = "mooncake",
+                 store: Any = None) -> None:
+        self.name = name
+        self.capacity = capacity
+        self.prefix = prefix
+        self.config = config
+        if store is None:
+            from mooncake.store import MooncakeDistributedStore
+
+            store = MooncakeDistributedStore()
+            rc = store.setup(config.local_address(), config.metadata, config.segment_bytes, config.buffer_bytes,
+                             config.protocol, "", config.master)
+            if rc != 0:
+                raise TierUnreachable(f"Mooncake Store at {config.master} (metadata {config.metadata}) refused "
+                                      f"the client: setup returned {rc}")
+        self._s = store
+        from mooncake.store import ReplicateConfig
+
+        self._replicate = ReplicateConfig()
+        self._replicate.replica_num = config.replicas
+        self._pending: list[str] = []
+
+    def _failed(self, what: str, rc: int) -> TierUnreachable:
+        return TierUnreachable(f"Mooncake Store at {self.config.master}: {what} returned {rc}")
+
+    def write(self, key: str, data: Any) -> str:
+        name = self.prefix + key
+        if name in self._pending:
+            self._pending.remove(name)  # replaced, not dropped: the upsert below takes its place
+        view = as_bytes_view(data)
+        if not view.nbytes:
+            from sdcp_fast.cache.failures import CacheFull
+
+            raise CacheFull("Mooncake Store holds no empty objects")
+        if view.nbytes <= self.config.buffer_bytes // 2:
+            rc = self._s.upsert(name, view, self._replicate)  # through the client's buffer
+        else:
+            rc = self._in_place(view, lambda ptr: self._s.upsert_from(name, ptr, view.nbytes, self._replicate))
+        if rc != 0:
+            raise self._failed(f"upsert of {view.nbytes} bytes", rc)
+        return name
+
+    def _in_place(self, view: memoryview, op: Any) -> int:
+        """``op(address)`` with ``view``'s memory registered with the transfer engine."""
+        import numpy as np
+
+        ptr = int(np.frombuffer(view, dtype=np.uint8).ctypes.data)
+        rc = self._s.register_buffer(ptr, view.nbytes)
+        if rc != 0:
+            raise self._failed("register_buffer", rc)
+        try:
+            return int(op(ptr))
+        finally:
+            self._s.unregister_buffer(ptr)
+
+    def _size(self, name: str) -> int | None:
+        size = int(self._s.get_size(name))
+        if size == _NOT_FOUND:
+            return None
+        if size < 0:
+            raise self._failed(f"get_size of {name}", size)
+        return size
+
+    def read(self, handle: str) -> memoryview:
+        size = self._size(handle)
+        if size is None:
+            raise KeyError(handle)
+        if size <= self.config.buffer_bytes // 2:
+            value = self._s.get(handle)  # b"" on any failure
+            if len(value) == size:
+                return memoryview(value)
+        else:
+            out = bytearray(size)
+            if self._in_place(memoryview(out), lambda ptr: self._s.get_into(handle, ptr, size)) == size:
+                return memoryview(out)
+        if self._size(handle) is None:  # deleted between the two calls
+            raise KeyError(handle)
+        raise self._failed(f"get of {handle} ({size} bytes)", -1)
+
+    def read_range(self, handle: str, start: int, stop: int) -> memoryview:
+        if stop <= start:
+            return memoryview(b"")
+        return self.read(handle)[start:stop]  # the store reads whole objects
+
+    def probe(self, key: str) -> int | None:
+        """Size of an object another instance left here, or None."""
+        return self._size(self.prefix + key)
+
+    def drop(self, handle: str) -> None:
+        self._pending.append(handle)
+
+    def flush(self) -> None:
+        """Send deferred drops. One read within the master's read lease is refused (the
+        reader may still be copying it) and stays pending for a later flush."""
+        if not self._pending:
+            return
+        kept = []
+        for name in self._pending:
+            rc = int(self._s.remove(name))
+            if rc == _HAS_LEASE:
+                kept.append(name)
+            elif rc not in (0, _NOT_FOUND):
+                self._pending = kept + self._pending[self._pending.index(name):]
+                raise self._failed(f"remove of {name}", rc)
+        self._pending = kept[-MAX_PENDING_DROPS:]
+
+    def close(self) -> None:
+        try:
+            self.flush()
+        except TierUnreachable:
+            pass  # the master is gone, and the objects with it
+        finally:
+            self._s.close()

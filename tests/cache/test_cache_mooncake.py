@@ -1,0 +1,182 @@
+"""The Mooncake Store tier against a real mooncake_master on loopback: the tier's operations,
+demotion and eviction through an MLC, what a takeover reads placed where it outlives its
+writer, an object read after its writer's process is killed, and the master's death."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+import pytest
+
+from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
+from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.cache.tiers.mooncake import MooncakeTier, TierUnreachable
+from tests.cache.mlc_mooncake import Master, running_master
+from tests.cache.mooncake_writer import payload
+
+pytestmark = pytest.mark.services
+SCOPE = bytes(range(16))
+SESSION = b"m" * 16
+T = TypeVar("T")
+
+
+def uri(kind: str, n: int | None = None) -> str:
+    return object_uri(SCOPE, SESSION, kind, n)
+
+
+def blob(n: int, size: int = 2048) -> bytes:
+    return bytes([n]) * size
+
+
+def until(check: Callable[[], T | None], what: str, deadline_s: float = 30.0) -> T:
+    """``check()``'s first result that is not None, polled until the deadline."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        got = check()
+        if got is not None:
+            return got
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {deadline_s} s")
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def master() -> Iterator[Master]:
+    with running_master() as m:
+        yield m
+
+
+def test_put_get_delete_through_the_tier(master):
+    tier = MooncakeTier(64 << 20, master.config(), prefix="t1:")
+    try:
+        handle = tier.write("small", blob(1))
+        assert bytes(tier.read(handle)) == blob(1)
+        assert bytes(tier.read_range(handle, 100, 200)) == blob(1)[100:200]
+        assert tier.probe("small") == 2048
+        big = payload(6 << 20)  # over half the 8 MiB transfer buffer: registered in place both ways
+        assert bytes(tier.read(tier.write("big", big))) == big
+        tier.drop(handle)  # just read: the master's read lease defers the removal a little
+
+        def gone() -> bool | None:
+            tier.flush()
+            return True if tier.probe("small") is None else None
+
+        until(gone, "the dropped object leaving the store")
+        with pytest.raises(KeyError):
+            tier.read(handle)
+    finally:
+        tier.close()
+
+
+def test_demotion_to_mooncake_promotion_back_and_eviction(master, clock):
+    mlc = MLC([HostTier(4096), MooncakeTier(8192, master.config(), prefix="t2:")], clock=clock)
+    other = MooncakeTier(1 << 20, master.config(segment_bytes=0), prefix="t2:")
+    try:
+        for n in range(1, 7):
+            mlc.put(uri("draft_kv", n), blob(n))
+        assert [mlc.head(uri("draft_kv", n)).tier for n in range(1, 7)] == ["mooncake"] * 4 + ["host"] * 2
+        assert bytes(mlc.get_range(uri("draft_kv", 1), 10, 20)) == blob(1)[10:20]
+        mlc.put(uri("draft_kv", 7), blob(7))  # the store is full: its least recently used object goes
+        with pytest.raises(ObjectUnavailable):
+            mlc.head(uri("draft_kv", 2))
+        assert other.probe(uri("draft_kv", 2)) is None, "an evicted object is removed from the store"
+        assert bytes(mlc.get(uri("draft_kv", 3))) == blob(3)
+        assert mlc.head(uri("draft_kv", 3)).tier == "host", "a read promotes an ordinary object"
+        assert mlc.stats()["scopes"][SCOPE.hex()]["mooncake"]["objects"] == 4
+    finally:
+        other.close()
+        mlc.close()
+
+
+def test_what_a_takeover_reads_is_placed_in_mooncake_and_stays(master, clock):
+    mlc = MLC([HostTier(1 << 20), MooncakeTier(1 << 20, master.config(), prefix="t3:")], clock=clock)
+    other = MLC([HostTier(1 << 20), MooncakeTier(1 << 20, master.config(segment_bytes=0), prefix="t3:")],
+                clock=clock)
+    try:
+        kept = [uri("target_kv", 4), uri("prompt_kv"), uri("committed_tokens", 4)]
+        for n, name in enumerate(kept):
+            assert mlc.put(name, blob(n + 1)).tier == "mooncake", name
+        assert mlc.put(uri("draft_kv", 4), blob(9)).tier == "host", "the host tier had room"
+        assert bytes(mlc.get(kept[0])) == blob(1)
+        assert mlc.head(kept[0]).tier == "mooncake", "a read leaves it where it outlives its writer"
+        assert bytes(other.get(kept[1])) == blob(2), "another node reads it"
+        mlc.delete(kept[2])
+        with pytest.raises(ObjectUnavailable):
+            other.get(kept[2])
+    finally:
+        other.close()
+        mlc.close()
+
+
+def test_an_object_outlives_its_writers_process(master):
+    """The writer's MLC lends a segment too; with two copies one is in the reader's segment,
+    so what it read is there after the writer is killed (its own memory gone with it)."""
+    reader = MLC([HostTier(1 << 20), MooncakeTier(1 << 20, master.config())])
+    name = uri("target_kv", 7)
+    size = 300_000
+    writer = subprocess.Popen([sys.executable, "-m", "tests.cache.mooncake_writer", master.address,
+                               master.metadata, name, str(size)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              text=True)
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "stored mooncake"
+        writer.send_signal(signal.SIGKILL)
+        writer.wait(timeout=30)
+
+        def read() -> bytes | None:
+            try:
+                return bytes(reader.get(name))
+            except TierUnreachable:  # a copy in the dead writer's segment, before the master drops it
+                return None
+
+        assert until(read, "reading the killed writer's object") == payload(size)
+        assert reader.head(name).tier == "mooncake"
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        if writer.stdout is not None:
+            writer.stdout.close()
+        reader.close()
+
+
+def test_the_masters_death_gives_clear_errors_and_no_hang(clock):
+    with running_master() as m:
+        tier = MooncakeTier(1 << 20, m.config())
+        mlc = MLC([HostTier(1 << 20), tier], clock=clock)
+        mlc.put(uri("target_kv", 1), blob(1))
+        mlc.put(uri("draft_kv", 1), blob(2))
+        m.kill()
+
+        def after_death() -> None:
+            with pytest.raises(TierUnreachable) as lost:
+                mlc.get(uri("target_kv", 1))
+            assert lost.value.status == 503 and m.address in str(lost.value)
+            with pytest.raises(TierUnreachable):
+                tier.probe("anything")
+            assert mlc.put(uri("target_kv", 2), blob(3)).tier == "host", "this host keeps it instead"
+            assert bytes(mlc.get(uri("draft_kv", 1))) == blob(2)
+            mlc.close()
+
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(after_death).result(timeout=120)
+
+
+def test_sdcp_fast_mlc_builds_the_mooncake_tier_from_its_options():
+    from sdcp_fast.cli import mlc as cli
+
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    config = cli._mooncake(parser.parse_args(["--mooncake-master", "10.0.0.2:50051", "--mooncake-replicas", "3"]))
+    assert (config.master, config.metadata, config.replicas, config.segment_bytes) == (
+        "10.0.0.2:50051", "http://10.0.0.2:8080/metadata", 3, 512 << 20)
+    assert cli._mooncake(parser.parse_args([])) is None
+    both = parser.parse_args(["--insecure", "--redis", "redis://127.0.0.1:1/0", "--mooncake-master", "127.0.0.1:1"])
+    assert cli.run(both) == 2
