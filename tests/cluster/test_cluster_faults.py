@@ -1,0 +1,192 @@
+"""Faults across three simulated hosts (the default layout, toy model, temperature 0), each
+stream compared with target-only greedy decoding of its prompt (what an uninterrupted run
+gives). The tests share one cluster and run in this order, each leaving it serving:
+losing one etcd member mid-stream changes nothing; cutting off the active verifier's host
+makes the router fence and fail over, and the old verifier commits nothing after the fence
+(its etcd log); kill -9 of every process of the active verifier's host moves the session
+to the other verifier's host. Streams go through h1's front end (h1 holds no verifier)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+
+from sdcp_fast.cluster import simulate
+from sdcp_fast.cluster.etcd_client import EtcdClient, b64
+from sdcp_fast.cluster.membership import ROOT, range_end
+from sdcp_fast.cluster.spec import ClusterSpec, load
+from sdcp_fast.commitlog.etcd import EtcdCommitLog
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
+from sdcp_fast.protocol.routing import RoutedSession
+from sdcp_fast.protocol.routing_records import decode_record
+from tests.deploy.test_up import greedy_text
+
+from .conftest import layout, require_etcd, require_namespaces
+
+pytestmark = pytest.mark.services
+
+N = 160  # tokens per stream: long enough that a fault lands while it runs
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterSpec]]:
+    require_namespaces()
+    require_etcd()
+    directory = tmp_path_factory.mktemp("faults")
+    spec = layout(3, model="toy")
+    try:
+        simulate.up(directory, spec, timeout=150)
+        yield directory, spec
+    finally:
+        assert simulate.down(directory) == []
+
+
+def sessions(spec: ClusterSpec) -> list[RoutedSession]:
+    """The routed sessions whose routing records etcd holds (the routers' indexes left out)."""
+    etcd = EtcdClient(spec.etcd_clients())
+    start = f"{ROOT}{spec.token}/records/"
+    try:
+        out = etcd.call("/v3/kv/range", {"key": b64(start), "range_end": b64(range_end(start))})
+    finally:
+        etcd.close()
+    found = []
+    for kv in out.get("kvs", []):
+        try:
+            found.append(decode_record(base64.b64decode(kv["value"])))
+        except ValueError:
+            continue
+    return found
+
+
+def host_of(spec: ClusterSpec, uri: str) -> str:
+    address = urlsplit(uri).hostname
+    return next(h.name for h in spec.hosts if h.address == address)
+
+
+def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None]) -> tuple[str, RoutedSession]:
+    """A streamed completion of ``prompt`` through h1's front end; once its first text came,
+    ``fault`` is applied to its session (as etcd's routing record holds it). The whole text
+    and the session as it was when the fault came."""
+    endpoints = json.loads((directory / "endpoints.json").read_text())
+    spec = load(directory / "cluster.toml")
+    before = {r.session for r in sessions(spec)}
+    request = urllib.request.Request(endpoints["frontends"][0] + "completions", data=json.dumps(
+        {"model": "toy", "prompt": prompt, "max_tokens": N, "stream": True, "temperature": 0}).encode(), headers={
+        "Authorization": f"Bearer {endpoints['api_key']}", "Content-Type": "application/json"})
+    text, faulted = [], None
+    with opened(request) as r:
+        for line in r:
+            line = line.strip()
+            if not line.startswith(b"data: ") or line == b"data: [DONE]":
+                continue
+            text.append(json.loads(line[6:])["choices"][0]["text"])
+            if faulted is None and "".join(text):
+                deadline = time.monotonic() + 30
+                while not (mine := [s for s in sessions(spec) if s.session not in before and not s.done]):
+                    assert time.monotonic() < deadline, "the session's routing record never showed in etcd"
+                    time.sleep(0.1)
+                faulted = mine[0]
+                fault(faulted)
+    assert faulted is not None, "the stream ended before any text"
+    return "".join(text), faulted
+
+
+def opened(request: urllib.request.Request) -> Any:
+    """The response to ``request``, asked again while the front end answers 503: a router
+    takes verifiers from the registry within a second or two of their registration."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return urllib.request.urlopen(request, timeout=240)
+        except urllib.error.HTTPError as exc:
+            if exc.code != 503 or time.monotonic() > deadline:
+                raise
+        time.sleep(0.5)
+
+
+def after(spec: ClusterSpec, session: bytes) -> RoutedSession:
+    return next(s for s in sessions(spec) if s.session == session)
+
+
+def test_losing_one_etcd_member_mid_stream_changes_nothing(cluster: tuple[Path, ClusterSpec]) -> None:
+    directory, spec = cluster
+    state = json.loads((directory / "cluster.json").read_text())
+
+    def kill_member(routed: RoutedSession) -> None:  # the member on the active verifier's host
+        host = host_of(spec, routed.verifier)
+        [pid] = [p["pid"] for h in state["hosts"] if h["name"] == host for p in h["processes"] if p["role"] == "etcd"]
+        os.kill(pid, signal.SIGKILL)
+
+    prompt = "one member of three"
+    text, routed = stream(directory, prompt, kill_member)
+    assert text == greedy_text(prompt, N)
+    assert after(spec, routed.session).epoch == routed.epoch  # no fail-over was needed
+
+
+def test_a_cut_off_verifier_host_is_fenced_and_commits_nothing_after_the_fence(cluster: tuple[Path, ClusterSpec]) -> None:
+    directory, spec = cluster
+    net = simulate.network(directory)
+    cut: list[str] = []
+
+    def cut_off(routed: RoutedSession) -> None:
+        cut.append(host_of(spec, routed.verifier))
+        net.cut_off(cut[0])
+
+    prompt = "the router verifies each epoch"
+    try:
+        text, routed = stream(directory, prompt, cut_off)
+        moved = after(spec, routed.session)
+        log = EtcdCommitLog.from_ref(moved.commit_log.replace("127.0.0.1", spec.hosts[0].address))
+        try:
+            records = log.read().records
+        finally:
+            log.close()
+    finally:
+        for host in cut:
+            net.restore(host)
+    assert text == greedy_text(prompt, N)
+    assert moved.epoch > routed.epoch and host_of(spec, moved.verifier) != cut[0]
+    fence = next(i for i, r in enumerate(records) if isinstance(r, FenceRecord) and r.epoch == moved.epoch)
+    assert not any(isinstance(r, CommitRecord) and r.epoch < moved.epoch for r in records[fence:]), \
+        "the old verifier committed after the fence"
+
+
+def test_kill_9_of_the_active_verifier_s_host_moves_the_session(cluster: tuple[Path, ClusterSpec]) -> None:
+    directory, spec = cluster
+    net = simulate.network(directory)
+    # The host cut off before is back: wait until its verifier is registered again.
+    from sdcp_fast.cluster.membership_etcd import Membership
+
+    deadline = time.monotonic() + 90
+    while True:
+        m = Membership(spec.token, spec.etcd_clients())
+        try:
+            verifiers = {x.host for x in m.members("verifier")}
+        finally:
+            m.close()
+        if len(verifiers) == 2:
+            break
+        assert time.monotonic() < deadline, f"verifiers registered: {sorted(verifiers)}"
+        time.sleep(0.5)
+    killed: list[str] = []
+
+    def kill_host(routed: RoutedSession) -> None:
+        killed.append(host_of(spec, routed.verifier))
+        net.kill(killed[0])
+
+    prompt = "a drafter proposes many tokens"
+    text, routed = stream(directory, prompt, kill_host)
+    assert text == greedy_text(prompt, N)
+    moved = after(spec, routed.session)
+    assert moved.epoch > routed.epoch and host_of(spec, moved.verifier) != killed[0]
