@@ -104,6 +104,7 @@ def test_what_a_takeover_reads_is_placed_in_mooncake_and_stays(master, clock):
         for n, name in enumerate(kept):
             assert mlc.put(name, blob(n + 1)).tier == "mooncake", name
         assert mlc.put(uri("draft_kv", 4), blob(9)).tier == "host", "the host tier had room"
+        assert mlc.put(uri("committed_tokens", 5), b"").tier == "host", "the store refuses empty objects"
         assert bytes(mlc.get(kept[0])) == blob(1)
         assert mlc.head(kept[0]).tier == "mooncake", "a read leaves it where it outlives its writer"
         assert bytes(other.get(kept[1])) == blob(2), "another node reads it"

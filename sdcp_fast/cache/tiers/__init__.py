@@ -1,1 +1,1 @@
-"""MLC storage tiers, fastest first: device, host (page-locked), disk, networked (Redis)."""
+"""MLC storage tiers, fastest first: device, host (page-locked), disk, networked (Mooncake Store or Redis)."""
