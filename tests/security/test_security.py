@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.index import Head
 from sdcp_fast.cache.policy import may_delete, may_lease, may_put, may_read
-from sdcp_fast.cache.store import Head
 from sdcp_fast.cache.uri import served_name
 from sdcp_fast.model.toy import ToyTarget
 from sdcp_fast.protocol import SdcpProblem
