@@ -154,6 +154,7 @@ def test_the_masters_death_gives_clear_errors_and_no_hang(clock):
         mlc = MLC([HostTier(1 << 20), tier], clock=clock)
         mlc.put(uri("target_kv", 1), blob(1))
         mlc.put(uri("draft_kv", 1), blob(2))
+        mlc.put(uri("prompt_kv"), blob(4))
         m.kill()
 
         def after_death() -> None:
@@ -163,6 +164,8 @@ def test_the_masters_death_gives_clear_errors_and_no_hang(clock):
             with pytest.raises(TierUnreachable):
                 tier.probe("anything")
             assert mlc.put(uri("target_kv", 2), blob(3)).tier == "host", "this host keeps it instead"
+            assert bytes(mlc.get(uri("draft_kv", 1))) == blob(2)
+            mlc.delete(uri("prompt_kv"))  # the drop cannot be sent; this host's objects still serve
             assert bytes(mlc.get(uri("draft_kv", 1))) == blob(2)
             mlc.close()
 

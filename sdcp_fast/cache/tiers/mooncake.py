@@ -159,23 +159,21 @@ class MooncakeTier:
 
     def flush(self) -> None:
         """Send deferred drops. One read within the master's read lease is refused (the
-        reader may still be copying it) and stays pending for a later flush."""
+        reader may still be copying it) and stays pending for a later flush, as does every
+        drop while the master does not answer: a drop it cannot take is no caller's failure,
+        and must not fail the calls on this host's other tiers that flush first."""
         if not self._pending:
             return
         kept = []
-        for name in self._pending:
+        for n, name in enumerate(self._pending):
             rc = int(self._s.remove(name))
             if rc == _HAS_LEASE:
                 kept.append(name)
             elif rc not in (0, _NOT_FOUND):
-                self._pending = kept + self._pending[self._pending.index(name):]
-                raise self._failed(f"remove of {name}", rc)
+                kept += self._pending[n:]
+                break
         self._pending = kept[-MAX_PENDING_DROPS:]
 
     def close(self) -> None:
-        try:
-            self.flush()
-        except TierUnreachable:
-            pass  # the master is gone, and the objects with it
-        finally:
-            self._s.close()
+        self.flush()
+        self._s.close()
