@@ -244,10 +244,13 @@ class MLC:
             entry.birth_lease = lease
             return Stored(entry.etag, self.tiers[i].name, lease)
 
-    def stores_as_is(self, data: Any, size: int) -> bool:
+    def stores_as_is(self, data: Any, size: int, uri: str | None = None) -> bool:
         """Whether a put of ``data`` now would keep it without a copy or a move: ``bytes``
         that the fastest host-readable tier keeps as they are (``adopts_bytes``) and that fit
-        there beside what it holds. A hint for where to run the put (read without the lock)."""
+        there beside what it holds, and not bound for the networked tier (``uri``). A hint for
+        where to run the put (read without the lock)."""
+        if uri is not None and self._outliving is not None and must_outlive_host(uri):
+            return False
         i = self._read_tier
         tier = self.tiers[i]
         return type(data) is bytes and getattr(tier, "adopts_bytes", False) and self._used[i] + size <= tier.capacity

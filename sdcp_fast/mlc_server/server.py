@@ -206,7 +206,7 @@ class MLCService:
             ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
             # A body the host tier keeps as it came (no copy, nothing moved) is put inline: the
             # thread hop would cost more than the put.
-            moves = 0 if mlc.stores_as_is(data, len(data)) else len(body)
+            moves = 0 if mlc.stores_as_is(data, len(data), uri) else len(body)
             stored = await run_on(mlc, lambda: mlc.put(uri, data, ttl, meta=meta, owner=policy.principal(peer),
                                                        check=check), moves)  # data and meta
         finally:

@@ -184,3 +184,20 @@ def test_sdcp_fast_mlc_builds_the_mooncake_tier_from_its_options():
     assert cli._mooncake(parser.parse_args([])) is None
     both = parser.parse_args(["--insecure", "--redis", "redis://127.0.0.1:1/0", "--mooncake-master", "127.0.0.1:1"])
     assert cli.run(both) == 2
+
+
+def test_a_put_bound_for_the_networked_tier_is_not_run_inline(clock):
+    """The MLC server runs a put that the host tier keeps as it came on its event loop; one
+    that goes over the network to the store must go to a worker thread instead."""
+
+    class Networked(HostTier):
+        outlives_host = True
+
+    mlc = MLC([HostTier(1 << 20), Networked(1 << 20, name="networked")], clock=clock)
+    try:
+        data = bytes(64)
+        assert mlc.stores_as_is(data, len(data), uri("draft_kv", 1)) == mlc.tiers[0].adopts_bytes
+        assert not mlc.stores_as_is(data, len(data), uri("target_kv", 1))
+        assert mlc.put(uri("target_kv", 1), data).tier == "networked"
+    finally:
+        mlc.close()
