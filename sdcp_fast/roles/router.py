@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
@@ -59,8 +59,14 @@ from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Response, Transport
 
-if TYPE_CHECKING:
-    from sdcp_fast.cluster.discovery import Discovery
+
+class PeerSource(Protocol):
+    """Where a router in a cluster learns its verifiers and drafters (sdcp_fast/cluster/discovery.py
+    reads them from etcd): it keeps the status table to the registered instances while it runs."""
+
+    async def run(self, table: StatusTable, clock: Callable[[], float]) -> None: ...
+
+    def admits(self, instance: str) -> bool: ...
 
 log = logging.getLogger("sdcp_fast.router")
 
@@ -113,7 +119,7 @@ class RouterRole:
         stall_ttls: float = 3.0,
         clock: Callable[[], float] = time.monotonic,
         table: StatusTable | None = None,
-        discovery: Discovery | None = None,
+        discovery: PeerSource | None = None,
         records: RecordObjects | None = None,
         commit_logs: Callable[[bytes, bytes], str] | None = None,
     ) -> None:
