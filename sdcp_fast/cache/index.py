@@ -518,7 +518,10 @@ class MLC:
         """An object another MLC instance left in a shared networked tier."""
         for i, t in enumerate(self.tiers):
             probe = getattr(t, "probe", None)
-            size = probe(uri) if probe is not None else None
+            try:
+                size = probe(uri) if probe is not None else None
+            except ConnectionError:  # unreachable: as far as anyone here can tell, not there
+                continue
             if size is not None:
                 entry = _Entry(uri, scope_of(uri), size, i, t.prefix + uri,  # type: ignore[attr-defined]
                                f'"{self._instance}-{next(self._ids)}"', {}, borrowed=True)

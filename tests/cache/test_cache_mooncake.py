@@ -163,6 +163,8 @@ def test_the_masters_death_gives_clear_errors_and_no_hang(clock):
             assert lost.value.status == 503 and m.address in str(lost.value)
             with pytest.raises(TierUnreachable):
                 tier.probe("anything")
+            with pytest.raises(ObjectUnavailable):  # a miss here is a miss, not the store's failure
+                mlc.get(uri("q_rows", 9))
             assert mlc.put(uri("target_kv", 2), blob(3)).tier == "host", "this host keeps it instead"
             assert bytes(mlc.get(uri("draft_kv", 1))) == blob(2)
             mlc.delete(uri("prompt_kv"))  # the drop cannot be sent; this host's objects still serve

@@ -13,8 +13,9 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from sdcp_fast.cache.tiers.tier import as_bytes_view
-from sdcp_fast.protocol.problems import SdcpProblem
+from sdcp_fast.cache.tiers.tier import TierUnreachable, as_bytes_view
+
+__all__ = ["MooncakeConfig", "MooncakeTier", "TierUnreachable"]
 
 MiB = 1 << 20
 # Mooncake's ErrorCode values that mean something to the tier (mooncake-store/include/types.h).
@@ -23,14 +24,6 @@ _HAS_LEASE = -706  # read within the master's --default_kv_lease_ttl: removable 
 # Drops the master refused for a read lease wait for a later flush; beyond this many the
 # oldest are forgotten (the master's own eviction reclaims them).
 MAX_PENDING_DROPS = 4096
-
-
-class TierUnreachable(SdcpProblem, ConnectionError):
-    """The networked tier did not answer (its master is down or cut off)."""
-
-    suffix = "mlc-tier-unreachable"
-    status = 503
-    title = "The cache's networked tier is unreachable"
 
 
 @dataclass(frozen=True)

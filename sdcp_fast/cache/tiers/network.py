@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sdcp_fast.cache.tiers.tier import as_bytes_view
+from sdcp_fast.cache.tiers.tier import TierUnreachable, as_bytes_view
 
 
 class RedisTier:
@@ -23,6 +23,7 @@ class RedisTier:
         self.capacity = capacity
         self.prefix = prefix
         self.url = url
+        self._redis = redis.exceptions
         self._r = redis.Redis.from_url(url)
         self._r.ping()
         self._pending: list[str] = []
@@ -39,7 +40,10 @@ class RedisTier:
         self._pending.clear()
         for method, args in commands:
             getattr(pipe, method)(*args)
-        return list(pipe.execute())[dropped:]
+        try:
+            return list(pipe.execute())[dropped:]
+        except (self._redis.ConnectionError, self._redis.TimeoutError) as exc:
+            raise TierUnreachable(f"Redis at {self.url}: {exc}") from exc
 
     def write(self, key: str, data: Any) -> str:
         name = self.prefix + key
@@ -73,5 +77,9 @@ class RedisTier:
             self._run()
 
     def close(self) -> None:
-        self.flush()
-        self._r.close()
+        try:
+            self.flush()
+        except TierUnreachable:
+            pass  # nothing left to drop from
+        finally:
+            self._r.close()

@@ -5,6 +5,16 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from sdcp_fast.protocol.problems import SdcpProblem
+
+
+class TierUnreachable(SdcpProblem, ConnectionError):
+    """A networked tier did not answer (its server or master is down or cut off)."""
+
+    suffix = "mlc-tier-unreachable"
+    status = 503
+    title = "The cache's networked tier is unreachable"
+
 
 class Tier(Protocol):
     name: str
