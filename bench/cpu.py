@@ -17,7 +17,7 @@ the next:
   prompt's first difference; and llama.cpp with an f32 KV cache against its own defaults, which
   says how many of those tokens are near-ties that any difference in rounding flips.
 - speculation: each of ``--drafters`` against target-only decoding on the demo's prompts, as
-  ``sdcp_fast/harness/speedup.py`` measures it (interleaved pairs of the same tokens, same weights,
+  ``sdcp_fast/benchlib/speedup.py`` measures it (interleaved pairs of the same tokens, same weights,
   same loop), over the prompts and for each prompt (each runs alone, one session).
 
     python bench/cpu.py                         # everything (minutes)
@@ -50,7 +50,7 @@ import sdcp_fast  # noqa: F401  first: its OpenMP wait (sdcp_fast.native.wait_pa
 # isort: split
 import torch
 
-from sdcp_fast.harness.speedup import Timed, combined, interleaved, speedups
+from sdcp_fast.benchlib.speedup import Timed, combined, interleaved, speedups
 
 PROMPT = "The history of the Roman Empire"
 

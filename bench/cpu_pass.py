@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from sdcp_fast.harness.speedup import acceptance_needed, speedup_bound
+from sdcp_fast.benchlib.speedup import acceptance_needed, speedup_bound
 
 LLAMA = "llama.cpp"
 

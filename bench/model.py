@@ -28,10 +28,10 @@ import shlex
 import sys
 from pathlib import Path
 
+from sdcp_fast.benchlib import bench_report
+from sdcp_fast.benchlib import workload as wl
+from sdcp_fast.benchlib.run import Plan, finish, run
 from sdcp_fast.deploy.catalog import check_device, resolve
-from sdcp_fast.harness import bench_report
-from sdcp_fast.harness import workload as wl
-from sdcp_fast.harness.run import Plan, finish, run
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -139,7 +139,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_reader_sees_the_imports_it_should() -> None:
     assert "sdcp_fast.protocol.messages" in _imports("sdcp_fast.protocol", typing=False)
     assert "sdcp_fast.model.kv_cache" in _imports("sdcp_fast.model.target_scorer", typing=False)
-    assert "sdcp_fast.harness.run" in _imports("sdcp_fast.cli.bench", typing=False)  # at function level
+    assert "sdcp_fast.benchlib.run" in _imports("sdcp_fast.cli.bench", typing=False)  # at function level
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert ALLOWED["protocol"] == set() and "roles" in ALLOWED["deploy"] and TOP == {"cli"}
 

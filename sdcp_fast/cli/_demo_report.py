@@ -1,6 +1,6 @@
 """The demo's report, the same in process and across processes: each session's text and
 figures, the speculative run's summary, and the speedup over target-only decoding
-(:mod:`sdcp_fast.harness.speedup` measures it) with the lines that explain it, and when the
+(:mod:`sdcp_fast.benchlib.speedup` measures it) with the lines that explain it, and when the
 measured costs eat the bound, what it would take to pay; then the speedup of each session
 alone (B = 1), and both figures side by side.
 """

@@ -2,7 +2,7 @@
 its own process, HTTP/2 + TLS 1.3 with client certificates), prompts sent through the
 router's OpenAI-compatible front end and streamed back, the deployment's own counters
 (``GET metrics`` of each verifier). The speedup is measured like for like, both sides in this
-process through the same roles (harness/speedup.py), not against the deployment's run."""
+process through the same roles (benchlib/speedup.py), not against the deployment's run."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ async def _stream(client: Any, base: str, index: int, body: dict[str, Any], show
 
 
 async def _drive(up: Any, texts: list[str], args: argparse.Namespace, show: bool) -> dict[str, Any]:
-    from sdcp_fast.harness.drive_network import parse_metrics
+    from sdcp_fast.benchlib.drive_network import parse_metrics
     from sdcp_fast.transport.h2client import H2Transport
     from sdcp_fast.transport.tls import client_context
 

@@ -82,7 +82,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from sdcp_fast.harness import bench_report as reports
+    from sdcp_fast.benchlib import bench_report as reports
 
     if args.compare:
         try:
@@ -97,8 +97,8 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"sdcp-fast bench: {exc}", file=sys.stderr)
         return 2
-    from sdcp_fast.harness.run import finish
-    from sdcp_fast.harness.run import run as run_plan
+    from sdcp_fast.benchlib.run import finish
+    from sdcp_fast.benchlib.run import run as run_plan
 
     out = args.out or Path("bench/results") / time.strftime("%Y%m%d-%H%M%S")
     print(f"sdcp-fast bench: {plan.model or 'remote'}, {plan.workload.describe()}, sessions "
@@ -127,10 +127,10 @@ def _terminable(fn: Any, *args: Any) -> Any:
 
 
 def _plan(args: argparse.Namespace) -> object:
+    from sdcp_fast.benchlib import workload as wl
+    from sdcp_fast.benchlib.drive_network import Remote, served_model
+    from sdcp_fast.benchlib.run import Plan
     from sdcp_fast.deploy.catalog import resolve
-    from sdcp_fast.harness import workload as wl
-    from sdcp_fast.harness.drive_network import Remote, served_model
-    from sdcp_fast.harness.run import Plan
 
     remote = None
     if args.router:

@@ -8,7 +8,7 @@ committed to a fenced file commit log in the embedded MLC, and escalated when th
 keeps being rejected, with a line per round. Both print the text and the figures, and the
 speedup over target-only decoding: ``--repeats`` pairs of speculative and target-only runs
 of the same sessions in this process, interleaved, with the range and the time per target
-pass of each side (harness/speedup.py); then the same for each session alone (B = 1,
+pass of each side (benchlib/speedup.py); then the same for each session alone (B = 1,
 ``--alone`` pairs per session), with each side's per-session tokens/s.
 """
 
@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from sdcp_fast.harness.speedup import Timed
+    from sdcp_fast.benchlib.speedup import Timed
     from sdcp_fast.store.interface import Store
 
 HELP = "run SDCP sessions on the embedded default (sdcp-fast up, or --inprocess) and print text and figures"
@@ -133,8 +133,8 @@ def _specs(args: argparse.Namespace, setup: Setup) -> list[Any]:
 def _speculative(setup: Setup, specs: list[Any], mlc: Store, args: argparse.Namespace,
                  show: Callable[[Any, Any], None] | None = None) -> tuple[list[Any], Timed]:
     """The sessions with their drafters; ``show(round, engine)`` after each committed round."""
+    from sdcp_fast.benchlib.speedup import Timed
     from sdcp_fast.deploy.local import Engine
-    from sdcp_fast.harness.speedup import Timed
 
     counts = [0, 0, 0]  # proposed, accepted, drafter rounds
 
@@ -183,8 +183,8 @@ def _timing_drafts(drafters: list[Any]) -> Iterator[list[float]]:
 def _target_only(setup: Setup, specs: list[Any], mlc: Store, backend: str, seed: int) -> tuple[list[list[int]], Timed]:
     """Target-only decoding of the same sessions through the same roles (the verifier decodes
     each session itself, batched over the sessions): the baseline."""
+    from sdcp_fast.benchlib.speedup import Timed
     from sdcp_fast.deploy.local import Engine
-    from sdcp_fast.harness.speedup import Timed
 
     engine = Engine(setup.scorer, [], mlc, target_digest=setup.target_digest,
                     tokenizer_digest=setup.tokenizer_digest, backend=backend, seed=seed)
@@ -214,7 +214,7 @@ def compare(setup: Setup, args: argparse.Namespace, lengths: list[int],
     ``--repeats`` interleaved pairs in this process (the same roles, thread and device for
     both, each run on an MLC of its own); ``same(target_only_outputs)``: under rule 1, whether
     each session's output shown equals target-only greedy decoding."""
-    from sdcp_fast.harness.speedup import comparison, interleaved
+    from sdcp_fast.benchlib.speedup import comparison, interleaved
 
     specs = [replace(spec, max_new=n) for spec, n in zip(_specs(args, setup), lengths, strict=True)]
     outs: list[list[list[int]]] = []
@@ -238,7 +238,7 @@ def compare_alone(setup: Setup, args: argparse.Namespace, lengths: list[int]) ->
     decoded by itself speculatively and target-only to ``lengths`` tokens, interleaved like
     :func:`compare`'s; under rule 1, whether each pair's two outputs are the same. None with
     ``--alone 0``."""
-    from sdcp_fast.harness.speedup import each_alone, interleaved
+    from sdcp_fast.benchlib.speedup import each_alone, interleaved
 
     if args.alone <= 0:
         return None

@@ -9,8 +9,8 @@ import argparse
 
 import pytest
 
+from sdcp_fast.benchlib.speedup import Timed, comparison, each_alone
 from sdcp_fast.cli._demo_report import report
-from sdcp_fast.harness.speedup import Timed, comparison, each_alone
 
 
 def test_a_range_as_wide_as_the_effect_is_said(capsys: pytest.CaptureFixture[str]) -> None:

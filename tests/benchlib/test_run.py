@@ -115,7 +115,7 @@ def test_report_states_warmup_noise_and_why_the_hf_peer_was_skipped(report_dir: 
 
 
 def test_peers_table_says_what_it_could_not_measure(report_dir: Path) -> None:
-    from sdcp_fast.harness.bench_report import peers_table
+    from sdcp_fast.benchlib.bench_report import peers_table
 
     table = peers_table(json.loads((report_dir / "report.json").read_text()))
     rows = [ln.split()[0] for ln in table.splitlines()[2:]]
@@ -125,7 +125,7 @@ def test_peers_table_says_what_it_could_not_measure(report_dir: Path) -> None:
 
 def test_open_loop_sessions_arrive_as_drawn_and_progress_is_shown(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    from sdcp_fast.harness.workload import Workload, builtin, take
+    from sdcp_fast.benchlib.workload import Workload, builtin, take
 
     out = tmp_path / "rate"
     assert main(["bench", "--model", "toy", "--inprocess", "--drafters", "toy-good", "--no-variants", "--rate", "20",
@@ -146,7 +146,7 @@ def test_open_loop_sessions_arrive_as_drawn_and_progress_is_shown(tmp_path: Path
 
 
 def test_each_session_alone_pairs_every_drafter_with_target_only(report_dir: Path) -> None:
-    from sdcp_fast.harness.bench_report import alone_table
+    from sdcp_fast.benchlib.bench_report import alone_table
 
     report = json.loads((report_dir / "report.json").read_text())
     assert set(report["alone"]) == {"toy-good", "toy-weak"}  # the fixed-M rows, not the variants

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from sdcp_fast.harness.workload import Workload, builtin, take
+from sdcp_fast.benchlib.workload import Workload, builtin, take
 
 
 def _workload(rate: float | None, seed: int = 0) -> Workload:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sdcp_fast.harness.figures import PHASE_ORDER, itl
+from sdcp_fast.benchlib.figures import PHASE_ORDER, itl
 
 
 def _levels(levels: dict[Any, Any]) -> list[tuple[int, Any]]:

@@ -1,12 +1,12 @@
 """Each session alone (B = 1) in the bench: a measured run becomes one side of a pair, its
 drafter rounds counted apart from the rounds the verifier decoded itself. The pairs
-themselves run in tests/harness/test_run.py."""
+themselves run in tests/benchlib/test_run.py."""
 
 from __future__ import annotations
 
-from sdcp_fast.harness.alone import timed
-from sdcp_fast.harness.samples import RoundSample, RunSample, SessionSample
-from sdcp_fast.harness.speedup import Timed
+from sdcp_fast.benchlib.alone import timed
+from sdcp_fast.benchlib.samples import RoundSample, RunSample, SessionSample
+from sdcp_fast.benchlib.speedup import Timed
 
 
 def test_a_run_is_one_side_of_a_pair() -> None:

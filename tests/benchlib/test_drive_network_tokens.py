@@ -3,9 +3,9 @@ count beyond what the other sessions reported, shared by text, and marked as est
 
 from __future__ import annotations
 
-from sdcp_fast.harness.drive_network import estimate_missing_tokens
-from sdcp_fast.harness.figures import summarize
-from sdcp_fast.harness.samples import RunSample, SessionSample
+from sdcp_fast.benchlib.drive_network import estimate_missing_tokens
+from sdcp_fast.benchlib.figures import summarize
+from sdcp_fast.benchlib.samples import RunSample, SessionSample
 
 
 def _run(emitted: float) -> tuple[RunSample, dict[int, list[tuple[float, str]]]]:

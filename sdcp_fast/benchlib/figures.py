@@ -1,6 +1,6 @@
 """From raw samples to the figures of the summary: throughput with its spread over repeats,
 latency percentiles, acceptance, batching, the time per round by part, and the speedup over
-target-only decoding (measured as :mod:`~sdcp_fast.harness.speedup` says) next to the bound the
+target-only decoding (measured as :mod:`~sdcp_fast.benchlib.speedup` says) next to the bound the
 measured acceptance and costs allow."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from sdcp_fast.harness.samples import RunSample
-from sdcp_fast.harness.speedup import from_rates, speedup_bound
-from sdcp_fast.harness.speedup import spread as speedup_spread
+from sdcp_fast.benchlib.samples import RunSample
+from sdcp_fast.benchlib.speedup import from_rates, speedup_bound
+from sdcp_fast.benchlib.speedup import spread as speedup_spread
 
 PHASE_ORDER = ("draft", "mlc_write", "mlc_read", "scoring", "acceptance", "commit", "other",
                "verifier", "outside_verifier")

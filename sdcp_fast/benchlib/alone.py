@@ -1,6 +1,6 @@
 """Each session alone (B = 1): every in-process drafter configuration against target-only
 decoding, one session in flight, the two sides' runs of each prompt interleaved as
-:mod:`~sdcp_fast.harness.speedup` pairs them.
+:mod:`~sdcp_fast.benchlib.speedup` pairs them.
 
 The concurrency levels of a run measure every configuration's repeats one after another, so
 a load that changes between configurations lands on one side only; here each pair is one
@@ -15,10 +15,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from sdcp_fast.harness.drive_local import run_inprocess
-from sdcp_fast.harness.samples import Config, RunSample
-from sdcp_fast.harness.speedup import Timed, each_alone, interleaved
-from sdcp_fast.harness.workload import Workload
+from sdcp_fast.benchlib.drive_local import run_inprocess
+from sdcp_fast.benchlib.samples import Config, RunSample
+from sdcp_fast.benchlib.speedup import Timed, each_alone, interleaved
+from sdcp_fast.benchlib.workload import Workload
 
 
 def timed(run: RunSample) -> Timed:
@@ -33,7 +33,7 @@ def measure(target: Any, drafter: tuple[Any, bytes], config: Config, baseline: C
             repeats: int, *, backend: str = "auto", timeout: float = 600.0,
             on_session: Callable[[], None] | None = None) -> dict[str, Any]:
     """``repeats`` pairs per prompt of ``workload``: the prompt alone under ``config`` and
-    under ``baseline`` (target-only); :func:`~sdcp_fast.harness.speedup.each_alone`'s
+    under ``baseline`` (target-only); :func:`~sdcp_fast.benchlib.speedup.each_alone`'s
     figures, each pair's outputs compared under rule 1 (a session the escalation ladder
     failed is the same when its output is a prefix of target-only's)."""
     prompts = workload.prompts

@@ -10,7 +10,7 @@ first drafter, the same fixed M and batch limit (and device), which sits next to
 ``<drafter>`` row to show what distribution costs; ``--router`` measures a running
 deployment, whose target-only figure is measured in process when its model is here.
 Then each session alone (B = 1): each drafter's fixed-M configuration against target-only,
-one prompt at a time, the two sides interleaved (``harness/alone.py``).
+one prompt at a time, the two sides interleaved (``benchlib/alone.py``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sdcp_fast.harness import bench_report as reports
-from sdcp_fast.harness.drive_network import Remote
-from sdcp_fast.harness.figures import add_speedups, summarize
-from sdcp_fast.harness.samples import Config, RunSample
-from sdcp_fast.harness.workload import Workload
+from sdcp_fast.benchlib import bench_report as reports
+from sdcp_fast.benchlib.drive_network import Remote
+from sdcp_fast.benchlib.figures import add_speedups, summarize
+from sdcp_fast.benchlib.samples import Config, RunSample
+from sdcp_fast.benchlib.workload import Workload
 
 TARGET_ONLY = "target-only"
 
@@ -72,7 +72,7 @@ def configurations(plan: Plan) -> list[Config]:
 def _prompts(plan: Plan, level: int) -> Workload:
     from dataclasses import replace
 
-    from sdcp_fast.harness.workload import take
+    from sdcp_fast.benchlib.workload import take
 
     n = max(len(plan.workload.prompts), level)
     return replace(plan.workload, prompts=take(list(plan.workload.prompts), n))
@@ -92,9 +92,9 @@ def run(plan: Plan) -> dict[str, Any]:
 
     from tqdm import tqdm
 
-    from sdcp_fast.harness.drive_local import run_inprocess
-    from sdcp_fast.harness.drive_network import run_remote
-    from sdcp_fast.harness.environment import environment
+    from sdcp_fast.benchlib.drive_local import run_inprocess
+    from sdcp_fast.benchlib.drive_network import run_remote
+    from sdcp_fast.benchlib.environment import environment
 
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t_start = time.perf_counter()
@@ -154,7 +154,7 @@ def run(plan: Plan) -> dict[str, Any]:
                                          config, workload, level, plan.repeats, backend=plan.backend,
                                          on_session=lambda: bar.update(1), timeout=plan.timeout)
                 elif config.path == "hf":
-                    from sdcp_fast.harness.peers import run_hf
+                    from sdcp_fast.benchlib.peers import run_hf
 
                     assert target is not None
                     done = run_hf(target, config.drafter, config.name, workload, plan.repeats,
@@ -173,7 +173,7 @@ def run(plan: Plan) -> dict[str, Any]:
                 up[1].cleanup()
                 up = None
         for config in alone_configs:
-            from sdcp_fast.harness.alone import measure
+            from sdcp_fast.benchlib.alone import measure
 
             assert target is not None and config.drafter is not None
             bar.set_description(f"{config.name} alone vs {TARGET_ONLY}")
@@ -309,7 +309,7 @@ def _on_device(target: Any, device: str) -> Any:
 
 def _hf_configs(plan: Plan, target: Any) -> list[Config]:
     """The HF peers, or none with the reason in the notes."""
-    from sdcp_fast.harness.peers import hf_unavailable
+    from sdcp_fast.benchlib.peers import hf_unavailable
 
     d = plan.drafters[0]
     why = hf_unavailable(target, d)
@@ -350,7 +350,7 @@ def finish(report: dict[str, Any], out: Path, plots: bool = True) -> list[Path]:
         if importlib.util.find_spec("matplotlib") is None:
             print("no plots: matplotlib is not installed (pip install 'sdcp-fast[bench]')")
             return written
-        from sdcp_fast.harness.plots import plot
+        from sdcp_fast.benchlib.plots import plot
 
         written += plot(report, out)
     return written

@@ -19,10 +19,10 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from sdcp_fast.benchlib.samples import Config, RoundSample, RunSample, SessionSample
+from sdcp_fast.benchlib.workload import Workload
 from sdcp_fast.cache.index import Head
 from sdcp_fast.commitlog.backend import LogView
-from sdcp_fast.harness.samples import Config, RoundSample, RunSample, SessionSample
-from sdcp_fast.harness.workload import Workload
 from sdcp_fast.protocol.commitlog import LogRecord
 from sdcp_fast.store.interface import Log, LogAppend, Store
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sdcp_fast.harness.speedup import (
+from sdcp_fast.benchlib.speedup import (
     Timed,
     acceptance_needed,
     combined,

@@ -9,8 +9,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sdcp_fast.harness.samples import RunSample, SessionSample
-from sdcp_fast.harness.workload import Workload
+from sdcp_fast.benchlib.samples import RunSample, SessionSample
+from sdcp_fast.benchlib.workload import Workload
 
 
 def hf_unavailable(target: Any, drafter: str | None) -> str | None:

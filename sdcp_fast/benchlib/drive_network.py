@@ -17,8 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from sdcp_fast.harness.samples import Config, RunSample, SessionSample
-from sdcp_fast.harness.workload import Workload
+from sdcp_fast.benchlib.samples import Config, RunSample, SessionSample
+from sdcp_fast.benchlib.workload import Workload
 from sdcp_fast.roles.sse import DONE, messages
 
 
