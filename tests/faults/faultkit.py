@@ -529,18 +529,27 @@ async def failovers(up: FaultUp) -> float:
     return await asyncio.to_thread(metric, up, "router", "sdcp_failovers_total")
 
 
-async def stop_until_failed_over(up: FaultUp, name: str, *, least: float, deadline: float = 90.0) -> bool:
+async def fenced(up: FaultUp, sessions: Sequence[bytes]) -> bool:
+    """Whether the commit log of one of ``sessions`` holds a fence (§6.9: a fail-over's first step)."""
+    for session in sessions:
+        if any(isinstance(r, FenceRecord) for r in await asyncio.to_thread(read_log, up, session)):
+            return True
+    return False
+
+
+async def stop_until_failed_over(up: FaultUp, name: str, *, least: float, deadline: float = 90.0,
+                                 sessions: Sequence[bytes] | None = None) -> bool:
     """Partition ``name`` (SIGSTOP) for at least ``least`` seconds and until the router has
-    failed a session over (its fail-over counter grew), then continue it (SIGCONT), however
-    slowly a loaded machine lets the router get there; whether a fail-over came within
-    ``deadline`` seconds."""
+    failed a session over (the log of one of ``sessions`` holds a fence; without them, the
+    router's fail-over counter grew), then continue it (SIGCONT), however slowly a loaded
+    machine lets the router get there; whether a fail-over came within ``deadline`` seconds."""
     before = await failovers(up)
     up.signal(name, signal.SIGSTOP)
     t0 = time.monotonic()
     try:
         await asyncio.sleep(least)
         while True:
-            moved = await failovers(up) > before
+            moved = await fenced(up, sessions) if sessions else await failovers(up) > before
             if moved or time.monotonic() - t0 >= deadline:
                 return moved
             await asyncio.sleep(0.25)

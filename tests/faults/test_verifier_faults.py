@@ -54,9 +54,10 @@ def test_a_partitioned_verifier_commits_and_releases_nothing_after_the_fence(who
         await asyncio.sleep(rng.uniform(0.2, 1.0))
         name = await busiest_verifier(up)
         stopped.append(name)
-        # Past the status expiry, and until the router's sweep has fenced a log: on a loaded
+        # Past the status expiry, and until the router has fenced one of these logs: on a loaded
         # machine that takes longer than any fixed multiple of the TTL.
-        moved = await stop_until_failed_over(up, name, least=3 * up.status_ttl_ms / 1000)
+        moved = await stop_until_failed_over(up, name, least=3 * up.status_ttl_ms / 1000,
+                                             sessions=[job.session for job in batch])
         assert moved, f"the router failed nothing over while {name} was stopped"
 
     seen = run_batch(up, batch, faults)
