@@ -1,5 +1,5 @@
-"""The drafter role (§6.2, §6.9): assignments, drafting, q rows under a lease in the MLC,
-proposals, retries, and status reports.
+"""The drafter role (§6.2, §6.9): assignments, drafting, proposals, retries, and status
+reports; the q rows it puts under a lease in the MLC are :mod:`drafter_q_rows`'s.
 
 Resource (Table 1): ``POST assignments``. Each assigned session runs one loop: draft M
 tokens from the committed prefix the drafter learned (from the assignment, the
@@ -24,7 +24,6 @@ from typing import Any
 import torch
 
 from sdcp_fast.cache import ObjectUnavailable, object_uri
-from sdcp_fast.cache.tiers.tier import as_bytes_view
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.model.interfaces import Drafter
 from sdcp_fast.protocol import (
@@ -42,6 +41,7 @@ from sdcp_fast.protocol import (
 from sdcp_fast.protocol.drafting import AcceptanceEstimator, DrafterSession, state_from_problem
 from sdcp_fast.protocol.messages import ROLE_DRAFTER
 from sdcp_fast.protocol.peer import PeerRole, require_role
+from sdcp_fast.roles.drafter_q_rows import QRows
 from sdcp_fast.roles.load import BusyMeter
 from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
@@ -52,19 +52,7 @@ from sdcp_fast.transport.base import Request, Transport
 
 log = logging.getLogger("sdcp_fast.drafter")
 
-LEASE_TTL = 30.0  # seconds a q-rows object is held for the verifier; released at the verdict
 PROPOSAL_BACKOFF = 0.02  # seconds before the second try of a proposal or a q-row put; doubling, at most 1 s
-
-
-def q_row_object(rows: torch.Tensor) -> Any:
-    """What is put as the q_rows object: the rows' binary32 octets and nothing else (§5.2).
-
-    Rows in host memory go as a flat byte view of the tensor (no copy): a remote MLC then gets
-    them as a raw body, not wrapped in a CBOR map with their layout (built, copied and parsed
-    again on both sides); the verifier knows the layout (M x V) already. Rows on a GPU stay a
-    tensor, so that a store in the same process can keep them there."""
-    rows = rows.to(torch.float32).contiguous()
-    return as_bytes_view(rows) if rows.device.type == "cpu" else rows
 
 
 class Resync(Exception):
@@ -117,7 +105,6 @@ class DrafterRole:
         self.fixed_m = fixed_m
         self.status_ttl_ms = status_ttl_ms
         self.retries = retries
-        self._tag = writer_tag(uri)  # names our q rows: only we can create them (_publish)
         # Preparing the next proposal pays only where drafting runs beside the event loop.
         self.speculate = offload if speculate is None else speculate
         self.speculation = {"prepared": 0, "used": 0}  # next proposals drafted ahead, and sent
@@ -137,6 +124,8 @@ class DrafterRole:
         self._tasks: list[asyncio.Task[None]] = []
         self.routes = Routes()
         self.metrics = DrafterMetrics.mount(self.routes)
+        self.q_rows = QRows(self.objects, uri, attempts=retries + 1, first_delay=PROPOSAL_BACKOFF,
+                            on_retry=self.metrics.store_retries.inc)
         self.routes.add("POST", r"assignments", self._post_assignment)
 
     @property
@@ -254,10 +243,7 @@ class DrafterRole:
                     verdict = await sending
                 finally:
                     if lease is not None:
-                        # The round's rows are spent once it is answered (§6.2): deleted, not left
-                        # to fill the MLC's host tier and be demoted to disk to make room.
-                        with contextlib.suppress(Exception):
-                            await self.objects.release(lease, drop=True)
+                        await self.q_rows.release(lease)
                 if prepared is not None:
                     prepared.confirmed = verdict is not None and record.stopped is None and \
                         verdict.emitted == (*proposal.tokens, prepared.guess)
@@ -345,23 +331,11 @@ class DrafterRole:
 
     async def _publish(self, assigned: _Assigned, tokens: list[int], q_rows: Any) -> tuple[Proposal, str | None]:
         record = assigned.record
-        limit = record.limit  # a prepared draft may be longer than the latest m_cap allows
-        tokens = tokens[:limit]
+        tokens = tokens[: record.limit]  # a prepared draft may be longer than the latest m_cap allows
         q_ref, lease = None, None
         if q_rows is not None:
-            # The rows stay in the MLC under our lease until the verdict (§6.2).
-            # Tagged with our name: the rows a dead predecessor left under this round are its own.
-            q_ref = object_uri(record.assignment.contract.scope or bytes(16), record.session, "q_rows",
-                               record.round + 1, tag=self._tag)
-            lease = await self._put_retrying(q_ref, q_row_object(q_rows[: len(tokens)]))
+            q_ref, lease = await self.q_rows.put(record, q_rows[: len(tokens)])
         return record.propose(tokens, self.status(), q_rows=q_ref), lease
-
-    async def _put_retrying(self, uri: str, data: Any) -> str | None:
-        """Put under our lease, riding out an MLC restart with the proposals' backoff: a session
-        whose rows cannot be stored has no proposal to send, and giving up would leave it with
-        a drafter that never proposes again."""
-        return await retrying(lambda _: self.objects.put(uri, data, LEASE_TTL), attempts=self.retries + 1,
-                              first_delay=PROPOSAL_BACKOFF, on_retry=lambda *_: self.metrics.store_retries.inc())
 
     async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
         """Propose until a verdict or a problem answers; None when the round produced no verdict."""

@@ -369,5 +369,5 @@ def test_q_rows_ride_out_an_unreachable_mlc_under_names_of_their_own(tmp_path):
     store, role, other, output = run(scenario())
     assert store.refused == 3 and role.metrics.store_retries._value.get() == 3
     assert len(output) == 9 and store.names
-    assert all(n.split("/")[-1].endswith("." + role._tag) for n in store.names)
-    assert role._tag != other._tag
+    assert all(n.split("/")[-1].endswith("." + role.q_rows.tag) for n in store.names)
+    assert role.q_rows.tag != other.q_rows.tag

@@ -1,5 +1,5 @@
-"""The q_rows object a drafter puts (roles/drafter.py q_row_object): the rows' binary32 octets
-in position order and nothing around them (§5.2)."""
+"""The q_rows object a drafter puts (roles/drafter_q_rows.py q_row_object): the rows'
+binary32 octets in position order and nothing around them (§5.2)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import struct
 
 import torch
 
-from sdcp_fast.roles.drafter import q_row_object
+from sdcp_fast.roles.drafter_q_rows import q_row_object
 
 
 def test_host_rows_go_as_a_flat_view_of_their_float32_octets() -> None:
