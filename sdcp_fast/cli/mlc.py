@@ -77,10 +77,14 @@ def run(args: argparse.Namespace) -> int:
     print(f"sdcp-fast mlc: opening the store at {root}", file=sys.stderr, flush=True)  # a slow disk shows here
     mib = 1 << 20
     limits = {} if args.max_objects is None else {"max_objects": args.max_objects}
-    store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
-                     device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib,
-                     mooncake=_mooncake(args), mooncake_bytes=args.mooncake_mib * mib,
-                     max_open_logs=args.max_open_logs, **limits)
+    try:
+        store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
+                         device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib,
+                         mooncake=_mooncake(args), mooncake_bytes=args.mooncake_mib * mib,
+                         max_open_logs=args.max_open_logs, **limits)
+    except ConnectionError as exc:  # the networked tier's server or master does not answer
+        print(f"sdcp-fast mlc: {exc}", file=sys.stderr)
+        return 2
     scheme = "http" if security.insecure else "https"
     protocol = "HTTP/1.1" if args.http1 else "HTTP/2"
     how = "INSECURE: no authentication" if security.insecure else "TLS 1.3, client certificates required"

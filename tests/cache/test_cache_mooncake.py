@@ -175,6 +175,17 @@ def test_the_masters_death_gives_clear_errors_and_no_hang(clock):
             pool.submit(after_death).result(timeout=120)
 
 
+def test_no_master_is_one_clear_error_at_once():
+    from sdcp_fast.cache.tiers.mooncake import MooncakeConfig
+    from sdcp_fast.deploy.up import free_port
+
+    config = MooncakeConfig(f"127.0.0.1:{free_port()}", "P2PHANDSHAKE", segment_bytes=0, hostname="127.0.0.1")
+    started = time.monotonic()
+    with pytest.raises(TierUnreachable, match="no Mooncake master answers"):
+        MooncakeTier(1 << 20, config)
+    assert time.monotonic() - started < 30, "the client's own setup would retry for about 90 s"
+
+
 def test_sdcp_fast_mlc_builds_the_mooncake_tier_from_its_options():
     from sdcp_fast.cli import mlc as cli
 
@@ -186,6 +197,16 @@ def test_sdcp_fast_mlc_builds_the_mooncake_tier_from_its_options():
     assert cli._mooncake(parser.parse_args([])) is None
     both = parser.parse_args(["--insecure", "--redis", "redis://127.0.0.1:1/0", "--mooncake-master", "127.0.0.1:1"])
     assert cli.run(both) == 2
+
+
+def test_sdcp_fast_mlc_without_its_master_says_so_in_one_line(tmp_path):
+    from sdcp_fast.deploy.up import free_port
+
+    proc = subprocess.run([sys.executable, "-m", "sdcp_fast", "mlc", "--insecure", "--port", "0", "--root",
+                           str(tmp_path), "--mooncake-master", f"127.0.0.1:{free_port()}"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("sdcp-fast mlc: no Mooncake master answers at 127.0.0.1:")
 
 
 def test_a_put_bound_for_the_networked_tier_is_not_run_inline(clock):

@@ -24,6 +24,7 @@ _HAS_LEASE = -706  # read within the master's --default_kv_lease_ttl: removable 
 # Drops the master refused for a read lease wait for a later flush; beyond this many the
 # oldest are forgotten (the master's own eviction reclaims them).
 MAX_PENDING_DROPS = 4096
+SETUP_PROBE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,15 @@ class MooncakeConfig:
     hostname: str | None = None
     protocol: str = "tcp"
 
+    def master_address(self) -> tuple[str, int]:
+        host, _, port = self.master.rpartition(":")
+        return host.strip("[]") or "127.0.0.1", int(port or 50051)
+
     def local_address(self) -> str:
         if self.hostname:
             return self.hostname
-        host, _, port = self.master.rpartition(":")
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((host.strip("[]") or "127.0.0.1", int(port or 50051)))  # sends nothing
+            s.connect(self.master_address())  # sends nothing
             return str(s.getsockname()[0])
 
 
@@ -59,23 +63,24 @@ class MooncakeTier:
     host_readable = True
     outlives_host = True  # objects that must survive their writer's host are placed here
 
-    def __init__(self, capacity: int, config: MooncakeConfig, *, prefix: str = "mlc:", name: str = "mooncake",
-                 store: Any = None) -> None:
+    def __init__(self, capacity: int, config: MooncakeConfig, *, prefix: str = "mlc:", name: str = "mooncake") -> None:
         self.name = name
         self.capacity = capacity
         self.prefix = prefix
         self.config = config
-        if store is None:
-            from mooncake.store import MooncakeDistributedStore
+        try:
+            # The client's setup retries an absent master for about 90 s before it gives up.
+            socket.create_connection(config.master_address(), timeout=SETUP_PROBE_S).close()
+        except OSError as exc:
+            raise TierUnreachable(f"no Mooncake master answers at {config.master}: {exc}") from None
+        from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
-            store = MooncakeDistributedStore()
-            rc = store.setup(config.local_address(), config.metadata, config.segment_bytes, config.buffer_bytes,
-                             config.protocol, "", config.master)
-            if rc != 0:
-                raise TierUnreachable(f"Mooncake Store at {config.master} (metadata {config.metadata}) refused "
-                                      f"the client: setup returned {rc}")
-        self._s = store
-        from mooncake.store import ReplicateConfig
+        self._s = MooncakeDistributedStore()
+        rc = self._s.setup(config.local_address(), config.metadata, config.segment_bytes, config.buffer_bytes,
+                           config.protocol, "", config.master)
+        if rc != 0:
+            raise TierUnreachable(f"Mooncake Store at {config.master} (metadata {config.metadata}) refused "
+                                  f"the client: setup returned {rc}")
 
         self._replicate = ReplicateConfig()
         self._replicate.replica_num = config.replicas
