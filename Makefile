@@ -56,7 +56,7 @@ vectors: $(STAMP)
 	$(BIN)/python scripts/make_vectors.py
 
 bench: $(STAMP)
-	$(BIN)/python bench/kernels.py
+	$(BIN)/python bench/verify_kernels.py
 	$(BIN)/python bench/mlc.py
 	$(BIN)/sdcp-fast bench --embedded --out bench/results/latest
 

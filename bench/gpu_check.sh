@@ -8,7 +8,7 @@
 #   2. runs the CUDA tests: tests/kernels on the GPU (triton compiled, CUDA-graph capture,
 #      no-sync, the statistical tests), the CUDA variants in tests/model (the runner's paged
 #      attention and CUDA graphs among them), tests/cache, and generate / demo --device cuda;
-#   3. bench/kernels.py --device cuda (triton vs vllm_style, FlashInfer, the HBM copy bandwidth);
+#   3. bench/verify_kernels.py --device cuda (triton vs vllm_style, FlashInfer, the HBM copy bandwidth);
 #   4. bench/model.py --synthetic llama-3.2-1b --device cuda (the model runner: paged attention,
 #      CUDA graphs, against HF transformers on the same random weights; no checkpoint travels)
 #      and the MLC device bench when it takes --device.
@@ -76,7 +76,7 @@ timeout 60 "$PY" -m pytest tests/model tests/cache tests/cli/test_device.py -q -
     2>&1 | tee "$OUT/gpu-tests-model-cache.log" | tail -8 || status=1
 
 step "3. kernel bench"
-timeout 120 "$PY" bench/kernels.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-bench-kernels.log" || status=1
+timeout 120 "$PY" bench/verify_kernels.py --device cuda --out "$OUT" 2>&1 | tee "$OUT/gpu-bench-kernels.log" || status=1
 
 step "4. model and MLC bench"
 # The runner on a Llama-3.2-1B-shaped model with random weights (bf16, 128-token contexts):

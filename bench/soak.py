@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+# The fault kit is the tests' (tests/faults/faultkit.py), imported by its full name from the
+# checkout's root: putting tests/ itself on the path would let its folders hide installed packages.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from faults.faultkit import (  # noqa: E402
+from tests.faults.faultkit import (  # noqa: E402
     Client,
     FaultUp,
     Seen,

@@ -1,4 +1,4 @@
-"""A peer for bench/kernels.py: rule-2 verification the way vLLM V1's rejection sampler does it,
+"""A peer for bench/verify_kernels.py: rule-2 verification the way vLLM V1's rejection sampler does it,
 written here from its published algorithm (not copied):
 
 1. probabilities by a softmax over the drafted rows only (M rows per session: the bonus row
@@ -96,7 +96,7 @@ def verify(drafted_logits: torch.Tensor, q_probs: torch.Tensor, draft_ids: torch
 
 
 def inputs(args: dict[str, Any], b: int, m: int) -> dict[str, Any]:
-    """This peer's inputs from bench/kernels.py's batch: the drafted rows only, float32 uniforms."""
+    """This peer's inputs from bench/verify_kernels.py's batch: the drafted rows only, float32 uniforms."""
     logits = args["target_logits"]
     vocab = logits.shape[1]
     drafted = logits.view(b, m + 1, vocab)[:, :m].reshape(b * m, vocab).contiguous()

@@ -4,6 +4,7 @@ installed distribution of the same name."""
 
 from __future__ import annotations
 
+import importlib.machinery
 import importlib.util
 import pathlib
 import re
@@ -91,3 +92,14 @@ def test_no_test_folder_shadows_an_installed_distribution() -> None:
         spec = importlib.util.find_spec(folder.name) if folder.is_dir() and folder.name.isidentifier() else None
         if spec is not None and spec.origin is not None:
             assert not pathlib.Path(spec.origin).is_relative_to(ROOT / "tests"), folder.name
+
+
+def test_no_bench_script_shadows_an_installed_distribution() -> None:
+    """A script run as ``python bench/x.py`` has bench/ first on its path, so a bench/kernels.py
+    hid Hugging Face's ``kernels`` from transformers in bench/model.py and bench/cpu.py."""
+    import sys
+
+    installed = [p for p in sys.path if p and pathlib.Path(p).resolve() != ROOT]
+    for script in (ROOT / "bench").glob("*.py"):
+        found = importlib.machinery.PathFinder.find_spec(script.stem, installed)
+        assert found is None, f"bench/{script.name} hides {found.origin}"

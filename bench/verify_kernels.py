@@ -10,10 +10,10 @@ and on CUDA FlashInfer's ``chain_speculative_sampling`` when importable (handed 
 probabilities, and with the softmax it needs). Nothing is asserted: targets are printed
 next to the figures.
 
-    python bench/kernels.py                  # CPU: cpu and reference backends
-    python bench/kernels.py --device cuda    # GPU: triton (+ FlashInfer), reference on small cases
-    python bench/kernels.py --quick          # B=64, M=8, V=32000 only
-    python bench/kernels.py --quick --profiles   # CPU: + top-k/top-p and each instruction set
+    python bench/verify_kernels.py                  # CPU: cpu and reference backends
+    python bench/verify_kernels.py --device cuda    # GPU: triton (+ FlashInfer), reference on small cases
+    python bench/verify_kernels.py --quick          # B=64, M=8, V=32000 only
+    python bench/verify_kernels.py --quick --profiles   # CPU: + top-k/top-p and each instruction set
 
 Writes ``<out>/kernels-<device>.json`` and ``<out>/kernels-<device>.png``.
 """
