@@ -37,6 +37,7 @@ from sdcp_fast.protocol import (
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY, RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
+from sdcp_fast.roles.router import RouterRole
 from sdcp_fast.roles.verifier import RoundInfo, VerifierConfig, VerifierRole
 from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store import embedded
@@ -238,6 +239,41 @@ class Rig:
 
     def uniform_q(self, session: bytes, round_: int, m: int) -> str:
         return self.put_q(session, round_, torch.full((m, self.scorer.vocab_size), 1.0 / self.scorer.vocab_size))
+
+
+class Failover:
+    """The parts of a fail-over test on one in-process network and one embedded MLC: the toy
+    target, a fake clock, verifiers that report to ROUTER, a router that sweeps every 10 ms and
+    knows DRAFTER, and DRAFTER proposing a fixed M of 3."""
+
+    def __init__(self, root: str) -> None:
+        self.clock = Clock()
+        self.network = InProcessNetwork()
+        self.mlc = embedded(root)
+        self.target = ToyTarget()
+
+    def verifier(self, uri: str, on_round: Any = None, *, register: bool = True) -> VerifierRole:
+        """A verifier at ``uri``; ``register=False`` for a test that puts its own handler in front."""
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(self.target, config, mlc=self.mlc,
+                            transport=self.network.transport(Peer(uri, PeerRole.VERIFIER)), on_round=on_round)
+        if register:
+            self.network.register(uri, role.handler)
+        return role
+
+    def router(self) -> RouterRole:
+        role = RouterRole(uri=ROUTER, mlc=self.mlc, transport=self.network.transport(ROUTER_PEER),
+                          target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, clock=self.clock,
+                          drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
+        self.network.register(ROUTER, role.handler)
+        return role
+
+    def drafter(self) -> DrafterRole:
+        role = DrafterRole(ToyDrafter("good", self.target, 0.8), uri=DRAFTER, mlc=self.mlc, router=ROUTER, fixed_m=3,
+                           transport=self.network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
+        self.network.register(DRAFTER, role.handler)
+        return role
 
 
 async def until(predicate: Any, *, seconds: float = 10.0) -> None:

@@ -277,16 +277,11 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
     """The active verifier falls silent after round 3 of a streamed rule-1 completion; the
     router fails the session over to the standby (epoch 2). The client's text is the target's
     greedy continuation: no piece repeated, none missing."""
-    from sdcp_fast.protocol.peer import Peer
-    from sdcp_fast.roles.drafter import DrafterRole
-    from sdcp_fast.roles.router import RouterRole
-    from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
-    from sdcp_fast.transport.inprocess import InProcessNetwork
-
-    from .rolekit import DRAFTER, ROUTER, ROUTER_PEER, SCOPE, TARGET, TOKENIZER, Clock, until
+    from .rolekit import DRAFTER, Failover, until
 
     active_uri, standby_uri = "inproc://verifier-a/", "inproc://verifier-b/"
-    clock, network, mlc, target = Clock(), InProcessNetwork(), embedded(str(tmp_path)), ToyTarget()
+    parts = Failover(str(tmp_path))
+    clock, network, mlc, target = parts.clock, parts.network, parts.mlc, parts.target
     killed: list[object] = []
 
     def kill_after_round_3(info: Any) -> None:
@@ -294,24 +289,11 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
             killed.append(info)
             network.unregister(active_uri)
 
-    def verifier(uri: str, on_round: Any = None) -> VerifierRole:
-        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                                output_wait=0.1)
-        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            on_round=on_round)
-        network.register(uri, role.handler)
-        return role
-
     async def scenario() -> tuple[list[Any], int, list[int]]:
-        router = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
-                            tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
-                            drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
-        network.register(ROUTER, router.handler)
+        router = parts.router()
         mount_frontend(router, ToyWords(), stop=(), model="toy", defaults=SessionSpec((), m_max=3, m_init=3))
-        active, standby = verifier(active_uri, kill_after_round_3), verifier(standby_uri)
-        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
-                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
-        network.register(DRAFTER, drafter.handler)
+        active, standby = parts.verifier(active_uri, kill_after_round_3), parts.verifier(standby_uri)
+        drafter = parts.drafter()
         roles = [active, drafter, standby]
         for role in roles[:2]:
             await role.start()

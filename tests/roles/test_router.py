@@ -9,7 +9,6 @@ import asyncio
 import pytest
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.model.toy import ToyDrafter
 from sdcp_fast.protocol import (
     Action,
     Event,
@@ -23,9 +22,7 @@ from sdcp_fast.protocol import (
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.transport.base import Request, Response
 
 from .rolekit import (
@@ -40,6 +37,7 @@ from .rolekit import (
     VERIFIER,
     VERIFIER_PEER,
     Clock,
+    Failover,
     Rig,
     run,
     sid,
@@ -281,14 +279,8 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
     log with the next epoch, reads the last commit record, opens the session at the standby
     with resume and the current sampling policy (§6.6), and assigns the drafter again; the
     front end's output stream continues without duplicates or gaps (§6.7)."""
-    from sdcp_fast.model.toy import ToyTarget
-    from sdcp_fast.store import embedded
-    from sdcp_fast.transport.inprocess import InProcessNetwork
-
-    clock = Clock()
-    network = InProcessNetwork()
-    mlc = embedded(str(tmp_path))
-    target = ToyTarget()
+    parts = Failover(str(tmp_path))
+    clock, network, mlc = parts.clock, parts.network, parts.mlc
     policy = Sampling(temperature_milli=500, top_k=8, seed=77)
     killed_at = []
 
@@ -297,23 +289,10 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
             killed_at.append(info)
             network.unregister(ACTIVE)  # partitioned: it answers nobody from now on
 
-    def verifier(uri, on_round=None):
-        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                                output_wait=0.1)
-        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            on_round=on_round)
-        network.register(uri, role.handler)
-        return role
-
     async def scenario():
-        router = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
-                            tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
-                            drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
-        network.register(ROUTER, router.handler)
-        active, standby = verifier(ACTIVE, kill_after_round_3), verifier(STANDBY)
-        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
-                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
-        network.register(DRAFTER, drafter.handler)
+        router = parts.router()
+        active, standby = parts.verifier(ACTIVE, kill_after_round_3), parts.verifier(STANDBY)
+        drafter = parts.drafter()
         roles = [active, drafter, standby]
         for role in roles[:2]:
             await role.start()  # each reports its status once now, then every ttl_ms / 3 (10 s)
@@ -454,14 +433,8 @@ def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path)
     record (docs/interpretations.md, "Routing records"), and when the active verifier falls
     silent it fences, resumes the session at the standby with the recorded policy, and the
     output stream goes on to its end without duplicates or gaps."""
-    from sdcp_fast.model.toy import ToyTarget
-    from sdcp_fast.store import embedded
-    from sdcp_fast.transport.inprocess import InProcessNetwork
-
-    clock = Clock()
-    network = InProcessNetwork()
-    mlc = embedded(str(tmp_path))
-    target = ToyTarget()
+    parts = Failover(str(tmp_path))
+    clock, network, mlc = parts.clock, parts.network, parts.mlc
     policy = Sampling(temperature_milli=500, top_k=8, seed=77)
     killed_at = []
 
@@ -470,27 +443,10 @@ def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path)
             killed_at.append(info)
             network.unregister(ACTIVE)
 
-    def verifier(uri, on_round=None):
-        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                                output_wait=0.1)
-        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            on_round=on_round)
-        network.register(uri, role.handler)
-        return role
-
-    def router():
-        role = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
-                          tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
-                          drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
-        network.register(ROUTER, role.handler)
-        return role
-
     async def scenario():
-        first = router()
-        active, standby = verifier(ACTIVE, kill_after_round_3), verifier(STANDBY)
-        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
-                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
-        network.register(DRAFTER, drafter.handler)
+        first = parts.router()
+        active, standby = parts.verifier(ACTIVE, kill_after_round_3), parts.verifier(STANDBY)
+        drafter = parts.drafter()
         roles = [active, drafter, standby]
         for role in roles[:2]:
             await role.start()
@@ -501,7 +457,7 @@ def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path)
             await first.open(spec)
             await standby.start()
             await first.policy(S, 3, policy)
-            second = router()  # the restart: the first one's memory is gone, its records are not
+            second = parts.router()  # the restart: the first one's memory is gone, its records are not
             for role in roles:
                 await role.report_status()
             await second.adopt_listed()

@@ -7,18 +7,12 @@ from __future__ import annotations
 
 import asyncio
 
-from sdcp_fast.model.toy import ToyDrafter, ToyTarget
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
-from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.roles.drafter import DrafterRole
-from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
-from sdcp_fast.store import embedded
+from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.transport.base import Request, Response
-from sdcp_fast.transport.inprocess import InProcessNetwork
 
-from .rolekit import DRAFTER, PROMPT, ROUTER, ROUTER_PEER, SCOPE, TARGET, TOKENIZER, Clock, run, sid, until
+from .rolekit import DRAFTER, PROMPT, Failover, run, sid, until
 
 ACTIVE = "inproc://verifier/active/"
 STANDBY = "inproc://verifier/standby/"
@@ -43,10 +37,8 @@ class Stoppable:
 
 
 def test_the_output_stream_leaves_a_stopped_verifier_at_the_fail_over(tmp_path):
-    clock = Clock()
-    network = InProcessNetwork()
-    mlc = embedded(str(tmp_path))
-    target = ToyTarget()
+    parts = Failover(str(tmp_path))
+    clock, network, mlc = parts.clock, parts.network, parts.mlc
     stoppable: list[Stoppable] = []
     standby_rounds: list[float] = []
 
@@ -54,27 +46,15 @@ def test_the_output_stream_leaves_a_stopped_verifier_at_the_fail_over(tmp_path):
         if info.round == 3 and stoppable[0].running.is_set():
             stoppable[0].running.clear()
 
-    def verifier(uri, on_round):
-        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                                output_wait=0.1)
-        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            on_round=on_round)
-        return role
-
     async def scenario():
         loop = asyncio.get_running_loop()
-        router = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
-                            tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
-                            drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
-        network.register(ROUTER, router.handler)
-        active = verifier(ACTIVE, stop_after_round_3)
+        router = parts.router()
+        active = parts.verifier(ACTIVE, stop_after_round_3, register=False)
         stoppable.append(Stoppable(active.handler))
         network.register(ACTIVE, stoppable[0].handler)
-        standby = verifier(STANDBY, lambda info: standby_rounds.append(loop.time()))
+        standby = parts.verifier(STANDBY, lambda info: standby_rounds.append(loop.time()), register=False)
         network.register(STANDBY, standby.handler)
-        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
-                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
-        network.register(DRAFTER, drafter.handler)
+        drafter = parts.drafter()
         roles = [active, drafter, standby]
         for role in roles[:2]:
             await role.start()

@@ -5,28 +5,18 @@ from __future__ import annotations
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
-from sdcp_fast.model.toy import ToyDrafter, ToyTarget
 from sdcp_fast.protocol import Sampling
 from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
-from sdcp_fast.protocol.peer import Peer, PeerRole
-from sdcp_fast.roles.drafter import DrafterRole
-from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
-from sdcp_fast.store import embedded
-from sdcp_fast.transport.inprocess import InProcessNetwork
+from sdcp_fast.roles.router import SessionSpec
 
 from .rolekit import (
     DRAFTER,
     PROMPT,
-    ROUTER,
-    ROUTER_PEER,
     SCOPE,
     STANDBY,
-    TARGET,
-    TOKENIZER,
     VERIFIER,
-    Clock,
+    Failover,
     run,
     sid,
     until,
@@ -41,10 +31,8 @@ def test_a_second_failover_resumes_from_the_last_commit_records_epoch(tmp_path):
     epoch 2's verifier gets the session but, with no drafter, commits nothing before it goes
     silent too. The epoch-3 resume names the committed output of epoch 1, where the last
     commit record was written, by its writer: epoch 2 wrote no output object."""
-    clock = Clock()
-    network = InProcessNetwork()
-    mlc = embedded(str(tmp_path))
-    target = ToyTarget()
+    parts = Failover(str(tmp_path))
+    clock, network, mlc = parts.clock, parts.network, parts.mlc
     killed = []
 
     def kill_after_round_3(info):
@@ -52,23 +40,10 @@ def test_a_second_failover_resumes_from_the_last_commit_records_epoch(tmp_path):
             killed.append(info)
             network.unregister(VERIFIER)  # partitioned: it answers nobody from now on
 
-    def verifier(uri, on_round=None):
-        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                                output_wait=0.1)
-        role = VerifierRole(target, config, mlc=mlc, transport=network.transport(Peer(uri, PeerRole.VERIFIER)),
-                            on_round=on_round)
-        network.register(uri, role.handler)
-        return role
-
     async def scenario():
-        router = RouterRole(uri=ROUTER, mlc=mlc, transport=network.transport(ROUTER_PEER), target_digest=TARGET,
-                            tokenizer_digest=TOKENIZER, scope=SCOPE, clock=clock,
-                            drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
-        network.register(ROUTER, router.handler)
-        first, middle, third = verifier(VERIFIER, kill_after_round_3), verifier(STANDBY), verifier(THIRD)
-        drafter = DrafterRole(ToyDrafter("good", target, 0.8), uri=DRAFTER, mlc=mlc, router=ROUTER, fixed_m=3,
-                              transport=network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
-        network.register(DRAFTER, drafter.handler)
+        router = parts.router()
+        first, middle, third = parts.verifier(VERIFIER, kill_after_round_3), parts.verifier(STANDBY), parts.verifier(THIRD)
+        drafter = parts.drafter()
         roles = [first, drafter, middle, third]
         for role in roles[:2]:
             await role.start()
