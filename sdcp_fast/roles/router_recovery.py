@@ -15,9 +15,10 @@ from collections.abc import Callable
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
-from sdcp_fast.protocol import Action, Assignment, SdcpProblem
+from sdcp_fast.protocol import Action, Assignment, SdcpProblem, SessionState
 from sdcp_fast.protocol.commitlog import CommitRecord
 from sdcp_fast.protocol.routing import (
+    FailoverPlan,
     RoutedSession,
     after_open,
     after_probe,
@@ -130,7 +131,10 @@ class Recovery:
                     continue
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                     await self.assign(pending, assignment)
-            for routed in expired_verifiers(open_, self.table, now):
+            expired = expired_verifiers(open_, self.table, now)
+            # A fail-over no target answered left the session fenced and opened nowhere.
+            unfinished = [r for r in open_ if r.opened.epoch != r.epoch and all(r is not e for e in expired)]
+            for routed in (*expired, *unfinished):
                 await self._failover(routed)
 
     async def _look_at(self, routed: RoutedSession, why: str) -> None:
@@ -146,6 +150,14 @@ class Recovery:
             state = await asyncio.wait_for(self.client.open_session(routed.verifier, routed.opened),
                                            max(10 * self.sweep_interval, 5.0))
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            if isinstance(exc, SdcpProblem) and exc.suffix == "sdcp-stale-epoch":
+                # The log moved past the open the verifier was asked again (it restarted and
+                # lost the session): it serves it no more, and a session nobody reads has no
+                # output reader to notice. Fail over from the log's last record.
+                log.warning("session %s: %s; verifier %s refused it: %s", routed.session.hex(), why,
+                            routed.verifier, exc)
+                await self._failover(routed, again=routed.verifier)
+                return
             log.warning("session %s: %s; verifier %s did not say where it stands: %s",
                         routed.session.hex(), why, routed.verifier, exc)
             return
@@ -153,7 +165,7 @@ class Recovery:
             # It knows less than was already committed: it lost the session (a restart) and the
             # open made it afresh. As for an output reader told sdcp-unknown-session: fail over.
             log.warning("session %s: verifier %s no longer had it", routed.session.hex(), routed.verifier)
-            await self._failover(routed)
+            await self._failover(routed, again=routed.verifier)
             return
         before = routed.drafter
         now = self.clock()
@@ -192,7 +204,7 @@ class Recovery:
         async with self.lock:
             if not routed.done and routed.verifier == verifier:
                 log.warning("session %s: verifier %s no longer has it", routed.session.hex(), verifier)
-                await self._failover(routed)
+                await self._failover(routed, again=verifier)
 
     async def _target_kv(self, routed: RoutedSession, epoch: int) -> str | None:
         """The newest target KV pages in the MLC (§6.9 "if available"): each verifier publishes
@@ -223,13 +235,52 @@ class Recovery:
         return object_uri(self.scope, routed.session, "committed_tokens", epoch,
                           tag=None if writer is None else writer_tag(writer))
 
-    async def _failover(self, routed: RoutedSession) -> None:
+    async def _failover(self, routed: RoutedSession, *, again: str | None = None) -> None:
         """§6.9: fence the log at the next epoch, read the last commit record, open the
-        session at another verifier with ``resume`` and the current sampling, re-assign."""
+        session at another verifier with ``resume`` and the current sampling, re-assign.
+        ``again``: a live verifier that lost the session (a restart) and may take it again
+        when no other is live. Never raises: it runs for the sweep and for output readers,
+        whose client streams a fail-over's trouble must not reach. A target that does not
+        answer the open is left for the next live one, each behind a fence of its own (it may
+        have taken the open before it went away); with none left, the sweep tries again."""
+        tried: list[str] = [routed.verifier]
+        while True:
+            target = choose_verifier(self.table, self.clock(), exclude=tried)
+            if target is None and again is not None and again not in tried[1:] and self.table.live(again, self.clock()):
+                target = again
+            if target is None:
+                if routed.opened.epoch != routed.epoch:
+                    log.warning("session %s: no live verifier answered the fail-over (tried %s); the sweep tries "
+                                "again", routed.session.hex(), ", ".join(tried[1:]))
+                return
+            try:
+                opened = await self._open_elsewhere(routed, target)
+            except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+                log.warning("session %s: fail-over target %s did not take it: %s", routed.session.hex(), target, exc)
+                tried.append(target)
+                continue
+            except Exception:
+                log.exception("session %s: fail-over to %s failed", routed.session.hex(), target)
+                return
+            if opened is None:
+                return
+            break
+        try:
+            await self._settle(routed, target, *opened)
+        except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
+            # Opened there: if the new verifier went away meanwhile, its expiry fails the session over again.
+            log.warning("session %s: after the fail-over to %s: %s", routed.session.hex(), target, exc)
+        except Exception:
+            log.exception("session %s: after the fail-over to %s", routed.session.hex(), target)
+        self.moved(routed.session)
+
+    async def _open_elsewhere(self, routed: RoutedSession,
+                              target: str) -> tuple[FailoverPlan, SessionState] | None:
+        """Fence, plan and open the session at ``target``: the plan and the target's answer;
+        None when the session is no longer this router's to move. Raises what the open raised."""
         old = routed.verifier
-        target = choose_verifier(self.table, self.clock(), exclude=(old,))
-        if target is None or routed.session not in self.sessions or not await self.still_ours(routed):
-            return
+        if routed.session not in self.sessions or routed.done or not await self.still_ours(routed):
+            return None
         log_ = await self.mlc.commit_log(routed.commit_log)
         await log_.append(fence_for(routed), None)
         # Read after the fence: nothing the old verifier appends can follow it.
@@ -245,6 +296,11 @@ class Recovery:
                     routed.session.hex(), old, target, routed.epoch)
         state = await self.client.open_session(target, plan.open)
         routed.opened = plan.open
+        return plan, state
+
+    async def _settle(self, routed: RoutedSession, target: str, plan: FailoverPlan, state: SessionState) -> None:
+        """The rest of a fail-over once ``target`` holds the session: its output object, the
+        sampling updates, a drafter, the routing record."""
         # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
         routed.writers[routed.epoch] = target
         routed.committed_tokens = self._tokens_ref(routed, routed.epoch)
@@ -256,8 +312,6 @@ class Recovery:
             await self.assign(routed, assignment)
         else:
             await self.persist(routed)
-        self.moved(routed.session)
-
     def moved(self, session: bytes) -> None:
         """Wake the session's output reader: it ended, or its verifier or drafter changed."""
         changed = self.changed.get(session)

@@ -1,0 +1,182 @@
+"""The router's fail-over (roles/router_recovery.py, §6.9) when its target is in trouble too:
+a target that died since its last status report is passed over for the next live one, and a
+restarted verifier that refuses its session's open (the log moved past it) gets the session
+failed over by the stall probe, with no output reader to notice."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.model.toy import ToyDrafter, ToyTarget
+from sdcp_fast.protocol.commitlog import CommitRecord
+from sdcp_fast.protocol.messages import ROLE_VERIFIER
+from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.protocol.status_table import choose_verifier
+from sdcp_fast.roles.drafter import DrafterRole
+from sdcp_fast.roles.router import RouterRole, SessionSpec
+from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
+from sdcp_fast.store import embedded
+from sdcp_fast.transport.inprocess import InProcessNetwork
+
+from .rolekit import (
+    DRAFTER,
+    PROMPT,
+    ROUTER,
+    ROUTER_PEER,
+    SCOPE,
+    STANDBY,
+    TARGET,
+    TOKENIZER,
+    VERIFIER,
+    Clock,
+    greedy,
+    run,
+    sid,
+    status,
+    until,
+)
+
+THIRD = "inproc://third/"
+
+
+class Parts:
+    """One in-process network, one embedded MLC, the toy target, a fake clock."""
+
+    def __init__(self, root: str) -> None:
+        self.clock = Clock()
+        self.network = InProcessNetwork()
+        self.mlc = embedded(root)
+        self.target = ToyTarget()
+
+    def verifier(self, uri: str, on_round=None) -> VerifierRole:
+        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
+                                output_wait=0.1)
+        role = VerifierRole(self.target, config, mlc=self.mlc,
+                            transport=self.network.transport(Peer(uri, PeerRole.VERIFIER)), on_round=on_round)
+        self.network.register(uri, role.handler)
+        return role
+
+    def router(self) -> RouterRole:
+        role = RouterRole(uri=ROUTER, mlc=self.mlc, transport=self.network.transport(ROUTER_PEER),
+                          target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, clock=self.clock,
+                          drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
+        self.network.register(ROUTER, role.handler)
+        return role
+
+    def drafter(self) -> DrafterRole:
+        role = DrafterRole(ToyDrafter("good", self.target, 0.8), uri=DRAFTER, mlc=self.mlc, router=ROUTER, fixed_m=3,
+                           transport=self.network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
+        self.network.register(DRAFTER, role.handler)
+        return role
+
+
+def test_a_failover_whose_target_is_dead_too_moves_the_stream_to_the_next_live_verifier(tmp_path):
+    """The active verifier restarts after round 3 and no longer knows the session; the output
+    reader hears so and fails it over. The first choice, STANDBY, died since its last status
+    report: the fail-over goes on to THIRD, and the stream ends with the whole greedy output,
+    never with the dead target's connection error."""
+    parts = Parts(str(tmp_path))
+    network, clock = parts.network, parts.clock
+    paused: list[int] = []
+    session = sid(91)
+
+    def cut_after_round_3(info):
+        if info.round == 3 and not paused:
+            paused.append(info.round)
+            network.unregister(VERIFIER)  # its output poll fails until it is back, restarted
+
+    async def scenario():
+        router = parts.router()
+        first, drafter = parts.verifier(VERIFIER, cut_after_round_3), parts.drafter()
+        third = parts.verifier(THIRD)
+        roles = [first, drafter, third]
+        for role in (first, drafter):
+            await role.start()
+        try:
+            await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+            await router.open(SessionSpec(PROMPT, max_new=30, session=session))
+            reader = asyncio.create_task(router.text(session))
+            await until(lambda: paused)
+            await first.close()
+            # STANDBY reported and died: its status is live, nobody answers there.
+            router.table.report(status(STANDBY, ROLE_VERIFIER), clock())
+            await third.start()
+            await third.report_status()
+            assert choose_verifier(router.table, clock(), exclude=(VERIFIER,)) == STANDBY
+            restarted = parts.verifier(VERIFIER)  # knows no session: the reader is told so
+            roles.append(restarted)
+            await restarted.start()
+            tokens, _ = await reader
+            return tokens, router.sessions[session]
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        tokens, routed = run(scenario(), timeout=60.0)
+    finally:
+        parts.mlc.close()
+    assert routed.verifier == THIRD and routed.epoch == 3  # STANDBY's fence, then THIRD's
+    assert tokens == greedy(parts.target, PROMPT, 30)
+
+
+def test_a_stall_probe_refused_by_a_restarted_verifier_fails_the_session_over(tmp_path):
+    """Nobody reads the session's output. Its verifier commits three rounds, then restarts
+    together with the drafter's death; the watchdog's probe re-sends the epoch-1 open, which the
+    restarted verifier refuses (sdcp-stale-epoch: the log moved past it). The session is
+    failed over from the log's last record, to STANDBY, and to the restarted verifier itself
+    when no other is live."""
+    for others in ((STANDBY,), ()):
+        parts = Parts(str(tmp_path / f"others{len(others)}"))
+        network, clock = parts.network, parts.clock
+        stopped: list[int] = []
+        session = sid(92)
+
+        def cut_after_round_3(info, network=network, stopped=stopped):
+            if info.round == 3 and not stopped:
+                stopped.append(info.round)
+                network.unregister(VERIFIER)
+                network.unregister(DRAFTER)
+
+        async def scenario(parts=parts, network=network, clock=clock, stopped=stopped, session=session,
+                           others=others, cut=cut_after_round_3):
+            router = parts.router()
+            first, drafter = parts.verifier(VERIFIER, cut), parts.drafter()
+            roles = [first, drafter]
+            for role in roles:
+                await role.start()
+            try:
+                await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+                await router.open(SessionSpec(PROMPT, max_new=30, session=session))
+                await until(lambda: stopped)
+                for role in (first, drafter):
+                    await role.close()
+                clock.advance(40.0)  # past the watchdog's period; the restarted verifier reports again
+                restarted = parts.verifier(VERIFIER)
+                roles.append(restarted)
+                await restarted.start()
+                await restarted.report_status()
+                for uri in others:
+                    other = parts.verifier(uri)
+                    roles.append(other)
+                    await other.start()
+                    await other.report_status()
+                await router.sweep()
+                routed = router.sessions[session]
+                held = {role.uri: role.sessions.get(session) if session in role.sessions else None for role in roles[2:]}
+                return routed, routed.opened, held
+            finally:
+                for role in roles:
+                    await role.close()
+
+        try:
+            routed, opened, held = run(scenario(), timeout=60.0)
+            records = parts.mlc.logs.log(object_uri(SCOPE, session, "commit_log")).read().records
+        finally:
+            parts.mlc.close()
+        last = [r for r in records if isinstance(r, CommitRecord)][-1]
+        to = others[0] if others else VERIFIER
+        assert (routed.verifier, routed.epoch, opened.epoch) == (to, 2, 2), others
+        assert opened.resume is not None and opened.resume.committed == last.committed
+        assert held[to] is not None and held[to].committed == last.committed
