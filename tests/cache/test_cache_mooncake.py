@@ -175,6 +175,42 @@ def test_the_masters_death_gives_clear_errors_and_no_hang(clock):
             pool.submit(after_death).result(timeout=120)
 
 
+def test_a_master_that_does_not_answer_stalls_one_call_then_none(clock):
+    """A cut-off master (stopped here: no reset, no answer) costs one RPC timeout under the
+    MLC's lock, not one per call, and is used again once it answers."""
+    with running_master() as m:
+        tier = MooncakeTier(1 << 20, m.config())
+        mlc = MLC([HostTier(1 << 20), tier], clock=clock)
+        try:
+            mlc.put(uri("draft_kv", 1), blob(1))
+            m.proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                assert mlc.put(uri("target_kv", 1), blob(2)).tier == "host", "this host keeps it instead"
+                first = time.monotonic() - started
+                started = time.monotonic()
+                for n in range(2, 12):
+                    assert mlc.put(uri("target_kv", n), blob(n)).tier == "host"
+                    assert bytes(mlc.get(uri("draft_kv", 1))) == blob(1)
+                    with pytest.raises(ObjectUnavailable):
+                        mlc.get(uri("q_rows", n))
+                rest = time.monotonic() - started
+            finally:
+                m.proc.send_signal(signal.SIGCONT)
+            assert rest < first, f"10 more puts and 20 reads took {rest:.1f} s after a first put of {first:.1f} s"
+
+            def answers() -> bool | None:
+                try:
+                    return tier.probe("x") is None or None
+                except TierUnreachable:
+                    return None
+
+            until(answers, "the master answering again")
+            assert mlc.put(uri("target_kv", 20), blob(20)).tier == "mooncake"
+        finally:
+            mlc.close()
+
+
 def test_no_master_is_one_clear_error_at_once():
     from sdcp_fast.cache.tiers.mooncake import MooncakeConfig
     from sdcp_fast.deploy.up import free_port

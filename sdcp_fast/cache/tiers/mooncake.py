@@ -9,22 +9,30 @@ values under ``<prefix><uri>``; instances sharing a master and prefix see each o
 
 from __future__ import annotations
 
+import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from sdcp_fast.cache.failures import CacheFull
 from sdcp_fast.cache.tiers.tier import TierUnreachable, as_bytes_view
 
 __all__ = ["MooncakeConfig", "MooncakeTier", "TierUnreachable"]
 
 MiB = 1 << 20
 # Mooncake's ErrorCode values that mean something to the tier (mooncake-store/include/types.h).
+_NO_SPACE = -200  # no segment has room for it
 _NOT_FOUND = -704
+_RPC = range(-999, -899)  # RPC_FAIL, RPC_TIMEOUT, ...: the master did not answer
 _HAS_LEASE = -706  # read within the master's --default_kv_lease_ttl: removable once it lapses
 # Drops the master refused for a read lease wait for a later flush; beyond this many the
 # oldest are forgotten (the master's own eviction reclaims them).
 MAX_PENDING_DROPS = 4096
 SETUP_PROBE_S = 5.0
+# After the master failed to answer, calls fail at once for this long: each try holds the
+# MLC's lock for up to the RPC timeout, and a cut-off master would stall every call on the host.
+RETRY_AFTER_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,9 @@ class MooncakeConfig:
     ``segment_bytes``: memory this node lends the store (0: it only reads and writes).
     ``buffer_bytes``: the client's transfer buffer; larger objects are registered in place.
     ``hostname``: the address other nodes reach this one at (default: this machine's address
-    on the route to the master)."""
+    on the route to the master). ``rpc_timeout_ms``: how long a call waits for the master
+    (the client's ``MC_RPC_TIMEOUT_MS``, 30 s by default, for the whole process; an
+    ``MC_RPC_TIMEOUT_MS`` already in the environment wins)."""
 
     master: str
     metadata: str
@@ -46,6 +56,7 @@ class MooncakeConfig:
     replicas: int = 2
     hostname: str | None = None
     protocol: str = "tcp"
+    rpc_timeout_ms: int = 2000
 
     def master_address(self) -> tuple[str, int]:
         host, _, port = self.master.rpartition(":")
@@ -73,6 +84,7 @@ class MooncakeTier:
             socket.create_connection(config.master_address(), timeout=SETUP_PROBE_S).close()
         except OSError as exc:
             raise TierUnreachable(f"no Mooncake master answers at {config.master}: {exc}") from None
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(config.rpc_timeout_ms))
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
         self._s = MooncakeDistributedStore()
@@ -85,9 +97,22 @@ class MooncakeTier:
         self._replicate = ReplicateConfig()
         self._replicate.replica_num = config.replicas
         self._pending: list[str] = []
+        self._down_until = 0.0
 
-    def _failed(self, what: str, rc: int) -> TierUnreachable:
+    def _failed(self, what: str, rc: int) -> CacheFull | TierUnreachable:
+        if rc == _NO_SPACE:
+            return CacheFull(f"Mooncake Store's segments have no room: {what} returned {rc}")
+        if rc in _RPC:
+            self._down_until = time.monotonic() + RETRY_AFTER_S
         return TierUnreachable(f"Mooncake Store at {self.config.master}: {what} returned {rc}")
+
+    def _up(self) -> bool:
+        return time.monotonic() >= self._down_until
+
+    def _check_up(self) -> None:
+        if not self._up():
+            raise TierUnreachable(f"Mooncake Store at {self.config.master} did not answer; "
+                                  f"the next try is at most {RETRY_AFTER_S:g} s after that")
 
     def write(self, key: str, data: Any) -> str:
         name = self.prefix + key
@@ -95,9 +120,8 @@ class MooncakeTier:
             self._pending.remove(name)  # replaced, not dropped: the upsert below takes its place
         view = as_bytes_view(data)
         if not view.nbytes:
-            from sdcp_fast.cache.failures import CacheFull
-
             raise CacheFull("Mooncake Store holds no empty objects")
+        self._check_up()
         if view.nbytes <= self.config.buffer_bytes // 2:
             rc = self._s.upsert(name, view, self._replicate)  # through the client's buffer
         else:
@@ -120,6 +144,7 @@ class MooncakeTier:
             self._s.unregister_buffer(ptr)
 
     def _size(self, name: str) -> int | None:
+        self._check_up()
         size = int(self._s.get_size(name))
         if size == _NOT_FOUND:
             return None
@@ -160,7 +185,7 @@ class MooncakeTier:
         reader may still be copying it) and stays pending for a later flush, as does every
         drop while the master does not answer: a drop it cannot take is no caller's failure,
         and must not fail the calls on this host's other tiers that flush first."""
-        if not self._pending:
+        if not self._pending or not self._up():
             return
         kept = []
         for n, name in enumerate(self._pending):
@@ -168,6 +193,7 @@ class MooncakeTier:
             if rc == _HAS_LEASE:
                 kept.append(name)
             elif rc not in (0, _NOT_FOUND):
+                self._failed(f"remove of {name}", rc)
                 kept += self._pending[n:]
                 break
         self._pending = kept[-MAX_PENDING_DROPS:]
