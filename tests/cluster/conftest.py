@@ -44,3 +44,18 @@ def cluster_dir(tmp_path: Path) -> Iterator[Path]:
     require_etcd()
     yield tmp_path
     simulate.down(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterSpec]]:
+    """Three simulated hosts of the default layout with the toy model, shared by one test module's
+    tests in their order and removed after its last."""
+    require_namespaces()
+    require_etcd()
+    directory = tmp_path_factory.mktemp("cluster")
+    spec = layout(3, model="toy")
+    try:
+        simulate.up(directory, spec, timeout=150)
+        yield directory, spec
+    finally:
+        assert simulate.down(directory) == []

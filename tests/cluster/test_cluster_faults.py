@@ -15,7 +15,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -32,24 +32,9 @@ from sdcp_fast.protocol.routing import RoutedSession
 from sdcp_fast.protocol.routing_records import decode_record
 from tests.deploy.test_up import greedy_text
 
-from .conftest import layout, require_etcd, require_namespaces
-
 pytestmark = pytest.mark.services
 
 N = 160  # tokens per stream: long enough that a fault lands while it runs
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterSpec]]:
-    require_namespaces()
-    require_etcd()
-    directory = tmp_path_factory.mktemp("faults")
-    spec = layout(3, model="toy")
-    try:
-        simulate.up(directory, spec, timeout=150)
-        yield directory, spec
-    finally:
-        assert simulate.down(directory) == []
 
 
 def sessions(spec: ClusterSpec) -> list[RoutedSession]:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,24 +20,9 @@ from sdcp_fast.cluster.membership_etcd import Membership
 from sdcp_fast.cluster.spec import ClusterSpec
 from tests.deploy.test_up import greedy_text
 
-from .conftest import layout, require_etcd, require_namespaces
-
 pytestmark = pytest.mark.services
 
 PROMPT = "the verifier commits"
-
-
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, ClusterSpec]]:
-    require_namespaces()
-    require_etcd()
-    directory = tmp_path_factory.mktemp("cluster")
-    spec = layout(3, model="toy")
-    try:
-        simulate.up(directory, spec, timeout=150)
-        yield directory, spec
-    finally:
-        assert simulate.down(directory) == []
 
 
 def complete(url: str, key: str, prompt: str, n: int) -> dict:
