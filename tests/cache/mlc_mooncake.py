@@ -10,7 +10,7 @@ import stat
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,22 +64,24 @@ class Master:
 
 
 @contextmanager
-def running_master(*, lease_ms: int = 200, client_ttl_s: int = 2) -> Iterator[Master]:
+def running_master(*, lease_ms: int = 200, client_ttl_s: int = 2, host: str = "127.0.0.1",
+                   wrap: Sequence[str] = ()) -> Iterator[Master]:
     """``lease_ms``: the master's read lease, during which an object just read cannot be
-    removed; short here so deletions are not deferred for long."""
+    removed; short here so deletions are not deferred for long. ``wrap``: what runs the master
+    (``ip netns exec NS`` on a simulated host whose address is ``host``)."""
     binary = master_binary()
     rpc, meta, metrics = free_port(), free_port(), free_port()
     log = tempfile.TemporaryFile()  # a pipe nobody drains would stall the master's logging
     proc = subprocess.Popen(
-        [str(binary), f"--rpc_port={rpc}", "--rpc_address=127.0.0.1", "--rpc_thread_num=2",
-         "--enable_http_metadata_server=true", "--http_metadata_server_host=127.0.0.1",
-         f"--http_metadata_server_port={meta}", "--metrics_host=127.0.0.1", f"--metrics_port={metrics}",
+        [*wrap, str(binary), f"--rpc_port={rpc}", f"--rpc_address={host}", "--rpc_thread_num=2",
+         "--enable_http_metadata_server=true", f"--http_metadata_server_host={host}",
+         f"--http_metadata_server_port={meta}", f"--metrics_host={host}", f"--metrics_port={metrics}",
          f"--default_kv_lease_ttl={lease_ms}", f"--client_ttl={client_ttl_s}"],
         stdout=subprocess.DEVNULL, stderr=log)
-    master = Master(proc, f"127.0.0.1:{rpc}", f"http://127.0.0.1:{meta}/metadata")
+    master = Master(proc, f"{host}:{rpc}", f"http://{host}:{meta}/metadata")
     try:
         deadline = time.monotonic() + 60
-        while not _answers(rpc) or not _answers(meta):
+        while not _answers(host, rpc) or not _answers(host, meta):
             if proc.poll() is not None:
                 log.seek(0)
                 err = log.read().decode(errors="replace")
@@ -93,9 +95,9 @@ def running_master(*, lease_ms: int = 200, client_ttl_s: int = 2) -> Iterator[Ma
         log.close()
 
 
-def _answers(port: int) -> bool:
+def _answers(host: str, port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False
