@@ -260,3 +260,26 @@ def test_a_put_bound_for_the_networked_tier_is_not_run_inline(clock):
         assert mlc.put(uri("target_kv", 1), data).tier == "networked"
     finally:
         mlc.close()
+
+
+def test_sdcp_fast_mlc_serves_what_a_takeover_reads_from_mooncake(master, tmp_path):
+    from sdcp_fast.cache.http_client import RemoteMLC
+    from sdcp_fast.deploy.up import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sdcp_fast", "mlc", "--insecure", "--port", str(port), "--root", str(tmp_path),
+         "--host-mib", "16", "--disk-mib", "16", "--mooncake-master", master.address, "--mooncake-metadata",
+         master.metadata, "--mooncake-segment-mib", "16", "--mooncake-hostname", "127.0.0.1"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        assert proc.stdout is not None
+        assert f"serving http://127.0.0.1:{port}" in proc.stdout.readline()  # EOF if it exits instead
+        with RemoteMLC(f"http://127.0.0.1:{port}") as mlc:
+            mlc.put(uri("target_kv", 30), blob(30))
+            assert mlc.head(uri("target_kv", 30)).tier == "mooncake"
+            assert bytes(mlc.get(uri("target_kv", 30))) == blob(30)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
