@@ -10,18 +10,15 @@ import pytest
 
 from sdcp_fast.cli import main
 from sdcp_fast.deploy.up import Up
+from tests.deploy.conftest import toy_up
 
 pytestmark = pytest.mark.services
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
-    deployment = Up(tmp_path_factory.mktemp("up"), model="toy", drafters=("toy-good",), status_ttl_ms=1500)
-    try:
-        deployment.start(timeout=120)
+    with toy_up(tmp_path_factory.mktemp("up"), drafters=("toy-good",)) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def test_remote_run_measures_the_deployment_through_its_front_end(up: Up, tmp_path: Path) -> None:

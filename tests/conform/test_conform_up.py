@@ -13,6 +13,7 @@ from sdcp_fast.conform.statements import CHECKS, OTHER_ROLES
 from sdcp_fast.deploy.local import model_digest
 from sdcp_fast.deploy.up import Up
 from sdcp_fast.model.toy import ToyTarget
+from tests.deploy.conftest import toy_up
 
 # Statements no client can reach from outside our deployment (docs/conformance.md says why).
 UNREACHABLE = {"events", "m-cap-load"}
@@ -20,12 +21,8 @@ UNREACHABLE = {"events", "m-cap-load"}
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
-    deployment = Up(tmp_path_factory.mktemp("conform-up"), model="toy", status_ttl_ms=1500)
-    try:
-        deployment.start(timeout=120)
+    with toy_up(tmp_path_factory.mktemp("conform-up")) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def _conform(up: Up, capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, dict]:

@@ -26,17 +26,15 @@ from sdcp_fast.model.toy import ToyTarget, encode
 from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.roles.sse import DONE, messages
 
+from .conftest import toy_up
+
 pytestmark = pytest.mark.services
 
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
-    deployment = Up(tmp_path_factory.mktemp("up"), model="toy", status_ttl_ms=1500)
-    try:
-        deployment.start(timeout=120)
+    with toy_up(tmp_path_factory.mktemp("up")) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def greedy_text(prompt: str, n: int) -> str:

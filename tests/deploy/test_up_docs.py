@@ -17,6 +17,8 @@ import pytest
 
 from sdcp_fast.deploy.up import Up
 
+from .conftest import toy_up
+
 pytestmark = pytest.mark.services
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "frontend.md"
@@ -28,12 +30,8 @@ def blocks() -> list[tuple[str, str]]:
 
 @pytest.fixture(scope="module")
 def up(tmp_path_factory: pytest.TempPathFactory):
-    deployment = Up(tmp_path_factory.mktemp("docs"), model="toy", status_ttl_ms=1500)
-    try:
-        deployment.start(timeout=300)
+    with toy_up(tmp_path_factory.mktemp("docs"), timeout=300) as deployment:
         yield deployment
-    finally:
-        deployment.stop()
 
 
 def filled(up: Up, code: str) -> str:
