@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -261,6 +261,19 @@ class Failover:
         if register:
             self.network.register(uri, role.handler)
         return role
+
+    def partition_after(self, uri: str, round_: int) -> tuple[list[RoundInfo], Callable[[RoundInfo], None]]:
+        """An ``on_round`` for the verifier at ``uri`` that takes it off the network once it has
+        verified ``round_`` (partitioned: it answers nobody from then on), and the list that
+        then holds that round's info."""
+        killed: list[RoundInfo] = []
+
+        def on_round(info: RoundInfo) -> None:
+            if info.round == round_ and not killed:
+                killed.append(info)
+                self.network.unregister(uri)
+
+        return killed, on_round
 
     def router(self) -> RouterRole:
         role = RouterRole(uri=ROUTER, mlc=self.mlc, transport=self.network.transport(ROUTER_PEER),

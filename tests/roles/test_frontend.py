@@ -281,13 +281,8 @@ def test_streamed_text_is_unaffected_by_a_verifier_failover(tmp_path: Path) -> N
 
     active_uri, standby_uri = "inproc://verifier-a/", "inproc://verifier-b/"
     parts = Failover(str(tmp_path))
-    clock, network, mlc, target = parts.clock, parts.network, parts.mlc, parts.target
-    killed: list[object] = []
-
-    def kill_after_round_3(info: Any) -> None:
-        if info.round == 3 and not killed:
-            killed.append(info)
-            network.unregister(active_uri)
+    clock, mlc, target = parts.clock, parts.mlc, parts.target
+    killed, kill_after_round_3 = parts.partition_after(active_uri, 3)
 
     async def scenario() -> tuple[list[Any], int, list[int]]:
         router = parts.router()

@@ -280,14 +280,9 @@ def test_verifier_failover_resumes_the_session_and_the_output_stream(tmp_path):
     with resume and the current sampling policy (§6.6), and assigns the drafter again; the
     front end's output stream continues without duplicates or gaps (§6.7)."""
     parts = Failover(str(tmp_path))
-    clock, network, mlc = parts.clock, parts.network, parts.mlc
+    clock, mlc = parts.clock, parts.mlc
     policy = Sampling(temperature_milli=500, top_k=8, seed=77)
-    killed_at = []
-
-    def kill_after_round_3(info):
-        if info.round == 3 and not killed_at:
-            killed_at.append(info)
-            network.unregister(ACTIVE)  # partitioned: it answers nobody from now on
+    killed_at, kill_after_round_3 = parts.partition_after(ACTIVE, 3)
 
     async def scenario():
         router = parts.router()
@@ -434,14 +429,9 @@ def test_a_restarted_router_adopts_the_session_and_still_fails_it_over(tmp_path)
     silent it fences, resumes the session at the standby with the recorded policy, and the
     output stream goes on to its end without duplicates or gaps."""
     parts = Failover(str(tmp_path))
-    clock, network, mlc = parts.clock, parts.network, parts.mlc
+    clock, mlc = parts.clock, parts.mlc
     policy = Sampling(temperature_milli=500, top_k=8, seed=77)
-    killed_at = []
-
-    def kill_after_round_3(info):
-        if info.round == 3 and not killed_at:
-            killed_at.append(info)
-            network.unregister(ACTIVE)
+    killed_at, kill_after_round_3 = parts.partition_after(ACTIVE, 3)
 
     async def scenario():
         first = parts.router()

@@ -33,12 +33,7 @@ def test_a_second_failover_resumes_from_the_last_commit_records_epoch(tmp_path):
     commit record was written, by its writer: epoch 2 wrote no output object."""
     parts = Failover(str(tmp_path))
     clock, network, mlc = parts.clock, parts.network, parts.mlc
-    killed = []
-
-    def kill_after_round_3(info):
-        if info.round == 3 and not killed:
-            killed.append(info)
-            network.unregister(VERIFIER)  # partitioned: it answers nobody from now on
+    killed, kill_after_round_3 = parts.partition_after(VERIFIER, 3)
 
     async def scenario():
         router = parts.router()
