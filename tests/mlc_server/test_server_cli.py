@@ -78,8 +78,10 @@ def test_insecure_serves_h2c_on_loopback_and_says_so(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         assert proc.stdout is not None
-        lines = [proc.stdout.readline() for _ in range(2)]  # the warning, then the address
-        assert any(f"serving http://127.0.0.1:{port}" in line and "INSECURE" in line for line in lines), lines
+        lines: list[str] = []  # start-up progress and the warning, until the address (or the end)
+        while not lines or (lines[-1] and "serving" not in lines[-1]):
+            lines.append(proc.stdout.readline())
+        assert f"serving http://127.0.0.1:{port}" in lines[-1] and "INSECURE" in lines[-1], lines
         with RemoteMLC(f"http://127.0.0.1:{port}") as mlc:
             uri = object_uri(bytes(16), b"s" * 16, "q_rows", 1)
             mlc.put(uri, b"rows")
