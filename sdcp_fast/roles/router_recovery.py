@@ -59,11 +59,25 @@ class Recovery:
         self.metrics, self.table, self.sessions, self.changed = metrics, table, sessions, changed
         self.scope, self.sweep_interval, self.stall_ttls, self.clock = scope, sweep_interval, stall_ttls, clock
         self.lock = asyncio.Lock()
+        # The longest a call to a verifier under the lock may take: one that does not answer (a
+        # stopped or partitioned one, not yet expired) is asked again at a later sweep.
+        self.call_bound = max(10 * sweep_interval, 5.0)
         self.undelivered: dict[bytes, Assignment] = {}
 
     async def assign(self, routed: RoutedSession, assignment: Assignment) -> None:
         """Inform the verifier, then the drafter, with the verifier's current state (§6.1)."""
-        state = await self.client.put_drafter(routed.verifier, assignment)
+        try:
+            # Bounded like the drafter's delivery below: every caller holds the lock, and a stopped
+            # verifier (SIGSTOP, not yet expired) would hold it, and with it the fail-over that
+            # moves its sessions away, until it is continued.
+            state = await asyncio.wait_for(self.client.put_drafter(routed.verifier, assignment), self.call_bound)
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            log.warning("session %s: verifier %s was not told of drafter %s: %s", assignment.session.hex(),
+                        routed.verifier, assignment.drafter, exc)
+            # The sweep sends it again, unless the verifier's expiry fails the session over first.
+            self.undelivered[assignment.session] = assignment
+            await self.persist(routed)
+            return
         self.metrics.assignments.inc()
         try:
             # Bounded: a hung drafter would otherwise hold the lock, and with it every other
@@ -129,6 +143,8 @@ class Recovery:
                         or pending.epoch != assignment.epoch):
                     del self.undelivered[session]  # since replaced, or over
                     continue
+                if self.table.expired(pending.verifier, now):
+                    continue  # its fail-over below assigns a drafter
                 with contextlib.suppress(ConnectionError, TimeoutError, OSError, SdcpProblem):
                     await self.assign(pending, assignment)
             expired = expired_verifiers(open_, self.table, now)
@@ -147,8 +163,7 @@ class Recovery:
         try:
             # Bounded: a hung verifier (stopped, not yet expired) would otherwise hold the sweep,
             # and every fail-over behind it, for the transport's whole timeout; the next sweep asks again.
-            state = await asyncio.wait_for(self.client.open_session(routed.verifier, routed.opened),
-                                           max(10 * self.sweep_interval, 5.0))
+            state = await asyncio.wait_for(self.client.open_session(routed.verifier, routed.opened), self.call_bound)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             if isinstance(exc, SdcpProblem) and exc.suffix == "sdcp-stale-epoch":
                 # The log moved past the open the verifier was asked again (it restarted and
@@ -185,7 +200,7 @@ class Recovery:
         """No live drafter may take a stalled session: the verifier decodes it itself
         (docs/reliability.md, "Drafter death") until an assignment ends that."""
         try:
-            state = await self.client.drop_drafter(routed.verifier, routed.session)
+            state = await asyncio.wait_for(self.client.drop_drafter(routed.verifier, routed.session), self.call_bound)
         except (ConnectionError, TimeoutError, OSError, SdcpProblem) as exc:
             log.warning("session %s: %s at %d tokens; no live drafter, and verifier %s did not take it: %s",
                         routed.session.hex(), why, committed, routed.verifier, exc)
@@ -294,7 +309,9 @@ class Recovery:
         self.metrics.failovers.inc()
         log.warning("session %s: verifier %s expired, failing over to %s at epoch %d",
                     routed.session.hex(), old, target, routed.epoch)
-        state = await self.client.open_session(target, plan.open)
+        # Bounded, more loosely than the other calls: a resume reads the log and the output, and
+        # a target that does not answer is passed over behind a fence of its own.
+        state = await asyncio.wait_for(self.client.open_session(target, plan.open), 3 * self.call_bound)
         routed.opened = plan.open
         return plan, state
 

@@ -180,3 +180,57 @@ def test_a_stall_probe_refused_by_a_restarted_verifier_fails_the_session_over(tm
         assert (routed.verifier, routed.epoch, opened.epoch) == (to, 2, 2), others
         assert opened.resume is not None and opened.resume.committed == last.committed
         assert held[to] is not None and held[to].committed == last.committed
+
+
+def test_a_verifier_that_stops_answering_after_an_open_holds_no_fail_over_back(tmp_path):
+    """The verifier answers a session-open, then stops answering (SIGSTOP) before it is told
+    the session's drafter. The open still returns, and once its status expired the sweep fails
+    the session over to STANDBY, where the stream ends with the whole greedy output: the
+    unanswered call held the router's lock, and with it every fail-over, until the verifier
+    was continued."""
+    parts = Parts(str(tmp_path))
+    network, clock = parts.network, parts.clock
+    session = sid(93)
+    stopped = asyncio.Event()
+    held: list[str] = []
+
+    async def scenario():
+        router = parts.router()
+        router.recovery.call_bound = 0.2
+        first, drafter = parts.verifier(VERIFIER), parts.drafter()
+        inner = first.handler
+
+        async def stops_after_the_open(request):
+            if stopped.is_set() or (request.method == "PUT" and request.path.endswith("/drafter")):
+                stopped.set()
+                held.append(request.path)
+                await asyncio.Event().wait()  # never answered, as by a stopped process
+            return await inner(request)
+
+        network.register(VERIFIER, stops_after_the_open)
+        roles = [first, drafter]
+        for role in roles:
+            await role.start()
+        try:
+            await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+            await asyncio.wait_for(router.open(SessionSpec(PROMPT, max_new=30, session=session)), 20.0)
+            await first.close()  # it reports no status any more
+            clock.advance(11.0)
+            standby = parts.verifier(STANDBY)
+            roles.append(standby)
+            await standby.start()
+            await standby.report_status()
+            await drafter.report_status()
+            await asyncio.wait_for(router.sweep(), 20.0)
+            tokens, _ = await asyncio.wait_for(router.text(session), 20.0)
+            return tokens, router.sessions[session]
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        tokens, routed = run(scenario(), timeout=60.0)
+    finally:
+        parts.mlc.close()
+    assert held and routed.verifier == STANDBY and routed.epoch == 2
+    assert tokens == greedy(parts.target, PROMPT, 30)
