@@ -73,6 +73,7 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
         for entry in state["hosts"]:
             entry.update(_wait_node(directory, entry["name"], nodes[entry["name"]], deadline))
         _write_json(directory / "cluster.json", state)
+        _wait_routers(spec, directory, deadline)
     except BaseException:
         down(directory)
         raise
@@ -97,6 +98,39 @@ def _wait_node(directory: Path, host: str, node: subprocess.Popen[bytes], deadli
         if time.monotonic() > deadline:
             raise TimeoutError(f"the node of {host} did not come up (logs in {directory / 'logs'})")
         time.sleep(0.2)
+
+
+def _wait_routers(spec: ClusterSpec, directory: Path, deadline: float) -> None:
+    """Until every router lists a live status of every verifier and drafter (GET instances): a
+    router takes an instance only once it is registered in etcd and has reported its status, and
+    until then its front end answers 503, so ``up`` returns when the front ends can serve."""
+    import asyncio
+
+    from sdcp_fast.transport.h2client import H2Transport
+    from sdcp_fast.transport.tls import client_context
+
+    certs = directory / "certs"
+    wanted = {i.uri for role in ("verifier", "drafter") for i in spec.instances(role)}
+
+    async def poll() -> None:
+        client = H2Transport(client_context(str(certs / "client.pem"), str(certs / "client.key"), str(certs / "ca.pem")))
+        try:
+            for router in spec.instances("router"):
+                while True:
+                    try:
+                        response = await client.request(router.uri, "GET", "instances", timeout=5)
+                        if response.status == 200 and wanted <= {i["instance"] for i in json.loads(response.body)}:
+                            break
+                    except (ConnectionError, OSError, TimeoutError):
+                        pass
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"{router.uri} did not hear from every verifier and drafter "
+                                           f"(logs in {directory / 'logs'})")
+                    await asyncio.sleep(0.2)
+        finally:
+            await client.close()
+
+    asyncio.run(poll())
 
 
 def endpoints_of(spec: ClusterSpec, directory: Path) -> dict[str, Any]:
