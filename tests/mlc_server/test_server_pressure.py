@@ -43,13 +43,13 @@ def _on_loop() -> bool:
 
 def test_a_log_append_decodes_its_record_off_the_loop_valid_or_not(service, monkeypatch):
     seen: list[bool] = []
-    decode = srv.decode_record
+    decode = srv.decode_stored_record
 
-    def spy(data: bytes) -> Any:
+    def spy(data: bytes, **bounds: Any) -> Any:
         seen.append(_on_loop())
-        return decode(data)
+        return decode(data, **bounds)
 
-    monkeypatch.setattr(srv, "decode_record", spy)
+    monkeypatch.setattr(srv, "decode_stored_record", spy)
     good = encode_record(CommitRecord(1, 0, tuple(range(5000)), 0, bytes(32)))
     bad = good.replace(b"fdigestX ", b"fdigestX\x1f")  # a 31-byte digest
     assert bad != good
