@@ -38,6 +38,7 @@ from sdcp_fast.protocol import (
     SessionOpen,
     Status,
 )
+from sdcp_fast.protocol.commitlog import FenceRecord
 from sdcp_fast.protocol.messages import ROLE_DRAFTER, ROLE_VERIFIER, RULE_GREEDY, parse_instance_path_id
 from sdcp_fast.protocol.peer import PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
@@ -245,27 +246,35 @@ class RouterRole:
         session = spec.session if spec.session is not None else new_session_id(os.urandom(16))
         contract = self.contract(spec)
         unreachable: list[str] = []
+        commit_log = self.commit_logs(self.scope, session) if self.commit_logs else object_uri(
+            self.scope, session, "commit_log")
+        epoch = 1
         while True:
             verifier = choose_verifier(self.table, self.clock(), exclude=tuple(unreachable))
             if verifier is None:
                 raise Busy("no live verifier: none has reported its status within its ttl_ms"
                            + (f"; unreachable: {', '.join(unreachable)}" if unreachable else ""))
             routed = RoutedSession(
-                opened=SessionOpen(session=session, epoch=1, contract=contract, prompt=tuple(spec.prompt),
-                                   commit_log=self.commit_logs(self.scope, session) if self.commit_logs
-                                   else object_uri(self.scope, session, "commit_log")),
-                epoch=1, verifier=verifier, m_init=spec.m_init, router=self.uri, writers={1: verifier},
-                committed_tokens=object_uri(self.scope, session, "committed_tokens", 1, tag=writer_tag(verifier)),
+                opened=SessionOpen(session=session, epoch=epoch, contract=contract, prompt=tuple(spec.prompt),
+                                   commit_log=commit_log),
+                epoch=epoch, verifier=verifier, m_init=spec.m_init, router=self.uri, writers={epoch: verifier},
+                committed_tokens=object_uri(self.scope, session, "committed_tokens", epoch, tag=writer_tag(verifier)),
                 request=request,
             )
             try:
-                state = await self.client.open_session(verifier, routed.opened)
+                # Bounded: a verifier stopped (SIGSTOP) since its last status report would hold the
+                # client's request until it is continued, and it has no session to fail over yet.
+                state = await asyncio.wait_for(self.client.open_session(verifier, routed.opened),
+                                               3 * self.recovery.call_bound)
                 break
-            except (ConnectionError, OSError) as exc:
-                # Died since its last status report (a kill just before an
-                # open): its status has not expired yet, but another verifier can take the session.
+            except (ConnectionError, TimeoutError, OSError) as exc:
+                # Died or stopped since its last status report: its status has not expired yet, but
+                # another verifier can take the session, at the next epoch behind a fence, since one
+                # that did not answer may still have taken the open.
                 log.warning("session %s: verifier %s unreachable at open: %s", session.hex(), verifier, exc)
                 unreachable.append(verifier)
+                epoch += 1
+                await (await self.mlc.commit_log(commit_log)).append(FenceRecord(epoch=epoch), None)
         self.sessions[session], self.changed[session] = routed, asyncio.Event()
         note_progress(routed, state.committed, self.clock())
         self.metrics.sessions.inc()

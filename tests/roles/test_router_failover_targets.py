@@ -9,7 +9,7 @@ import asyncio
 
 from sdcp_fast.cache import object_uri
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget
-from sdcp_fast.protocol.commitlog import CommitRecord
+from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.messages import ROLE_VERIFIER
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.status_table import choose_verifier
@@ -38,6 +38,7 @@ from .rolekit import (
 )
 
 THIRD = "inproc://third/"
+PAUSED = "inproc://paused/"  # chosen before STANDBY at equal load
 
 
 class Parts:
@@ -233,4 +234,49 @@ def test_a_verifier_that_stops_answering_after_an_open_holds_no_fail_over_back(t
     finally:
         parts.mlc.close()
     assert held and routed.verifier == STANDBY and routed.epoch == 2
+    assert tokens == greedy(parts.target, PROMPT, 30)
+
+
+def test_an_open_at_a_verifier_that_stopped_answering_goes_to_the_next_behind_a_fence(tmp_path):
+    """The verifier the router picks for a new session stopped answering (SIGSTOP) before its
+    status expired. The open is given up and made at STANDBY, at epoch 2 behind a fence, so that
+    the stopped one can append nothing if it took the open; the stream ends with the whole
+    greedy output."""
+    parts = Parts(str(tmp_path))
+    network, clock = parts.network, parts.clock
+    session = sid(94)
+    held: list[str] = []
+
+    async def never_answers(request):
+        held.append(request.path)
+        await asyncio.Event().wait()
+
+    async def scenario():
+        router = parts.router()
+        router.recovery.call_bound = 0.2
+        drafter = parts.drafter()
+        standby = parts.verifier(STANDBY)
+        roles = [drafter, standby]
+        for role in roles:
+            await role.start()
+        try:
+            await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+            await until(lambda: router.table.status(STANDBY, clock()) is not None)
+            router.table.report(status(PAUSED, ROLE_VERIFIER), clock())
+            network.register(PAUSED, never_answers)
+            assert choose_verifier(router.table, clock()) == PAUSED
+            routed = await asyncio.wait_for(router.open(SessionSpec(PROMPT, max_new=30, session=session)), 20.0)
+            tokens, _ = await asyncio.wait_for(router.text(session), 20.0)
+            return tokens, routed
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        tokens, routed = run(scenario(), timeout=60.0)
+        records = parts.mlc.logs.log(object_uri(SCOPE, session, "commit_log")).read().records
+    finally:
+        parts.mlc.close()
+    assert held == ["sessions"] and routed.verifier == STANDBY and routed.epoch == 2
+    assert records[0] == FenceRecord(epoch=2)
     assert tokens == greedy(parts.target, PROMPT, 30)
