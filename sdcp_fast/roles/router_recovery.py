@@ -321,6 +321,13 @@ class Recovery:
         # The new verifier writes the output of the new epoch to its own object (roles/verifier.py).
         routed.writers[routed.epoch] = target
         routed.committed_tokens = self._tokens_ref(routed, routed.epoch)
+        if state.state is not None and Action.parse(int(state.state)) in (Action.FINISH, Action.FAIL):
+            # Resumed at its end (its last record was its last round): nothing is left to route,
+            # and a session nobody reads would otherwise be failed over at every later fault.
+            routed.follow(state)
+            routed.done = True
+            await self.persist(routed)
+            return
         for policy in (plan.policy, *plan.later):
             if policy is not None:
                 await self.client.policy(target, policy)

@@ -17,6 +17,7 @@ from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole, SessionSpec
 from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 from sdcp_fast.store import embedded
+from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
 from .rolekit import (
@@ -280,3 +281,56 @@ def test_an_open_at_a_verifier_that_stopped_answering_goes_to_the_next_behind_a_
     assert held == ["sessions"] and routed.verifier == STANDBY and routed.epoch == 2
     assert records[0] == FenceRecord(epoch=2)
     assert tokens == greedy(parts.target, PROMPT, 30)
+
+
+def test_a_session_failed_over_after_its_last_round_ends_at_the_router(tmp_path):
+    """Nobody reads the session; its verifier goes away right after committing the last
+    round, before the router heard of its end. The fail-over resumes it at its end: the router marks it done and fails it over no
+    more when STANDBY goes away in turn."""
+    parts = Parts(str(tmp_path))
+    network, clock = parts.network, parts.clock
+    session = sid(95)
+
+    async def scenario():
+        router = parts.router()
+
+        async def no_events(request):  # the verifier's finish event never arrives
+            return Response(503) if request.path == "events" else await router.handler(request)
+
+        network.register(ROUTER, no_events)
+        first, drafter = parts.verifier(VERIFIER), parts.drafter()
+        roles = [first, drafter]
+        for role in roles:
+            await role.start()
+        try:
+            await until(lambda: router.table.status(DRAFTER, clock()) is not None)
+            await router.open(SessionSpec(PROMPT, max_new=12, session=session))
+            await until(lambda: session in first.sessions and first.sessions.get(session).committed == 12)
+            network.unregister(VERIFIER)
+            await first.close()
+            clock.advance(11.0)
+            standby = parts.verifier(STANDBY)
+            roles.append(standby)
+            await standby.start()
+            await standby.report_status()
+            await drafter.report_status()
+            await router.sweep()
+            routed = router.sessions[session]
+            moved = (routed.verifier, routed.epoch, routed.done)
+            clock.advance(11.0)  # STANDBY's status expires too
+            third = parts.verifier(THIRD)
+            roles.append(third)
+            await third.start()
+            await third.report_status()
+            await router.sweep()
+            return moved, (routed.verifier, routed.epoch)
+        finally:
+            for role in roles:
+                await role.close()
+
+    try:
+        moved, after = run(scenario(), timeout=60.0)
+    finally:
+        parts.mlc.close()
+    assert moved == (STANDBY, 2, True)
+    assert after == (STANDBY, 2)
