@@ -25,17 +25,22 @@ def test_kill_9_of_verifiers_at_random_points_changes_no_committed_token(whole: 
     batch, expected = steady_jobs(rng, 8, 160, up.m)
     killed: list[str] = []
 
+    verifiers = [name for name, svc in up.services.items() if svc.role == "verifier"]
+
     async def faults(progress: asyncio.Event) -> None:
+        # The busiest first, then the other: "busiest" counts any session's rounds, and in a long
+        # run sessions of earlier tests can keep the verifier that holds none of this batch's busy,
+        # so two kills of the busiest could both miss the batch.
         for _ in range(2):
             await asyncio.sleep(rng.uniform(0.2, 1.5))
-            name = await busiest_verifier(up)
+            name = await busiest_verifier(up) if not killed else next(v for v in verifiers if v not in killed)
             up.kill(name)
             killed.append(name)
             await asyncio.to_thread(up.restart)
 
     seen = run_batch(up, batch, faults)
     audits = check_batch(up, seen, expected)
-    assert len(killed) == 2
+    assert sorted(killed) == sorted(verifiers)
     assert any(a.fences for a in audits), "no session was failed over"
     assert all(a.epochs == sorted(a.epochs) for a in audits)
 
