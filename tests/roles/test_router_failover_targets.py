@@ -8,29 +8,20 @@ from __future__ import annotations
 import asyncio
 
 from sdcp_fast.cache import object_uri
-from sdcp_fast.model.toy import ToyDrafter, ToyTarget
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.messages import ROLE_VERIFIER
-from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.status_table import choose_verifier
-from sdcp_fast.roles.drafter import DrafterRole
-from sdcp_fast.roles.router import RouterRole, SessionSpec
-from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
-from sdcp_fast.store import embedded
+from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.transport.base import Response
-from sdcp_fast.transport.inprocess import InProcessNetwork
 
 from .rolekit import (
     DRAFTER,
     PROMPT,
     ROUTER,
-    ROUTER_PEER,
     SCOPE,
     STANDBY,
-    TARGET,
-    TOKENIZER,
     VERIFIER,
-    Clock,
+    Failover,
     greedy,
     run,
     sid,
@@ -42,43 +33,12 @@ THIRD = "inproc://third/"
 PAUSED = "inproc://paused/"  # chosen before STANDBY at equal load
 
 
-class Parts:
-    """One in-process network, one embedded MLC, the toy target, a fake clock."""
-
-    def __init__(self, root: str) -> None:
-        self.clock = Clock()
-        self.network = InProcessNetwork()
-        self.mlc = embedded(root)
-        self.target = ToyTarget()
-
-    def verifier(self, uri: str, on_round=None) -> VerifierRole:
-        config = VerifierConfig(uri=uri, target_digest=TARGET, router=ROUTER, backend="reference", batch_wait=0.0,
-                                output_wait=0.1)
-        role = VerifierRole(self.target, config, mlc=self.mlc,
-                            transport=self.network.transport(Peer(uri, PeerRole.VERIFIER)), on_round=on_round)
-        self.network.register(uri, role.handler)
-        return role
-
-    def router(self) -> RouterRole:
-        role = RouterRole(uri=ROUTER, mlc=self.mlc, transport=self.network.transport(ROUTER_PEER),
-                          target_digest=TARGET, tokenizer_digest=TOKENIZER, scope=SCOPE, clock=self.clock,
-                          drafter_models={DRAFTER: b"a" * 32}, sweep_interval=0.01)
-        self.network.register(ROUTER, role.handler)
-        return role
-
-    def drafter(self) -> DrafterRole:
-        role = DrafterRole(ToyDrafter("good", self.target, 0.8), uri=DRAFTER, mlc=self.mlc, router=ROUTER, fixed_m=3,
-                           transport=self.network.transport(Peer(DRAFTER, PeerRole.DRAFTER)))
-        self.network.register(DRAFTER, role.handler)
-        return role
-
-
 def test_a_failover_whose_target_is_dead_too_moves_the_stream_to_the_next_live_verifier(tmp_path):
     """The active verifier restarts after round 3 and no longer knows the session; the output
     reader hears so and fails it over. The first choice, STANDBY, died since its last status
     report: the fail-over goes on to THIRD, and the stream ends with the whole greedy output,
     never with the dead target's connection error."""
-    parts = Parts(str(tmp_path))
+    parts = Failover(str(tmp_path))
     network, clock = parts.network, parts.clock
     paused: list[int] = []
     session = sid(91)
@@ -130,7 +90,7 @@ def test_a_stall_probe_refused_by_a_restarted_verifier_fails_the_session_over(tm
     failed over from the log's last record, to STANDBY, and to the restarted verifier itself
     when no other is live."""
     for others in ((STANDBY,), ()):
-        parts = Parts(str(tmp_path / f"others{len(others)}"))
+        parts = Failover(str(tmp_path / f"others{len(others)}"))
         network, clock = parts.network, parts.clock
         stopped: list[int] = []
         session = sid(92)
@@ -190,7 +150,7 @@ def test_a_verifier_that_stops_answering_after_an_open_holds_no_fail_over_back(t
     the session over to STANDBY, where the stream ends with the whole greedy output: the
     unanswered call held the router's lock, and with it every fail-over, until the verifier
     was continued."""
-    parts = Parts(str(tmp_path))
+    parts = Failover(str(tmp_path))
     network, clock = parts.network, parts.clock
     session = sid(93)
     stopped = asyncio.Event()
@@ -243,7 +203,7 @@ def test_an_open_at_a_verifier_that_stopped_answering_goes_to_the_next_behind_a_
     status expired. The open is given up and made at STANDBY, at epoch 2 behind a fence, so that
     the stopped one can append nothing if it took the open; the stream ends with the whole
     greedy output."""
-    parts = Parts(str(tmp_path))
+    parts = Failover(str(tmp_path))
     network, clock = parts.network, parts.clock
     session = sid(94)
     held: list[str] = []
@@ -287,7 +247,7 @@ def test_a_session_failed_over_after_its_last_round_ends_at_the_router(tmp_path)
     """Nobody reads the session; its verifier goes away right after committing the last
     round, before the router heard of its end. The fail-over resumes it at its end: the router marks it done and fails it over no
     more when STANDBY goes away in turn."""
-    parts = Parts(str(tmp_path))
+    parts = Failover(str(tmp_path))
     network, clock = parts.network, parts.clock
     session = sid(95)
 
