@@ -35,7 +35,8 @@ from typing import Any
 
 from sdcp_fast.cluster.membership import Member, cert_digest
 from sdcp_fast.cluster.membership_etcd import Membership
-from sdcp_fast.cluster.spec import ClusterSpec, Instance
+from sdcp_fast.cluster.mooncake_master import master_argv, mlc_args
+from sdcp_fast.cluster.spec import NOT_SDCP, ClusterSpec, Instance
 from sdcp_fast.commitlog.etcd import EtcdError
 from sdcp_fast.deploy.up import REAL_DRAFTERS, TOY_DRAFTERS, Service, Up
 
@@ -46,13 +47,13 @@ STATUS_TTL_MS = 3000
 
 def write_cluster_certificates(spec: ClusterSpec, certs: Path) -> None:
     """One CA (reused where ``certs`` has one) and a certificate per instance of the spec
-    (etcd members excepted: they speak plain HTTP to each other and to the node) plus
+    (etcd members and the Mooncake master excepted: they speak no SDCP) plus
     ``client``. Each names its base URI, its host's address and its host's name as SANs."""
     from sdcp_fast.protocol.peer import PeerRole
     from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 
     specs = [InstanceSpec(i.name, PeerRole(i.role), i.uri if i.role != "mlc" else i.uri + "/", (i.host,))
-             for i in spec.instances() if i.role != "etcd"]
+             for i in spec.instances() if i.role not in NOT_SDCP]
     specs.append(InstanceSpec("client", PeerRole.CLIENT, None))
     write_certificates(certs, specs)
 
@@ -120,25 +121,33 @@ class Node:
         (self.directory / self.host.name).mkdir(parents=True, exist_ok=True)
         self.state_file.unlink(missing_ok=True)
         for i in self.mine:
-            if i.role != "etcd" and not (self.directory / "certs" / f"{i.name}.pem").exists():
+            if i.role not in NOT_SDCP and not (self.directory / "certs" / f"{i.name}.pem").exists():
                 raise FileNotFoundError(f"no certificate for {i.name} in {self.directory / 'certs'} "
                                         "(sdcp-fast cluster certs --spec FILE --dir DIR makes them)")
         deadline = time.monotonic() + timeout
         for i in self.mine:
-            argv = etcd_argv(self.spec, i, self.directory / self.host.name / "etcd") if i.role == "etcd" \
-                else role_argv(self.spec, i, self.directory, model)
+            if i.role == "etcd":
+                argv = etcd_argv(self.spec, i, self.directory / self.host.name / "etcd")
+            elif i.role == "mooncake-master":
+                argv = master_argv(self.spec, i)
+            else:  # an MLC node lends the cluster's Mooncake Store a segment, where there is one
+                argv = role_argv(self.spec, i, self.directory, model) + (mlc_args(self.spec, i) if i.role == "mlc"
+                                                                         else [])
             self.up.services[i.name] = Service(i.name, i.role, i.port, argv)
         for i in self.mine:
-            if i.role == "etcd":
+            if i.role in NOT_SDCP:
                 self.launch(i)
         self.wait_etcd(deadline)
         self.membership = Membership(self.spec.token, [("127.0.0.1", self.spec.ports["etcd"])]
                                      if any(i.role == "etcd" for i in self.mine) else self.spec.etcd_clients())
+        master = self.spec.mooncake_master()
+        if master is not None and any(i.role == "mlc" for i in self.mine):  # an MLC node's tier needs it
+            wait_port(master.address, master.port, deadline)
         for i in self.mine:
             if i.role == "mlc":
                 self.launch(i)
         self.up.wait_healthy([i.name for i in self.mine if i.role == "mlc"], max(1.0, deadline - time.monotonic()))
-        roles = [i for i in self.mine if i.role not in ("etcd", "mlc")]
+        roles = [i for i in self.mine if i.role not in NOT_SDCP | {"mlc"}]
         if roles:  # they need the shared MLC from their start
             primary = self.spec.primary_mlc()
             wait_port(primary.address, primary.port, deadline)
@@ -146,7 +155,7 @@ class Node:
             self.launch(i)
         self.up.wait_healthy([i.name for i in roles], max(1.0, deadline - time.monotonic()))
         for i in self.mine:
-            if i.role != "etcd":
+            if i.role not in NOT_SDCP:
                 self.register(i)
         self.write_state()
 
@@ -187,7 +196,7 @@ class Node:
         processes = []
         for i in self.mine:
             svc = self.up.services[i.name]
-            uri = f"http://{i.address}:{i.port}" if i.role == "etcd" else i.uri
+            uri = f"http://{i.address}:{i.port}" if i.role == "etcd" else i.uri  # the master's: host:port
             processes.append({"role": i.role, "name": i.name, "pid": svc.process.pid if svc.process else None,
                               "uri": uri})
         return {"host": self.host.name, "address": self.host.address, "node_pid": os.getpid(),
@@ -214,7 +223,7 @@ class Node:
                 self.launch(i)
                 changed = True
         for i in self.mine:
-            if i.role == "etcd":
+            if i.role in NOT_SDCP:
                 continue
             lease = self.leases.get(i.name)
             try:

@@ -14,7 +14,9 @@
 
 Every instance listens on its host's address at its role's port (``PORTS``; the ``[ports]``
 table overrides them), so the ports are the same on every host. Instances are named
-``<role>-<host>``; the MLC the roles share is the first host's (``primary_mlc``).
+``<role>-<host>``; the MLC the roles share is the first host's (``primary_mlc``). One host may
+run the cluster's ``mooncake-master`` (sdcp_fast/cluster/mooncake_master.py): every MLC node
+then lends Mooncake Store a segment and keeps there what must outlive its host.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-ROLES = ("etcd", "mlc", "router", "verifier", "drafter")
+ROLES = ("etcd", "mlc", "router", "verifier", "drafter", "mooncake-master")
+# The processes that speak no SDCP: no certificate, no registration in the membership registry.
+NOT_SDCP = frozenset({"etcd", "mooncake-master"})
 PORTS = {"etcd": 2379, "etcd-peer": 2380, "mlc": 8470, "router": 8500, "api": 8000, "verifier": 8600,
-         "drafter": 8700}
+         "drafter": 8700, "mooncake-master": 50051, "mooncake-metadata": 8080, "mooncake-metrics": 9003}
 # The benchmarking range (RFC 2544): the project's own simulated hosts, never anyone else's.
 DEFAULT_SUBNET = "198.18.0.0/24"
 BENCHMARK_RANGE = ipaddress.ip_network("198.18.0.0/15")
@@ -53,7 +57,10 @@ class Instance:
 
     @property
     def uri(self) -> str:
-        """Its SDCP base URI (the MLC's without the trailing slash, as its clients take it)."""
+        """Its SDCP base URI (the MLC's without the trailing slash, as its clients take it); a
+        Mooncake master's RPC address, ``host:port``."""
+        if self.role == "mooncake-master":
+            return f"{self.address}:{self.port}"
         base = f"https://{self.address}:{self.port}"
         return base if self.role == "mlc" else base + "/"
 
@@ -81,6 +88,7 @@ class ClusterSpec:
             raise ValueError("two hosts share an address")
         if self.lease_ttl_s < 2:
             raise ValueError("lease_ttl_s must be at least 2 (leases are renewed every third of it)")
+        self.mooncake_master()  # at most one
 
     def host(self, name: str) -> HostSpec:
         for h in self.hosts:
@@ -106,6 +114,12 @@ class ClusterSpec:
         if not mlcs:
             raise ValueError("no host runs an MLC")
         return mlcs[0]
+
+    def mooncake_master(self) -> Instance | None:
+        masters = self.instances("mooncake-master")
+        if len(masters) > 1:
+            raise ValueError(f"one mooncake-master per cluster, not {len(masters)}")
+        return masters[0] if masters else None
 
     def drafter_kinds(self, defaults: tuple[str, ...]) -> dict[str, str]:
         """Each drafter instance's kind: the spec's list in order, else ``defaults``, cycled."""
@@ -185,7 +199,9 @@ def default_layout(n: int = 3, *, subnet: str = DEFAULT_SUBNET, model: str = "to
     """``n`` hosts, each with an etcd member and an MLC node; routers (with their front ends)
     on the first two, verifiers on the second and third, drafters on the third and first, so
     with three hosts each role is on two of them and no host holds everything. Hosts past the
-    third add a verifier (even) or a drafter (odd)."""
+    third add a verifier (even) or a drafter (odd). The Mooncake master runs on the first host
+that holds no verifier (the first host where each holds one), so losing a verifier's host and
+losing the store's master are separate faults."""
     _, addresses = host_addresses(n, subnet)
     hosts = []
     for i, address in enumerate(addresses):
@@ -197,6 +213,8 @@ def default_layout(n: int = 3, *, subnet: str = DEFAULT_SUBNET, model: str = "to
         if i in {2 % n, 0} or (i >= 3 and i % 2 == 0):
             roles.append("drafter")
         hosts.append(HostSpec(f"h{i + 1}", address, tuple(roles)))
+    master = next((i for i, h in enumerate(hosts) if "verifier" not in h.roles), 0)
+    hosts[master] = replace(hosts[master], roles=(*hosts[master].roles, "mooncake-master"))
     return ClusterSpec(tuple(hosts), model=model)
 
 

@@ -17,7 +17,7 @@ from sdcp_fast.cli import main
 from sdcp_fast.cluster import simulate
 from sdcp_fast.cluster.membership import cert_digest
 from sdcp_fast.cluster.membership_etcd import Membership
-from sdcp_fast.cluster.spec import ClusterSpec
+from sdcp_fast.cluster.spec import NOT_SDCP, ClusterSpec
 from tests.deploy.test_up import greedy_text
 
 pytestmark = pytest.mark.services
@@ -50,7 +50,7 @@ def test_every_instance_is_registered_with_its_uri_and_certificate(cluster: tupl
     finally:
         m.close()
     state = json.loads((directory / "cluster.json").read_text())
-    placed = {p["name"]: p["uri"] for h in state["hosts"] for p in h["processes"] if p["role"] != "etcd"}
+    placed = {p["name"]: p["uri"] for h in state["hosts"] for p in h["processes"] if p["role"] not in NOT_SDCP}
     assert {x.name: x.uri for x in members} == placed
     assert len(placed) == 9  # an MLC node per host, two routers, two verifiers, two drafters
     for x in members:

@@ -9,7 +9,7 @@ from pathlib import Path
 from cryptography import x509
 
 from sdcp_fast.cluster.host_part import etcd_argv, role_argv, write_cluster_certificates
-from sdcp_fast.cluster.spec import default_layout
+from sdcp_fast.cluster.spec import NOT_SDCP, default_layout
 
 
 def sans(path: Path) -> tuple[list[str], list[str], list[object]]:
@@ -23,7 +23,7 @@ def test_one_ca_signs_a_certificate_per_instance_naming_its_uri_role_address_and
     spec = default_layout(3)
     write_cluster_certificates(spec, tmp_path)
     names = {p.stem for p in tmp_path.glob("*.pem")}
-    assert names == {"ca", "client"} | {i.name for i in spec.instances() if i.role != "etcd"}
+    assert names == {"ca", "client"} | {i.name for i in spec.instances() if i.role not in NOT_SDCP}
     uris, dns, ips = sans(tmp_path / "verifier-h2.pem")
     assert uris == ["https://198.18.0.12:8600/", "urn:sdcp:role:verifier"]
     assert "h2" in dns and ipaddress.ip_address("198.18.0.12") in ips
