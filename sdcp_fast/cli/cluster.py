@@ -23,6 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     up.add_argument("--subnet", default=None, help="the hosts' subnet, inside 198.18.0.0/15 (default 198.18.0.0/24; "
                                                    "a --spec's hosts share the /24 of its first host)")
     up.add_argument("--timeout", type=float, default=240.0, help="seconds to wait for every host (default 240)")
+    up.add_argument("--rtt-ms", type=float, default=0.0, metavar="X",
+                    help="round-trip delay between hosts, not to this machine's own namespace (tc netem where "
+                         "the kernel has it, else a delaying relay on the bridge; cluster.json says which)")
     down = sub.add_parser("down", help="stop the hosts and remove their namespaces, links and bridge")
     down.add_argument("--dir", required=True, metavar="DIR")
     status = sub.add_parser("status", help="the instances registered in the cluster's etcd (JSON)")
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             spec = simulate.default_spec(args.hosts, args.subnet or DEFAULT_SUBNET, args.model)
         prefix_len = ipaddress.ip_network(args.subnet).prefixlen if args.subnet and not args.spec else 24
-        endpoints = simulate.up(directory, spec, prefix_len=prefix_len, timeout=args.timeout)
+        endpoints = simulate.up(directory, spec, prefix_len=prefix_len, timeout=args.timeout, rtt_ms=args.rtt_ms)
     except (ValueError, OSError, NetnsError, RuntimeError, TimeoutError) as exc:  # EtcdError is a RuntimeError
         print(f"sdcp-fast cluster {args.action}: {exc}", file=sys.stderr)
         return 1

@@ -3,8 +3,8 @@ host on a bridge (:mod:`~sdcp_fast.cluster.netns`), and ``sdcp-fast node`` run i
 
 ``up`` writes into its folder ``cluster.toml`` (the spec), ``certs/`` (one CA, a
 certificate per instance, the front ends' API key), ``cluster.json`` (the network's names,
-then per host its name, namespace, address, node pid and processes: role, name, pid, base
-URI) and, once every host is up, ``endpoints.json`` (the front ends, reachable from the
+the delay between hosts and how it is made, then per host its name, namespace, address,
+node pid and processes: role, name, pid, base URI) and, once every host is up, ``endpoints.json`` (the front ends, reachable from the
 machine's own namespace, with their key). ``cluster.json`` is written before anything
 starts, so ``down`` removes what a failed ``up`` left too.
 """
@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from sdcp_fast.cluster import relay
 from sdcp_fast.cluster.host_part import write_cluster_certificates
 from sdcp_fast.cluster.netns import Network
 from sdcp_fast.cluster.spec import BENCHMARK_RANGE, ClusterSpec, host_addresses
@@ -31,10 +32,12 @@ def network_of(spec: ClusterSpec, bridge_address: str, prefix_len: int, tag: str
     return Network(tag, f"{bridge_address}/{prefix_len}", tuple((h.name, h.address) for h in spec.hosts))
 
 
-def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: float = 240.0) -> dict[str, Any]:
+def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: float = 240.0,
+       rtt_ms: float = 0.0) -> dict[str, Any]:
     """Start ``spec``'s hosts as namespaces (their addresses in one ``/prefix_len`` network
-    whose first address is the bridge's); the contents of ``endpoints.json``. On failure
-    everything made is removed and the error names the log to read."""
+    whose first address is the bridge's), ``rtt_ms`` apart (:mod:`~sdcp_fast.cluster.relay`);
+    the contents of ``endpoints.json``. On failure everything made is removed and the error
+    names the log to read."""
     directory = directory.resolve()
     directory.mkdir(parents=True, exist_ok=True)
     if (directory / "cluster.json").exists():
@@ -45,6 +48,8 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
             ipaddress.ip_address(h.address) not in subnet or h.address == bridge for h in spec.hosts):
         raise ValueError(f"simulated hosts need addresses in one subnet of {BENCHMARK_RANGE} "
                          f"(here {subnet}, the bridge at {bridge})")
+    if rtt_ms < 0:
+        raise ValueError(f"--rtt-ms must be 0 or more, not {rtt_ms:g}")
     net = network_of(spec, bridge, prefix_len, secrets.token_hex(3))
     (directory / "cluster.toml").write_text(spec.to_toml())
     write_cluster_certificates(spec, directory / "certs")
@@ -56,6 +61,8 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
     _write_json(directory / "cluster.json", state)
     try:
         net.up()
+        state["delay"] = relay.install(net, rtt_ms).to_json()  # cluster.json says netem or relay
+        _write_json(directory / "cluster.json", state)
         logs = directory / "logs"
         logs.mkdir(exist_ok=True)
         nodes = {}
@@ -159,7 +166,10 @@ def down(directory: Path) -> list[str]:
     state = json.loads((directory / "cluster.json").read_text())
     _stop_nodes([h["node_pid"] for h in state["hosts"] if h.get("node_pid")], net)
     net.down()
-    left = net.leftovers()
+    delay = relay.Delay.from_json(state["delay"]) if state.get("delay") else None
+    if delay:
+        relay.remove(net, delay)
+    left = net.leftovers() + (relay.leftovers(net, delay) if delay else [])
     if not left:
         (directory / "cluster.json").rename(directory / "cluster.down.json")
         (directory / "endpoints.json").unlink(missing_ok=True)
