@@ -4,8 +4,9 @@ host on a bridge (:mod:`~sdcp_fast.cluster.netns`), and ``sdcp-fast node`` run i
 ``up`` writes into its folder ``cluster.toml`` (the spec), ``certs/`` (one CA, a
 certificate per instance, the front ends' API key), ``cluster.json`` (the network's names,
 the delay between hosts and how it is made, then per host its name, namespace, address,
-node pid and processes: role, name, pid, base URI) and, once every host is up, ``endpoints.json`` (the front ends, reachable from the
-machine's own namespace, with their key). ``cluster.json`` is written before anything
+node pid and processes: role, name, pid, base URI) and, once every host is up,
+``endpoints.json`` (the front ends, reachable from the machine's own namespace, with their
+key). ``cluster.json`` is written before anything
 starts, so ``down`` removes what a failed ``up`` left too.
 """
 
