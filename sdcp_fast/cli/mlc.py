@@ -21,6 +21,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--root", help="folder for the disk tier and commit logs (default: $SDCP_MLC_ROOT "
                                        "or ~/.cache/sdcp_fast/mlc)")
     parser.add_argument("--host-mib", type=int, default=1024, help="page-locked host tier capacity")
+    parser.add_argument("--shm", default="/dev/shm", metavar="DIR",
+                        help="memory file system where same-host clients write and map objects "
+                             "(default /dev/shm; 'none': every object crosses the network)")
     parser.add_argument("--disk-mib", type=int, default=16384, help="disk tier capacity")
     parser.add_argument("--device-mib", type=int, default=0, help="CUDA device tier capacity (0: none)")
     parser.add_argument("--redis", metavar="URL", help="networked tier, e.g. redis://127.0.0.1:6379/0")
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         store = embedded(root, host_bytes=args.host_mib * mib, disk_bytes=args.disk_mib * mib,
                          device_bytes=args.device_mib * mib, redis_url=args.redis, redis_bytes=args.redis_mib * mib,
                          mooncake=_mooncake(args), mooncake_bytes=args.mooncake_mib * mib,
-                         max_open_logs=args.max_open_logs, **limits)
+                         max_open_logs=args.max_open_logs, shm=_shm(args.shm), **limits)
     except ConnectionError as exc:  # the networked tier's server or master does not answer
         print(f"sdcp-fast mlc: {exc}", file=sys.stderr)
         return 2
@@ -98,6 +101,12 @@ def run(args: argparse.Namespace) -> int:
 
     run_loop(_serve_h2(args, security, store, ready), settle=True)
     return 0
+
+
+def _shm(folder: str) -> str | None:
+    import os
+
+    return folder if folder != "none" and os.access(folder, os.W_OK) else None
 
 
 def _mooncake(args: argparse.Namespace) -> Any:

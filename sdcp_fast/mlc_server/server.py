@@ -57,6 +57,7 @@ from sdcp_fast.mlc_server.server_requests import (
     entry_answer,
     release_body,
 )
+from sdcp_fast.mlc_server.server_shm import ASK, shm_tier, slot_headers, upload
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
@@ -141,7 +142,7 @@ for _method, _pattern, _route in [
     ("PUT", r"leases/(?P<lease>[^/]+)", "renew_lease"), ("DELETE", r"leases/(?P<lease>[^/]+)", "release_lease"),
     ("GET", r"logs/(?P<name>.+)", "read_log"), ("POST", r"logs/(?P<name>.+)", "append_log"),
     ("POST", r"logs", "append_logs"),
-    ("GET", r"stats", "stats"), ("GET", r"metrics", "metrics"),
+    ("GET", r"stats", "stats"), ("GET", r"metrics", "metrics"), ("GET", r"shm", "shm_info"),
 ]:
     ROUTES.add(_method, _pattern, _route)
 
@@ -154,6 +155,7 @@ class MLCService:
         self.mlc = mlc
         self.logs = logs
         self.budget = UploadBudget(inflight_bytes)
+        self.shm = shm_tier(mlc)  # same-host objects in shared memory (server_shm.py), if kept
 
     # -- the transport Handler (HTTP/2) -----------------------------------------------------
 
@@ -191,7 +193,14 @@ class MLCService:
         check = policy.may_put(peer, parsed)  # refused before the body is read
         lease_ms: Any = _query_uint(call, "lease_ms", 10)
         body = await call.body(MAX_BODY, budget)
+        token = call.query.get("shm")
         try:
+            if token is not None:  # the bytes are an upload in shared memory: a slot adopts it
+                ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
+                with upload(self.shm, token, len(body)) as up:
+                    stored = await run_on(mlc, lambda: mlc.put(uri, up, ttl, owner=policy.principal(peer),
+                                                               check=check))
+                return self._stored(stored)
             meta = None
             data: Any = body
             if call.content_type == CBOR:
@@ -212,6 +221,10 @@ class MLCService:
         finally:
             budget.give(len(body))
             release_body(body)
+        return self._stored(stored)
+
+    @staticmethod
+    def _stored(stored: Any) -> Response:
         out = {"etag": stored.etag, "tier": stored.tier}
         if stored.lease is not None:
             out["lease"] = stored.lease
@@ -230,6 +243,9 @@ class MLCService:
         # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
         head, view = await run_on(mlc, lambda: mlc.read(uri, span, check=check), hint)
         headers = {"etag": head.etag, "accept-ranges": "bytes", "mlc-tier": head.tier}
+        slot = slot_headers(self.shm, head, view) if span is None and ASK in call.headers else None
+        if slot is not None:  # a reader on this host maps the slot itself
+            return Response(200, b"", {**headers, **slot, "content-type": OCTETS})
         if span is not None:
             start, stop = span(head.size)
             headers["content-range"] = f"bytes {start}-{stop - 1}/{head.size}"
@@ -368,6 +384,12 @@ class MLCService:
         finally:
             release_body(body)
         return _cbor_response({"results": answers})
+
+    async def shm_info(self, call: Call) -> Response:
+        """Where a client on this host finds the slots (server_shm.py); 404 when none are kept."""
+        if self.shm is None:
+            return http_problem(404, "this MLC keeps no objects in shared memory")
+        return _cbor_response({"folder": self.shm.folder, "token": self.shm.token})
 
     # -- accounting ---------------------------------------------------------------------------
 

@@ -122,11 +122,13 @@ class LocalStore:
 def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_bytes: int = 16384 * MiB,
              device_bytes: int = 0, redis_url: str | None = None, redis_bytes: int = 4096 * MiB,
              mooncake: MooncakeConfig | None = None, mooncake_bytes: int = 4096 * MiB,
-             clock: Clock = time.monotonic, max_open_logs: int = MAX_OPEN, **limits: int) -> LocalStore:
+             clock: Clock = time.monotonic, max_open_logs: int = MAX_OPEN, shm: str | None = None,
+             **limits: int) -> LocalStore:
     """The default store: an MLC over [device,] page-locked host memory, disk under ``root``
     (a temporary folder when None) [and Redis or Mooncake Store], with its commit logs under ``<root>/logs``
-    (at most ``max_open_logs`` descriptors open). ``limits``: the MLC's ``max_objects``,
-    ``index_bytes``, ``max_leases``."""
+    (at most ``max_open_logs`` descriptors open). With ``shm`` (a folder in memory, e.g.
+    ``/dev/shm``) the host tier also keeps same-host uploads there (:mod:`sdcp_fast.cache.tiers.shm`).
+    ``limits``: the MLC's ``max_objects``, ``index_bytes``, ``max_leases``."""
     from sdcp_fast.cache.tiers.disk import DiskTier
     from sdcp_fast.cache.tiers.host import HostTier
 
@@ -135,7 +137,12 @@ def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_byte
         from sdcp_fast.cache.tiers.device import DeviceTier
 
         tiers.append(DeviceTier(device_bytes))
-    tiers.append(HostTier(host_bytes))
+    if shm:
+        from sdcp_fast.cache.tiers.shm import ShmTier
+
+        tiers.append(ShmTier(host_bytes, base=shm))
+    else:
+        tiers.append(HostTier(host_bytes))
     disk = DiskTier(disk_bytes, root)
     tiers.append(disk)
     if redis_url:

@@ -1,7 +1,9 @@
 """The store of an ``sdcp-fast mlc`` server, reached over the project's transport: objects
 and leases with :class:`~sdcp_fast.cache.http_client.AsyncMLC`, the server's commit logs with
 :class:`~sdcp_fast.commitlog.http.AsyncHttpCommitLog`, both on one transport (HTTP/2 with
-this service's client certificate: one connection, a stream per call, no thread)."""
+this service's client certificate: one connection, a stream per call, no thread). On the
+server's own host, large objects go through its shared memory instead
+(:class:`~sdcp_fast.store.shm_client.ShmClient`)."""
 
 from __future__ import annotations
 
@@ -14,24 +16,30 @@ from sdcp_fast.cache.index import Head
 from sdcp_fast.commitlog.http import AsyncHttpCommitLog, append_batch
 from sdcp_fast.store.interface import Log, LogAppend
 from sdcp_fast.store.logs import append_split, open_backend
+from sdcp_fast.store.shm_client import ShmClient
 from sdcp_fast.transport.base import Transport
 
 
 class RemoteStore:
     """:class:`~sdcp_fast.store.interface.Store` served at ``base_url`` through ``transport``
     (by default :func:`~sdcp_fast.cache.http_client.mlc_transport` with the client context
-    ``ssl``; without one, h2c on loopback)."""
+    ``ssl``; without one, h2c on loopback). ``shm=False``: every object crosses the network."""
 
     def __init__(self, base_url: str, transport: Transport | None = None, *,
-                 ssl: ssl.SSLContext | None = None) -> None:
+                 ssl: ssl.SSLContext | None = None, shm: bool = True) -> None:
         self.base_url = base_url.rstrip("/")
         self.transport = transport if transport is not None else mlc_transport(ssl)
         self.objects = AsyncMLC(self.base_url, self.transport)
+        self.shm = ShmClient(self.base_url, self.transport) if shm else None
 
     async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
+        if self.shm is not None and (stored := await self.shm.put(uri, data, lease_ttl)) is not None:
+            return stored.lease
         return (await self.objects.put(uri, data, lease_ttl)).lease
 
     async def get(self, uri: str) -> memoryview:
+        if self.shm is not None and (view := await self.shm.get(uri)) is not None:
+            return view
         return await self.objects.get(uri)
 
     async def head(self, uri: str) -> Head:

@@ -1,0 +1,254 @@
+"""The host tier with a part in shared memory: objects a client on the same host wrote
+straight into a file of this node's folder in ``/dev/shm`` are kept there, one file per
+object, and readers on the host map them instead of receiving their bytes.
+
+A slot's life (docs/mlc.md, "Same-host objects in shared memory"):
+
+1. The writer creates ``up-<token>`` (128 random bits) in the node's folder and writes the
+   object after a header page, in one ``pwrite``: the only copy of its bytes.
+2. Its put (over the network, authorized as any put) names the token; :meth:`ShmTier.write`
+   renames the file to ``slot-<serial>`` and writes the header (magic, serial, size, state
+   LIVE). The slot is an object of the cache like any other: leases, writer tags, LRU and scope
+   accounting are the index's, unchanged.
+3. A reader on the host asks for the object as usual; the node answers the slot's name and
+   serial instead of its bytes, and the reader maps the file read-only and checks the header
+   after mapping (:mod:`sdcp_fast.store.shm_client`).
+4. When the index drops the object (its lease released with ``drop`` or expired, even if its
+   writer died; deleted, evicted, moved to another tier) the header is set FREED and the file
+   unlinked: a reader that opens it later gets ENOENT, one that mapped it before gets FREED at
+   its check. Either is the missing object's error.
+
+Slots are never reused: a new object is a new file (a new inode), so a mapping made before a
+free keeps showing the bytes of its own object, never another round's. The node writes a
+slot's header only, never its bytes. Other objects (network puts) are kept by
+:class:`~sdcp_fast.cache.tiers.host.HostTier` as before.
+
+The folder is ``0700``: only processes of the node's user can write or map it, and they are
+trusted with each other's slots as they are with each other's memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import mmap
+import os
+import re
+import secrets
+import shutil
+import stat
+import struct
+import tempfile
+import time
+from typing import Any
+
+from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.protocol.problems import BadRequest
+
+HEADER = mmap.PAGESIZE  # the data starts on a page: a view of it is aligned for any dtype
+MAGIC = b"SDCPSHM1"
+# magic, serial, size, state: the header's first 25 bytes
+_HEAD = struct.Struct("<8sQQB")
+LIVE, FREED = 1, 2
+STATE_AT = 24
+ID_FILE = "node.id"  # "<token> <pid>": a client is on this host when it reads the same token
+UPLOAD = re.compile(r"[0-9a-f]{32}")
+FOLDER_PREFIX = "sdcp-mlc-"
+# HTTP headers of the node's answers (mlc_server/server_shm.py): a get that asks with ASK is
+# answered with the slot's file name and serial instead of the bytes.
+ASK, SLOT, SERIAL = "mlc-shm", "mlc-shm-slot", "mlc-shm-serial"
+# An upload its writer never put (it died in between) is removed after this many seconds.
+ORPHAN_AGE = 60.0
+
+
+def header(serial: int, size: int, state: int) -> bytes:
+    return _HEAD.pack(MAGIC, serial, size, state)
+
+
+def read_header(buf: Any) -> tuple[bytes, int, int, int]:
+    magic, serial, size, state = _HEAD.unpack_from(buf, 0)
+    return magic, serial, size, state
+
+
+class ShmUpload(mmap.mmap):
+    """The bytes of a writer's upload, mapped read-only (the object's data, after the header
+    page); a buffer, so any tier can copy it. ``path`` is the upload's file."""
+
+    path: str
+    serial: int = 0  # set once adopted: the slot's number
+
+    @classmethod
+    def open(cls, folder: str, token: str) -> ShmUpload:
+        """The upload ``token`` in ``folder``; BadRequest if there is none (or it is not a
+        plain file of at least one byte of data)."""
+        if not UPLOAD.fullmatch(token):
+            raise BadRequest("shm must be the upload's 32 hexadecimal digits")
+        path = os.path.join(folder, "up-" + token)
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            raise BadRequest("no such upload in this node's shared memory") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size <= HEADER:
+                raise BadRequest("an upload is a header page and at least one byte of data")
+            up = cls(fd, st.st_size - HEADER, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, offset=HEADER)
+        finally:
+            os.close(fd)
+        up.path = path
+        return up
+
+
+class Slot:
+    """An object kept in a file of the shared folder: its data mapping and its header."""
+
+    __slots__ = ("data", "head", "name", "path", "serial", "size")
+
+    def __init__(self, data: ShmUpload, head: mmap.mmap, path: str, serial: int) -> None:
+        self.data, self.head, self.path, self.serial = data, head, path, serial
+        self.name = os.path.basename(path)
+        self.size = len(data)
+
+    def free(self) -> None:
+        """FREED, then unlinked: readers that mapped it fail their check, later ones ENOENT."""
+        self.head[STATE_AT] = FREED
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        self.head.close()
+        with contextlib.suppress(BufferError):  # a response being sent still views it: unmapped with it
+            self.data.close()
+
+
+def _dead(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def sweep_dead_nodes(base: str) -> None:
+    """Remove the folders that nodes killed before they closed left under ``base``."""
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            if not entry.name.startswith(FOLDER_PREFIX) or not entry.is_dir(follow_symlinks=False):
+                continue
+            try:
+                with open(os.path.join(entry.path, ID_FILE)) as f:
+                    pid = int(f.read().split()[1])
+            except (OSError, ValueError, IndexError):
+                continue  # another program's folder, or a node still starting
+            if entry.stat(follow_symlinks=False).st_uid == os.getuid() and _dead(pid):
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+
+class ShmTier(HostTier):
+    """:class:`HostTier` whose same-host uploads are kept as slots in a folder under ``base``
+    (``/dev/shm``: memory, not disk). ``folder`` and ``token`` are what clients are told."""
+
+    def __init__(self, capacity: int, *, base: str = "/dev/shm", name: str = "host",
+                 pool_bytes: int | None = None) -> None:
+        super().__init__(capacity, name=name, pool_bytes=pool_bytes)
+        sweep_dead_nodes(base)
+        self.folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=base)  # mode 0700
+        self.token = secrets.token_hex(16)
+        with open(os.path.join(self.folder, ID_FILE), "w") as f:
+            f.write(f"{self.token} {os.getpid()}\n")
+        self._serials = itertools.count(1)
+        self._swept = time.monotonic()
+
+    def write(self, key: str, data: Any) -> Any:
+        if not isinstance(data, ShmUpload):
+            return super().write(key, data)
+        serial = next(self._serials)
+        path = os.path.join(self.folder, f"slot-{serial}")
+        try:
+            os.rename(data.path, path)
+        except FileNotFoundError:
+            raise BadRequest("the upload was taken by another put") from None
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fchmod(fd, 0o400)  # its writer's bytes are final
+            head = mmap.mmap(fd, HEADER, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+        head[: _HEAD.size] = header(serial, len(data), LIVE)
+        data.path, data.serial = path, serial
+        self._sweep_orphans()
+        return Slot(data, head, path, serial)
+
+    def slot_of(self, view: memoryview) -> tuple[str, int] | None:
+        """The slot's file name and serial if ``view`` (from :meth:`read`) shows a whole slot."""
+        up = view.obj
+        if isinstance(up, ShmUpload) and up.serial and view.nbytes == len(up):
+            return os.path.basename(up.path), up.serial
+        return None
+
+    def read(self, handle: Any) -> memoryview:
+        if type(handle) is Slot:
+            return memoryview(handle.data)
+        return super().read(handle)
+
+    def read_range(self, handle: Any, start: int, stop: int) -> memoryview:
+        if type(handle) is Slot:
+            return memoryview(handle.data)[start:stop]
+        return super().read_range(handle, start, stop)
+
+    def read_into(self, handle: Any, out: memoryview) -> int:
+        if type(handle) is Slot:
+            out[: handle.size] = memoryview(handle.data)
+            return handle.size
+        return super().read_into(handle, out)
+
+    def tensor(self, handle: Any) -> Any:
+        if type(handle) is not Slot:
+            return super().tensor(handle)
+        import warnings
+
+        import torch
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # a read-only mapping, read-only as documented
+            return torch.frombuffer(handle.data, dtype=torch.uint8)
+
+    def drop(self, handle: Any) -> None:
+        if type(handle) is Slot:
+            handle.free()
+            return
+        # HostTier.drop pools a buffer only when its caller held it as a temporary (its
+        # reference count says nobody views it): hand it on so, with no reference left here.
+        held = [handle]
+        del handle
+        HostTier.drop(self, held.pop())
+
+    def _sweep_orphans(self) -> None:
+        now = time.monotonic()
+        if now - self._swept < ORPHAN_AGE / 4:
+            return
+        self._swept = now
+        cutoff = time.time() - ORPHAN_AGE
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(self.folder):
+                if entry.name.startswith("up-") and entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
+
+    def close(self) -> None:
+        super().close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def attach(folder: str, token: str) -> bool:
+    """Whether ``folder`` is, seen from this process, the shared folder of the node whose
+    token is ``token``: the same host (a folder of that name on another host holds another
+    token, or none)."""
+    try:
+        with open(os.path.join(folder, ID_FILE)) as f:
+            return f.read().split()[0] == token and os.access(folder, os.W_OK)
+    except (OSError, IndexError):
+        return False
+
+
+__all__ = ["ASK", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "ShmTier", "ShmUpload", "Slot", "attach", "header", "read_header"]

@@ -1,0 +1,56 @@
+"""The MLC server's part of same-host objects in shared memory (:mod:`sdcp_fast.cache.tiers.shm`):
+where clients find the node's folder, a put whose bytes are an upload in it, and a get
+answered with the slot's name instead of its bytes.
+
+  GET /shm                              CBOR {folder, token}; 404 when the node keeps none
+  PUT /objects/<name>?shm=<token>       empty body: the object is the upload ``up-<token>``
+  GET /objects/<name>, MLC-Shm: 1       200, empty body, MLC-Shm-Slot and MLC-Shm-Serial when
+                                        the object is a slot; its bytes as usual otherwise
+
+Everything else about these calls (authorization, leases, accounting) is the ordinary route's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+from sdcp_fast.cache.index import MLC, Head
+from sdcp_fast.cache.tiers.shm import ASK, SERIAL, SLOT, ShmTier, ShmUpload
+from sdcp_fast.protocol.problems import BadRequest
+
+__all__ = ["ASK", "shm_tier", "slot_headers", "upload"]
+
+
+def shm_tier(mlc: MLC) -> ShmTier | None:
+    return next((t for t in mlc.tiers if isinstance(t, ShmTier)), None)
+
+
+@contextlib.contextmanager
+def upload(tier: ShmTier | None, token: str, body_size: int) -> Iterator[ShmUpload]:
+    """The upload ``token`` names, mapped for the put; removed afterwards unless a slot took it
+    (the put failed, or another tier copied it)."""
+    if tier is None:
+        raise BadRequest("this MLC keeps no objects in shared memory")
+    if body_size:
+        raise BadRequest("a put from shared memory has an empty body")
+    up = ShmUpload.open(tier.folder, token)
+    try:
+        yield up
+    finally:
+        if not up.serial:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(up.path)
+            with contextlib.suppress(BufferError):
+                up.close()
+
+
+def slot_headers(tier: ShmTier | None, head: Head, view: memoryview) -> dict[str, str] | None:
+    """What a same-host reader is told instead of the bytes of ``view``, if it is a slot."""
+    if tier is None or head.tier != tier.name:
+        return None
+    slot = tier.slot_of(view)
+    if slot is None:
+        return None
+    return {SLOT: slot[0], SERIAL: str(slot[1]), "mlc-size": str(head.size)}

@@ -1,0 +1,172 @@
+"""Objects of an ``sdcp-fast mlc`` node on this host through its shared memory
+(:mod:`sdcp_fast.cache.tiers.shm`): a put writes the bytes once into a file of the node's folder
+and sends only their name; a get maps the object's slot and reads it in place. No object byte
+crosses TLS or passes through Python.
+
+The requests themselves are the ordinary ones (:mod:`sdcp_fast.mlc_server.server_shm`), so
+authorization, leases and accounting are the node's as for any client. The path is taken only
+when the node says where its folder is and this process reads the node's token there (the same
+host, the same user); otherwise, and for objects under ``MIN_BYTES`` or with metadata (tensors),
+:class:`~sdcp_fast.store.remote_store.RemoteStore` sends the bytes over the network.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import mmap
+import os
+import re
+import secrets
+from typing import Any
+
+from sdcp_fast.cache.failures import ObjectUnavailable
+from sdcp_fast.cache.http_client import MLCUnreachable, problem_of
+from sdcp_fast.cache.index import Stored
+from sdcp_fast.cache.tiers.shm import ASK, HEADER, LIVE, MAGIC, SERIAL, SLOT, attach, read_header
+from sdcp_fast.cache.tiers.tier import as_bytes_view
+from sdcp_fast.cache.uri import SCHEME, check_key
+from sdcp_fast.protocol.cbor import decode
+from sdcp_fast.protocol.problems import BadRequest
+from sdcp_fast.transport.base import Response, Transport
+from sdcp_fast.transport.errors import TransportError
+
+# Below this an object goes over the network: a file, a rename and a mapping cost more than
+# sending a few pages.
+MIN_BYTES = 64 << 10
+# Above this the write into the folder leaves the event loop.
+INLINE_WRITE = 4 << 20
+_SLOT_NAME = re.compile(r"slot-\d{1,20}")
+
+
+def after_map() -> None:
+    """Called between a slot's mapping and its check (tests free the slot here)."""
+
+
+def write_upload(path: str, data: memoryview) -> None:
+    """``data`` after a header page in a new file ``path``: the one copy of its bytes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        done = 0
+        while done < data.nbytes:
+            done += os.pwrite(fd, data[done:], HEADER + done)
+    finally:
+        os.close(fd)
+
+
+def map_slot(folder: str, name: str, serial: int, size: int) -> memoryview:
+    """The slot's bytes, mapped read-only; ObjectUnavailable if it was freed (or replaced)
+    before the check that follows the mapping. Freed later, the view still shows these bytes:
+    the node never writes a slot's data, and a new object is a new file."""
+    gone = ObjectUnavailable(f"slot {name} of the node's shared memory was freed")
+    if not _SLOT_NAME.fullmatch(name) or size < 1:
+        raise BadRequest(f"the node named no slot: {name!r}, {size} bytes")
+    try:
+        fd = os.open(os.path.join(folder, name), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise gone from None
+    try:
+        if os.fstat(fd).st_size < HEADER + size:
+            raise gone
+        # Populated now: a reader then touches no page fault. On a GPU host this mapping is what
+        # would be registered as pinned (cudaHostRegister) and copied to the device with
+        # non_blocking=True; this machine has no GPU, so the path stops at the host view.
+        mm = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    after_map()
+    if read_header(mm) != (MAGIC, serial, size, LIVE):
+        mm.close()
+        raise gone
+    return memoryview(mm)[HEADER:]
+
+
+def _path(uri: str) -> str:
+    check_key(uri)
+    if not uri.startswith(SCHEME):
+        raise ValueError(f"remote MLC objects are mlc:// URIs: {uri!r}")
+    return "objects/" + uri[len(SCHEME):]
+
+
+class ShmClient:
+    """The same-host path to the node at ``base_url`` (reached on ``transport`` for the
+    requests): :meth:`put` and :meth:`get` return None where it does not apply."""
+
+    def __init__(self, base_url: str, transport: Transport) -> None:
+        self.base_url = base_url.rstrip("/") + "/"
+        self.transport = transport
+        self.folder: str | None = None
+        self._known = False  # whether the node was asked (and answered) where its folder is
+
+    async def _call(self, method: str, path: str, *, headers: dict[str, str] | None = None,
+                    query: dict[str, str] | None = None) -> Response:
+        try:
+            response = await self.transport.request(self.base_url, method, path, body=b"", query=query,
+                                                     headers=headers)
+        except TransportError as exc:
+            raise MLCUnreachable(str(exc)) from exc
+        if response.status >= 400:
+            raise problem_of(response)
+        return response
+
+    async def usable(self) -> bool:
+        """Whether the node's folder is reachable from here; asked once per node instance."""
+        if not self._known:
+            try:
+                doc = decode((await self._call("GET", "shm")).body)
+            except MLCUnreachable:
+                return False  # asked again once it answers
+            except Exception:  # no such route or no folder: an older or a network-only node
+                doc = None
+            self._known = True
+            ok = isinstance(doc, dict) and isinstance(doc.get("folder"), str) and isinstance(doc.get("token"), str)
+            self.folder = doc["folder"] if ok and attach(doc["folder"], doc["token"]) else None
+        return self.folder is not None
+
+    def forget(self) -> None:
+        """The node lost our upload (restarted with another folder): ask it again next time."""
+        self._known, self.folder = False, None
+
+    async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Stored | None:
+        if hasattr(data, "untyped_storage"):  # a tensor carries its dtype and shape: the network path
+            return None
+        view = as_bytes_view(data)
+        if view.nbytes < MIN_BYTES or not await self.usable():
+            return None
+        assert self.folder is not None
+        upload = os.path.join(self.folder, "up-" + secrets.token_hex(16))
+        query = {"shm": os.path.basename(upload)[3:]}
+        if lease_ttl is not None:
+            query["lease_ms"] = str(max(1, round(lease_ttl * 1000)))
+        try:
+            try:
+                if view.nbytes <= INLINE_WRITE:
+                    write_upload(upload, view)
+                else:
+                    await asyncio.to_thread(write_upload, upload, view)
+            except OSError:
+                self.forget()
+                return None
+            try:
+                doc = decode((await self._call("PUT", _path(uri), query=query)).body)
+            except BadRequest:
+                self.forget()  # it did not find the upload: the bytes go over the network
+                return None
+            return Stored(doc["etag"], doc["tier"], doc.get("lease"))
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(upload)  # gone already when the node took it
+
+    async def get(self, uri: str) -> memoryview | None:
+        """The object, mapped in place if the node keeps it in a slot; its bytes as sent
+        otherwise. None when the path does not apply (the caller sends an ordinary get)."""
+        if not await self.usable():
+            return None
+        folder = self.folder
+        assert folder is not None
+        out = await self._call("GET", _path(uri), headers={ASK: "1"})
+        slot = out.headers.get(SLOT)
+        if slot is None:
+            return memoryview(out.body)
+        size = int(out.headers.get("mlc-size", "0"))
+        return map_slot(folder, slot, int(out.headers.get(SERIAL, "0")), size)
