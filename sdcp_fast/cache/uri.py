@@ -9,14 +9,23 @@ that writer can create (the MLC refuses anyone else, cache/policy.py), so nobody
 name a drafter's rows will have, and a drafter that takes over a session names its rows apart
 from those its predecessor left under the same round (docs/security.md, "Names nobody can
 squat"). An untagged name is owned by its first writer.
+
+In a cluster of several MLC nodes (one per host) a name may name its node:
+``mlc://<host>:<port>/<scope-hex>/...``, the authority of the node's base URI
+``https://<host>:<port>`` (the port is always given, so a node never reads as a scope). The
+node keeps the object under the plain name (:func:`local_name`), so writer tags, policy and
+scope accounting see the same name on every node; a plain name is the reader's own node's
+(docs/interpretations.md, "MLC nodes in object names").
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import ipaddress
 import re
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from sdcp_fast.protocol.messages import session_path_id
 
@@ -28,6 +37,7 @@ NO_SCOPE = "-"
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.\-]+$")
 _TAG = re.compile(r"^[A-Za-z0-9_\-]{1,32}$")
 _SCOPE = re.compile(r"^[0-9a-f]{32}$")
+_DNS = re.compile(r"^(?=.{1,253}$)[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9\-]{0,61}[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True)
@@ -79,10 +89,73 @@ def object_uri(scope: bytes, session: bytes | str, kind: str, round: int | None 
     return str(ObjectName(scope, session, kind, round, tag))
 
 
-def parse(uri: str) -> ObjectName:
-    """Split an ``mlc://`` URI; ValueError when it is not one."""
+def node_authority(text: str) -> str:
+    """The canonical ``host:port`` of a node, from its authority or its base URI
+    (``https://host:port``, a trailing slash not significant): the host lowercased, an IPv6
+    address bracketed and compressed, the port explicit. ValueError for anything else (a
+    path, user info, another scheme, no port)."""
+    base = text if "://" in text else "https://" + text
+    parts = urlsplit(base.rstrip("/"))
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    host = parts.hostname
+    if (parts.scheme != "https" or parts.path or parts.query or parts.fragment or "@" in parts.netloc
+            or port is None or not 0 < port < 65536 or not host):
+        raise ValueError(f"an MLC node is https://<host>:<port>: {text!r}")
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        if not _DNS.match(host) or _SCOPE.match(host):
+            raise ValueError(f"not a host name: {host!r}") from None
+        return f"{host}:{port}"
+    return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
+
+
+def node_base(node: str) -> str:
+    """The base URI of the node ``node`` (``host:port``): where its HTTP API is served."""
+    return "https://" + node_authority(node)
+
+
+def _split_node(uri: str) -> tuple[str | None, str]:
+    """``(node, plain name)`` of an ``mlc://`` URI; the node None for a plain name."""
     if not uri.startswith(SCHEME):
         raise ValueError(f"not an mlc:// URI: {uri!r}")
+    head, slash, rest = uri[len(SCHEME):].partition("/")
+    if ":" not in head:
+        return None, uri
+    if not slash:
+        raise ValueError(f"a node's name has a path: {uri!r}")
+    node = node_authority(head)
+    if node != head:
+        raise ValueError(f"a node is named in its canonical form {node!r}: {uri!r}")
+    return node, SCHEME + rest
+
+
+def node_of(uri: str) -> str | None:
+    """The node (``host:port``) an ``mlc://`` URI names, None for a plain name."""
+    return _split_node(uri)[0]
+
+
+def local_name(uri: str) -> str:
+    """The name the object has at its node: ``uri`` without its node."""
+    return _split_node(uri)[1]
+
+
+def at_node(uri: str, node: str) -> str:
+    """``uri`` named at ``node`` (an authority or a base URI); a name that already names a
+    node is left as it is."""
+    where, plain = _split_node(uri)
+    if where is not None:
+        return uri
+    return f"{SCHEME}{node_authority(node)}/{plain[len(SCHEME):]}"
+
+
+def parse(uri: str) -> ObjectName:
+    """Split an ``mlc://`` URI (plain, or naming its node, which is not part of the object's
+    name); ValueError when it is not one."""
+    uri = local_name(uri)
     parts = uri[len(SCHEME):].split("/")
     if len(parts) not in (3, 4) or not _SCOPE.match(parts[0]):
         raise ValueError(f"expected mlc://<scope-hex32>/<session>/<kind>[/<round>]: {uri!r}")
@@ -106,6 +179,8 @@ def served_name(uri: str, *, log: bool = False) -> ObjectName:
     """The documented form the HTTP API accepts: ``mlc://<scope>/<session>/<kind>[/<round>]``
     with a known kind and a base64url session; a log is ``.../commit_log`` (no round) and an
     object never is. ValueError otherwise."""
+    if node_of(uri) is not None:
+        raise ValueError(f"a node keeps its objects under their plain names (mlc://<scope>/...): {uri!r}")
     name = parse(uri)
     if name.kind not in KINDS or not _SESSION.match(name.session):
         raise ValueError(f"expected mlc://<scope-hex32>/<base64url session>/<kind>[/<round>]: {uri!r}")
@@ -116,9 +191,11 @@ def served_name(uri: str, *, log: bool = False) -> ObjectName:
 
 @functools.lru_cache(maxsize=4096)
 def scope_of(uri: str) -> str:
-    """Accounting key: the scope hex of an ``mlc://`` URI, ``-`` for any other name."""
+    """Accounting key: the scope hex of an ``mlc://`` URI (with or without its node), ``-``
+    for any other name."""
     if uri.startswith(SCHEME):
-        head = uri[len(SCHEME):].split("/", 1)[0]
+        parts = uri[len(SCHEME):].split("/", 2)
+        head = parts[1] if ":" in parts[0] and len(parts) > 1 else parts[0]
         if _SCOPE.match(head):
             return head
     return NO_SCOPE

@@ -19,7 +19,7 @@ HELP = "serve an SDCP drafter role (proposes tokens from a draft model)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.cli._options import add_device_argument
+    from sdcp_fast.cli._options import add_cluster_arguments, add_device_argument
     from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--drafter", default="ngram",
@@ -32,14 +32,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_device_argument(p)
     add_service_arguments(p, name="drafter-a", port=8511)
+    add_cluster_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdcp_fast.cli._options import mlc_nodes
     from sdcp_fast.deploy.catalog import load_drafter, load_target
     from sdcp_fast.deploy.service import run_role
 
     return run_role(args, PeerRole.DRAFTER, lambda: load_drafter(args.drafter, load_target(args.model, args.device, args.weights))[0],
-                    partial(_role, args), lambda _: args.drafter)
+                    partial(_role, args), lambda _: args.drafter, mlc_nodes)
 
 
 def _role(args: argparse.Namespace, drafter: Drafter, store: Store, transport: Transport) -> DrafterRole:

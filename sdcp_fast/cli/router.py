@@ -77,6 +77,7 @@ def drafter_models(entries: list[str], target: Target) -> dict[str, bytes]:
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdcp_fast.cli._options import mlc_nodes
     from sdcp_fast.deploy.catalog import load_target
     from sdcp_fast.deploy.service import run_role
 
@@ -86,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
                        bytes.fromhex(args.scope) if args.scope else None)
 
     return run_role(args, PeerRole.ROUTER, load, partial(_role, args),
-                    lambda loaded: f"{len(loaded.models)} drafters registered")
+                    lambda loaded: f"{len(loaded.models)} drafters registered", mlc_nodes)
 
 
 class _Loaded(NamedTuple):
@@ -131,8 +132,9 @@ def _in_cluster(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     endpoints = parse_endpoints(args.etcd)
     registry = Membership(args.cluster, endpoints)
     local = endpoints[0][1]  # every host runs a member: its roles reach the logs through it
+    records = EtcdRecords(args.cluster, endpoints)
     return {"discovery": Discovery(registry.members, lambda kind: load_drafter(kind, target)[1]),
-            "records": EtcdRecords(args.cluster, endpoints),
+            "records": records, "durable": records.refusal,
             "commit_logs": lambda scope, session: commit_log_ref(args.cluster, local, scope, session)}
 
 

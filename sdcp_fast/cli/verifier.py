@@ -19,7 +19,7 @@ HELP = "serve the SDCP verifier role (the target model; the only party that comm
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    from sdcp_fast.cli._options import add_device_argument
+    from sdcp_fast.cli._options import add_cluster_arguments, add_device_argument
     from sdcp_fast.deploy.service import add_service_arguments
 
     p.add_argument("--model", default="auto", help="target: toy, smollm2, a GGUF file or an HF directory "
@@ -38,13 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     add_device_argument(p)
     add_service_arguments(p, name="verifier", port=8501)
+    add_cluster_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
+    from sdcp_fast.cli._options import mlc_nodes
     from sdcp_fast.deploy.service import run_role
 
     return run_role(args, PeerRole.VERIFIER, partial(_load, args), partial(_role, args),
-                    lambda target: target.describe)
+                    lambda target: target.describe, mlc_nodes)
 
 
 def _load(args: argparse.Namespace) -> Target:

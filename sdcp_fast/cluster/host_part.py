@@ -10,7 +10,8 @@ every instance answers and is registered).
 
 Every service listens on all of the host's addresses at its role's port (on a simulated
 host those are its own ``lo`` and ``eth0`` only); peers reach it at its base URI, which
-names the host's address. The roles share the first host's MLC for objects and leases; the
+names the host's address. The roles use their own host's MLC node for the objects they write,
+and read an object that names another node there (sdcp_fast/store/nodes.py); the
 routers discover verifiers and drafters from etcd's membership registry and keep routing
 records and commit logs in etcd (sdcp_fast/cluster/discovery.py, etcd_records.py).
 Membership: each instance is put under a lease of its own that the node renews every third
@@ -77,19 +78,26 @@ def role_argv(spec: ClusterSpec, me: Instance, directory: Path, model: str) -> l
     if me.role == "mlc":
         return [*py, "mlc", "--host", "0.0.0.0", "--port", str(me.port), "--root", str(directory / me.host / "mlc"),
                 "--certs", certs, "--name", me.name]
+    cluster = ["--etcd", etcd_endpoints(spec, me), "--cluster", spec.token]
     common = ["--uri", me.uri, "--listen", listen, "--name", me.name, "--model", model, "--certs", certs,
-              "--mlc", spec.primary_mlc().uri, "--status-ttl-ms", str(STATUS_TTL_MS)]
+              "--mlc", home_mlc(spec, me).uri, "--status-ttl-ms", str(STATUS_TTL_MS)]
     kinds = spec.drafter_kinds(TOY_DRAFTERS if model == "toy" else REAL_DRAFTERS)
     routers = ",".join(i.uri for i in spec.instances("router"))
     if me.role == "router":
         return [*py, "router", *common, "--api-listen", f"{me.address}:{spec.ports['api']}",
-                "--api-key-file", str(directory / "certs" / "api-key"), "--scope", spec.scope,
-                "--etcd", etcd_endpoints(spec, me), "--cluster", spec.token]
+                "--api-key-file", str(directory / "certs" / "api-key"), "--scope", spec.scope, *cluster]
     if me.role == "verifier":
-        return [*py, "verifier", *common, "--router", routers]
+        return [*py, "verifier", *common, *cluster, "--router", routers]
     if me.role == "drafter":
-        return [*py, "drafter", *common, "--router", routers, "--drafter", kinds[me.name], "--threads", "1"]
+        return [*py, "drafter", *common, *cluster, "--router", routers, "--drafter", kinds[me.name], "--threads", "1"]
     raise ValueError(f"no command for role {me.role!r}")
+
+
+def home_mlc(spec: ClusterSpec, me: Instance) -> Instance:
+    """The MLC node of ``me``'s roles: its own host's, the first host's where it has none. A
+    role writes there and reads objects that name another node at that node
+    (sdcp_fast/store/nodes.py)."""
+    return next((i for i in spec.instances("mlc") if i.host == me.host), None) or spec.primary_mlc()
 
 
 def etcd_endpoints(spec: ClusterSpec, me: Instance) -> str:
@@ -148,9 +156,9 @@ class Node:
                 self.launch(i)
         self.up.wait_healthy([i.name for i in self.mine if i.role == "mlc"], max(1.0, deadline - time.monotonic()))
         roles = [i for i in self.mine if i.role not in NOT_SDCP | {"mlc"}]
-        if roles:  # they need the shared MLC from their start
-            primary = self.spec.primary_mlc()
-            wait_port(primary.address, primary.port, deadline)
+        if roles:  # they need their MLC node from their start
+            home = home_mlc(self.spec, roles[0])
+            wait_port(home.address, home.port, deadline)
         for i in roles:
             self.launch(i)
         self.up.wait_healthy([i.name for i in roles], max(1.0, deadline - time.monotonic()))

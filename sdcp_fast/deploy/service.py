@@ -19,12 +19,13 @@ import signal
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.store.interface import Store
 from sdcp_fast.store.remote_store import RemoteStore
 from sdcp_fast.transport.base import Handler, Transport
 
@@ -118,18 +119,37 @@ def remote_store(base_url: str, security: Security) -> RemoteStore:
     return RemoteStore(base_url, ssl=security.client_context())
 
 
+NodeReader = Callable[[argparse.Namespace], Callable[[], Iterable[str]] | None]
+
+
+def role_store(base_url: str, security: Security, nodes: Callable[[], Iterable[str]] | None) -> Store:
+    """The ``sdcp-fast mlc`` server at ``base_url``; where ``nodes`` lists a cluster's MLC
+    nodes (base URIs), that server as this host's node among them
+    (:class:`~sdcp_fast.store.nodes.NodeStore`: every node reached with this service's
+    certificate, only those ``nodes`` lists)."""
+    if nodes is None:
+        return remote_store(base_url, security)
+    from sdcp_fast.store.nodes import NodeStore
+
+    return NodeStore(base_url, lambda base: remote_store(base, security), nodes)
+
+
 def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
-             build: Callable[[L, RemoteStore, Transport], Any], ready: Callable[[L], str]) -> int:
+             build: Callable[[L, Store, Transport], Any], ready: Callable[[L], str],
+             mlc_nodes: NodeReader | None = None) -> int:
     """What every role command does: log at ``--log-level``; take its security from the
     options; ``load()`` what it serves (a model, a drafter; a missing file or a bad name ends
     the command with status 2 and one line); set ``--threads``; then, on the service loop,
     ``build`` the role on the MLC server's store and a client transport proving ``role`` at
-    ``--uri``, and serve it until SIGINT or SIGTERM. ``ready(loaded)`` describes it."""
+    ``--uri``, and serve it until SIGINT or SIGTERM. ``ready(loaded)`` describes it.
+    ``mlc_nodes(args)``, where it gives a reader of a cluster's MLC nodes, makes the store
+    the cluster's (:func:`role_store`)."""
     configure_logging(args.log_level)
     # Each step of a start is logged, so a slow start (sdcp-fast up waiting) shows where it is.
     what = f"sdcp-fast {role.value}"
     try:
         security = Security.from_args(args, args.name)
+        nodes = mlc_nodes(args) if mlc_nodes is not None else None
         log.info("%s: loading (model %s%s)", what, getattr(args, "model", "-"),
                  f", on {args.device}" if getattr(args, "device", None) else "")
         began = time.monotonic()
@@ -146,7 +166,7 @@ def run_role(args: argparse.Namespace, role: PeerRole, load: Callable[[], L],
 
     async def main() -> int:
         log.info("%s: building the role (MLC at %s)", what, args.mlc)
-        served = build(loaded, remote_store(args.mlc, security), client_transport(security, Peer(args.uri, role)))
+        served = build(loaded, role_store(args.mlc, security, nodes), client_transport(security, Peer(args.uri, role)))
         await serve_role(served, host=host, port=port, security=security,
                          ready=f"sdcp-fast {role.value} ({ready(loaded)})")
         return 0

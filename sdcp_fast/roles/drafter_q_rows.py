@@ -16,6 +16,7 @@ from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol.drafting import DrafterSession
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.retry import retrying
+from sdcp_fast.store.nodes import located
 
 LEASE_TTL = 30.0  # seconds a q-rows object is held for the verifier; released at the verdict
 
@@ -47,8 +48,9 @@ class QRows:
     async def put(self, record: DrafterSession, rows: torch.Tensor) -> tuple[str, str | None]:
         """Put the rows of ``record``'s next round; their name and our lease on them, which
         holds them for the verifier until the verdict (§6.2)."""
-        uri = object_uri(record.assignment.contract.scope or bytes(16), record.session, "q_rows",
-                         record.round + 1, tag=self.tag)
+        # Named at our host's node where the cluster has several: the verifier reads them there.
+        uri = located(self.objects.store, object_uri(record.assignment.contract.scope or bytes(16), record.session,
+                                                     "q_rows", record.round + 1, tag=self.tag))
         # An MLC restart is ridden out with the proposals' backoff: a session whose rows cannot
         # be stored has no proposal to send, and giving up would leave it with a drafter that
         # never proposes again.

@@ -4,6 +4,7 @@ command (pure, fast)."""
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import replace
 from pathlib import Path
 
 from cryptography import x509
@@ -38,7 +39,7 @@ def option(argv: list[str], flag: str) -> list[str]:
     return [argv[i + 1] for i, a in enumerate(argv) if a == flag]
 
 
-def test_each_role_is_told_its_peers_from_the_spec_and_shares_the_first_host_s_mlc(tmp_path: Path) -> None:
+def test_each_role_is_told_its_peers_from_the_spec_and_uses_its_own_host_s_mlc(tmp_path: Path) -> None:
     spec = default_layout(3, model="toy")
     by_name = {i.name: i for i in spec.instances()}
     router = role_argv(spec, by_name["router-h2"], tmp_path, "toy")
@@ -54,11 +55,19 @@ def test_each_role_is_told_its_peers_from_the_spec_and_shares_the_first_host_s_m
     assert option(verifier, "--listen") == ["0.0.0.0:8600"]
     drafter = role_argv(spec, by_name["drafter-h3"], tmp_path, "toy")
     assert option(drafter, "--drafter") == ["toy-weak"]
+    assert option(router, "--mlc") == ["https://198.18.0.12:8470"]
     for argv in (router, verifier, drafter):
-        assert option(argv, "--mlc") == ["https://198.18.0.11:8470"]
         assert option(argv, "--certs") == [str(tmp_path / "certs")]
+        assert option(argv, "--cluster") == [spec.token]  # its store learns the cluster's MLC nodes from etcd
+    for argv in (verifier, drafter):
+        assert option(argv, "--mlc") == ["https://198.18.0.13:8470"]
+        assert option(argv, "--etcd") == ["127.0.0.1:2379,198.18.0.11:2379,198.18.0.12:2379,198.18.0.13:2379"]
     mlc = role_argv(spec, by_name["mlc-h2"], tmp_path, "toy")
     assert option(mlc, "--root") == [str(tmp_path / "h2" / "mlc")] and option(mlc, "--name") == ["mlc-h2"]
+    # A host without an MLC node of its own uses the first host's.
+    bare = replace(spec, hosts=(spec.hosts[0], replace(spec.hosts[2], roles=("drafter",))))
+    lone = role_argv(bare, next(i for i in bare.instances("drafter") if i.host == "h3"), tmp_path, "toy")
+    assert option(lone, "--mlc") == ["https://198.18.0.11:8470"]
     etcd = etcd_argv(spec, by_name["etcd-h2"], tmp_path / "etcd")
     assert option(etcd, "--initial-cluster") == [spec.etcd_peers()]
     assert option(etcd, "--listen-peer-urls") == ["http://198.18.0.12:2380"]
