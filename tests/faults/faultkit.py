@@ -524,6 +524,44 @@ async def busiest_verifier(up: FaultUp) -> str:
     return await busiest(up, "verifier", "sdcp_rounds_total")
 
 
+async def holding(up: FaultUp, sessions: Sequence[bytes]) -> dict[str, int]:
+    """Per verifier (its service name), how many of ``sessions`` the router's routing records
+    give it that have not ended: where a kill now lands on these sessions mid-stream."""
+    from sdcp_fast.cache.http_client import AsyncMLC, mlc_transport
+    from sdcp_fast.protocol import SdcpProblem
+    from sdcp_fast.protocol.routing_records import decode_record
+    from sdcp_fast.transport.tls import client_context
+
+    names = {svc.uri.rstrip("/"): name for name, svc in up.services.items() if svc.role == "verifier"}
+    count = dict.fromkeys(names.values(), 0)
+    transport = mlc_transport(client_context(*up.role_cert("router")))
+    mlc = AsyncMLC(up.mlc_url(), transport)
+    try:
+        for session in sessions:
+            try:
+                routed = decode_record(bytes(await mlc.get(object_uri(up.scope, session, "routing"))))
+            except SdcpProblem:
+                continue  # not routed yet
+            name = names.get(routed.verifier.rstrip("/"))
+            if name is not None and not routed.done:
+                count[name] += 1
+    finally:
+        await transport.close()
+    return count
+
+
+async def holder(up: FaultUp, sessions: Sequence[bytes], deadline: float = 60.0) -> tuple[str, int]:
+    """The verifier that holds most of ``sessions`` not yet ended, and how many, once one holds
+    any (or at the deadline: then the count says none)."""
+    t0 = time.monotonic()
+    while True:
+        count = await holding(up, sessions)
+        name = max(count, key=lambda n: count[n])
+        if count[name] > 0 or time.monotonic() - t0 > deadline:
+            return name, count[name]
+        await asyncio.sleep(0.05)
+
+
 async def failovers(up: FaultUp) -> float:
     """The router's fail-overs so far (§6.9: each appended its fence before it counted)."""
     return await asyncio.to_thread(metric, up, "router", "sdcp_failovers_total")
