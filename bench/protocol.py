@@ -157,12 +157,12 @@ def _client(certs: Path, name: str) -> H2Transport:
 
 
 async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_batch: int, batch_wait: float,
-                 threads: int) -> None:
+                 threads: int, address: str = "127.0.0.1") -> None:
     from sdcp_fast.store import RemoteStore
     from sdcp_fast.transport.h2server import serve
 
     torch.set_num_threads(threads)  # as the services' --threads
-    uri = f"https://127.0.0.1:{port}/"
+    uri = f"https://{address}:{port}/"
     counted = Counted(_client(certs, name))
     store = RemoteStore(mlc, transport=counted)
     role: Any
@@ -183,7 +183,7 @@ async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_bat
     role.routes.add("GET", "bench", stats)
     role.routes.add("POST", "bench", stats)
     ctx = server_context(str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem"))
-    server = await serve(role.handler, "127.0.0.1", port, ssl=ctx)
+    server = await serve(role.handler, address, port, ssl=ctx)
     await role.start()
     print("READY", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
@@ -470,15 +470,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
     parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--hosts-rtt-ms", type=float, nargs="+", metavar="X",
+                        help="the MLC, verifier and drafters on three simulated hosts (root), at each round-trip delay, "
+                             "beside one host, in the same run (bench/protocol_hosts.py)")
     parser.add_argument("--serve", nargs=3, metavar=("KIND", "NAME", "PORT"), help=argparse.SUPPRESS)
     parser.add_argument("--certs", help=argparse.SUPPRESS)
     parser.add_argument("--mlc", help=argparse.SUPPRESS)
+    parser.add_argument("--address", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         kind, name, port = args.serve
         run(_serve(kind, name, int(port), Path(args.certs), args.mlc, args.max_batch, args.batch_wait_ms / 1e3,
-                   args.threads), settle=True)  # as the services' run
+                   args.threads, args.address), settle=True)  # as the services' run
         return 0
+    if args.hosts_rtt_ms:
+        from protocol_hosts import across_hosts
+
+        return across_hosts(args)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes",
           flush=True)
     result: dict[str, Any] = {"load_before": os.getloadavg(), "levels": [], "per_round": []}
