@@ -389,7 +389,7 @@ class MLCService:
         """Where a client on this host finds the slots (server_shm.py); 404 when none are kept."""
         if self.shm is None:
             return http_problem(404, "this MLC keeps no objects in shared memory")
-        return _cbor_response({"folder": self.shm.folder, "token": self.shm.token})
+        return _cbor_response({"folder": self.shm.folder, "token": self.shm.token, "adopted": self.shm.adopted})
 
     # -- accounting ---------------------------------------------------------------------------
 

@@ -2,7 +2,7 @@
 where clients find the node's folder, a put whose bytes are an upload in it, and a get
 answered with the slot's name instead of its bytes.
 
-  GET /shm                              CBOR {folder, token}; 404 when the node keeps none
+  GET /shm                              CBOR {folder, token, adopted}; 404 when the node keeps none
   PUT /objects/<name>?shm=<token>       empty body: the object is the upload ``up-<token>``
   GET /objects/<name>, MLC-Shm: 1       200, empty body, MLC-Shm-Slot and MLC-Shm-Serial when
                                         the object is a slot; its bytes as usual otherwise

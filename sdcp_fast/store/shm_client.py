@@ -32,8 +32,8 @@ from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
 
 # Below this an object goes over the network: a file, a rename and a mapping cost more than
-# sending a few pages.
-MIN_BYTES = 64 << 10
+# sending a few pages. SDCP_SHM_MIN_BYTES sets another bound (a huge one turns the path off).
+MIN_BYTES = int(os.environ.get("SDCP_SHM_MIN_BYTES", 64 << 10))
 # Above this the write into the folder leaves the event loop.
 INLINE_WRITE = 4 << 20
 _SLOT_NAME = re.compile(r"slot-\d{1,20}")
@@ -131,7 +131,7 @@ class ShmClient:
         if hasattr(data, "untyped_storage"):  # a tensor carries its dtype and shape: the network path
             return None
         view = as_bytes_view(data)
-        if view.nbytes < MIN_BYTES or not await self.usable():
+        if view.nbytes < max(1, MIN_BYTES) or not await self.usable():
             return None
         assert self.folder is not None
         upload = os.path.join(self.folder, "up-" + secrets.token_hex(16))

@@ -157,6 +157,7 @@ class ShmTier(HostTier):
         with open(os.path.join(self.folder, ID_FILE), "w") as f:
             f.write(f"{self.token} {os.getpid()}\n")
         self._serials = itertools.count(1)
+        self.adopted = 0  # uploads kept as slots, ever
         self._swept = time.monotonic()
 
     def write(self, key: str, data: Any) -> Any:
@@ -176,6 +177,7 @@ class ShmTier(HostTier):
             os.close(fd)
         head[: _HEAD.size] = header(serial, len(data), LIVE)
         data.path, data.serial = path, serial
+        self.adopted += 1
         self._sweep_orphans()
         return Slot(data, head, path, serial)
 

@@ -1,0 +1,186 @@
+"""Objects of an MLC node on this host through its shared memory (sdcp_fast/store/shm_client.py,
+sdcp_fast/cache/tiers/shm.py): written once into a slot, read in place, freed with their lease
+even when their writer died, and never another object's bytes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.failures import ObjectUnavailable
+from sdcp_fast.cache.tiers.shm import ShmTier
+from sdcp_fast.store import RemoteStore, embedded, shm_client
+from tests.mlc_server.serverkit import Served, serving
+
+ROWS = 32_000 * 4 * 4  # the q rows of a 4-token proposal at V = 32,000
+
+
+def uri(n: int) -> str:
+    return object_uri(bytes(16), bytes(16), "q_rows", n)
+
+
+@contextmanager
+def node(tmp_path: Any, clock: Any = time.monotonic, shm: str | None = "/dev/shm") -> Iterator[tuple[Any, Served]]:
+    with embedded(str(tmp_path), shm=shm, clock=clock) as store, serving(store.mlc, logs=store.logs,
+                                                                         http2=True) as base:
+        yield store, base
+
+
+def tier(store: Any) -> ShmTier:
+    shm = store.mlc.tiers[0]
+    assert isinstance(shm, ShmTier)
+    return shm
+
+
+def slots(store: Any) -> list[str]:
+    return sorted(n for n in os.listdir(tier(store).folder) if n.startswith("slot-"))
+
+
+def run(coro_fn: Any, base: str, **kw: Any) -> Any:
+    async def scenario() -> Any:
+        store = RemoteStore(base, **kw)
+        try:
+            return await coro_fn(store)
+        finally:
+            await store.aclose()
+
+    return asyncio.run(scenario())
+
+
+def test_same_host_rows_go_through_a_slot_and_read_as_the_network_path(tmp_path):
+    data = os.urandom(ROWS)
+    with node(tmp_path) as (store, base):
+        async def put_and_read(s: RemoteStore) -> tuple[bytes, bool, list[str]]:
+            lease = await s.put(uri(1), data, 30.0)
+            assert lease is not None
+            view = await s.get(uri(1))
+            in_place = isinstance(view.obj, __import__("mmap").mmap)
+            return bytes(view), in_place, slots(store)
+
+        got, in_place, held = run(put_and_read, base)
+        network = run(lambda s: s.get(uri(1)), base, shm=False)
+        assert got == bytes(network) == data
+        assert in_place and held == ["slot-1"]
+        assert store.mlc.head(uri(1)).leased and store.mlc.head(uri(1)).tier == "host"
+        # Written over the network, the same object is the same bytes through either client.
+        run(lambda s: s.put(uri(2), data), base, shm=False)
+        assert bytes(run(lambda s: s.get(uri(2)), base)) == data and slots(store) == ["slot-1"]
+
+
+def test_a_released_slot_is_unlinked_and_its_reader_gets_the_missing_objects_error(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            lease = await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert lease is not None
+            await s.release(lease, drop=True)
+            assert slots(store) == []
+            with pytest.raises(ObjectUnavailable):
+                await s.get(uri(1))
+
+        run(scenario, base)
+
+
+def test_a_read_racing_a_free_and_a_reuse_fails_and_an_earlier_view_keeps_its_own_bytes(tmp_path, monkeypatch):
+    first, second = b"\1" * ROWS, b"\2" * ROWS
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> memoryview:
+            lease = await s.put(uri(1), first, 30.0)
+            early = await s.get(uri(1))
+            # The slot is freed and the name written again between the reader's map and its check.
+            def free_and_reuse() -> None:
+                monkeypatch.setattr(shm_client, "after_map", lambda: None)
+                store.mlc.release(lease, drop=True)
+                store.mlc.put(uri(1), second)
+
+            monkeypatch.setattr(shm_client, "after_map", free_and_reuse)
+            with pytest.raises(ObjectUnavailable):
+                await s.get(uri(1))
+            assert bytes(await s.get(uri(1))) == second
+            return early
+
+        early = run(scenario, base)
+        assert bytes(early) == first  # freed and replaced since: still its own round's bytes
+
+
+def test_a_node_on_another_host_is_reached_over_the_network(tmp_path):
+    data = os.urandom(ROWS)
+    with node(tmp_path) as (store, base):
+        # A folder of the same name on another host holds another node's token (or none).
+        with open(os.path.join(tier(store).folder, "node.id"), "w") as f:
+            f.write(f"{'0' * 32} 1\n")
+
+        async def scenario(s: RemoteStore) -> bytes:
+            await s.put(uri(1), data, 30.0)
+            got = await s.get(uri(1))
+            assert s.shm is not None and s.shm.folder is None
+            return bytes(got)
+
+        assert run(scenario, base) == data
+        assert slots(store) == [] and tier(store).adopted == 0
+
+
+def test_a_node_without_shared_memory_is_reached_over_the_network(tmp_path):
+    data = os.urandom(ROWS)
+    with node(tmp_path, shm=None) as (_, base):
+        async def scenario(s: RemoteStore) -> bytes:
+            await s.put(uri(1), data, 30.0)
+            return bytes(await s.get(uri(1)))
+
+        assert run(scenario, base) == data
+
+
+WRITER = """
+import asyncio, sys
+from sdcp_fast.cache import object_uri
+from sdcp_fast.store import RemoteStore
+
+async def main():
+    store = RemoteStore(sys.argv[1])
+    await store.put(object_uri(bytes(16), bytes(16), "q_rows", 1), b"\\7" * int(sys.argv[2]), 5.0)
+    print("put", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+def test_the_lease_expiry_frees_the_slot_of_a_writer_killed_with_9(tmp_path, clock):
+    with node(tmp_path, clock=clock) as (store, base):
+        writer = subprocess.Popen([sys.executable, "-c", WRITER, base, str(ROWS)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, cwd=os.getcwd())
+        try:
+            assert writer.stdout is not None and writer.stdout.readline() == b"put\n"
+        finally:
+            writer.send_signal(signal.SIGKILL)
+            writer.wait(30)
+        assert slots(store) == ["slot-1"] and store.mlc.head(uri(1)).leased
+        clock.advance(5.1)
+        assert not store.mlc.contains(uri(1))  # any call reaps the expired lease
+        assert slots(store) == []
+        with pytest.raises(ObjectUnavailable):
+            run(lambda s: s.get(uri(1)), base)
+
+
+def test_an_upload_the_node_does_not_find_goes_over_the_network(tmp_path):
+    """A node restarted with another folder: the client asks again and sends the bytes."""
+    data = os.urandom(ROWS)
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> bytes:
+            assert s.shm is not None and await s.shm.usable()
+            s.shm.folder = str(tmp_path)  # where the node will not look
+            await s.put(uri(1), data, 30.0)
+            assert s.shm.folder is None and not [n for n in os.listdir(tmp_path) if n.startswith("up-")]
+            return bytes(await s.get(uri(1)))
+
+        assert run(scenario, base) == data
+        assert tier(store).adopted == 0
