@@ -107,7 +107,8 @@ def node_authority(text: str) -> str:
     try:
         address = ipaddress.ip_address(host)
     except ValueError:
-        if not _DNS.match(host) or _SCOPE.match(host):
+        # An all-digit last label is a malformed address, never a name (RFC 1123 §2.1).
+        if not _DNS.match(host) or _SCOPE.match(host) or host.rpartition(".")[2].isdigit():
             raise ValueError(f"not a host name: {host!r}") from None
         return f"{host}:{port}"
     return f"[{address}]:{port}" if address.version == 6 else f"{address}:{port}"
