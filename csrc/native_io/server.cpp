@@ -315,24 +315,34 @@ struct Server {
     return py::make_tuple(requests, out_events);
   }
 
-  // One call per batch: [(op, conn, stream, fields, data, code)].
+  // One call per batch: [(op, conn, stream, fields, data, code)]; data is any bytes-like object
+  // (the MLC answers with memoryviews of its tiers). A command that cannot be read resets its
+  // stream (INTERNAL_ERROR) instead of being dropped, and the others of the batch still go:
+  // one bad answer must not leave a whole batch of clients waiting for their timeouts. The
+  // first such error is raised once the batch is queued.
   void submit(const py::list& batch) {
     std::vector<Command> cmds;
     cmds.reserve(batch.size());
+    std::string failure;
     for (const py::handle& item : batch) {
-      auto t = item.cast<py::tuple>();
       Command c;
-      c.op = t[0].cast<int>();
-      c.conn = t[1].cast<uint64_t>();
-      c.sid = t[2].cast<int32_t>();
-      if (!t[3].is_none()) c.fields = t[3].cast<Fields>();
-      if (!t[4].is_none()) {
-        char* data;
-        Py_ssize_t size;
-        if (PyBytes_AsStringAndSize(t[4].ptr(), &data, &size) != 0) throw py::error_already_set();
-        c.data.assign(data, static_cast<size_t>(size));
+      try {
+        auto t = item.cast<py::tuple>();
+        c.op = t[0].cast<int>();
+        c.conn = t[1].cast<uint64_t>();
+        c.sid = t[2].cast<int32_t>();
+        try {
+          if (!t[3].is_none()) c.fields = t[3].cast<Fields>();
+          if (!t[4].is_none()) copy_bytes(t[4], c.data);
+          c.code = t[5].cast<uint32_t>();
+        } catch (const std::exception& e) {
+          if (failure.empty()) failure = std::string("stream ") + std::to_string(c.sid) + " reset: " + e.what();
+          c = Command{RESET, c.conn, c.sid, {}, {}, NGHTTP2_INTERNAL_ERROR};
+        }
+      } catch (const std::exception& e) {  // no stream to name: nothing to reset
+        if (failure.empty()) failure = std::string("command dropped: ") + e.what();
+        continue;
       }
-      c.code = t[5].cast<uint32_t>();
       cmds.push_back(std::move(c));
     }
     bool signal = false;
@@ -345,6 +355,18 @@ struct Server {
       }
     }
     if (signal) signal_fd(wake_fd);
+    if (!failure.empty()) throw py::type_error(failure);
+  }
+
+  static void copy_bytes(py::handle obj, std::string& out) {
+    if (PyBytes_Check(obj.ptr())) {
+      out.assign(PyBytes_AS_STRING(obj.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(obj.ptr())));
+      return;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
+    out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+    PyBuffer_Release(&view);
   }
 
   // -- the thread -------------------------------------------------------------------------

@@ -52,6 +52,8 @@ _BODY_TOO_LARGE, _CONNECTION_FULL, _SERVER_FULL, _TOO_SLOW = range(4)
 _INTERNAL_ERROR = 2  # HTTP/2 error code
 _NO_BODY_STATUS = frozenset({204, 304})
 _HIGH_WATER = 1 << 20  # streamed bytes queued in the native thread before the pump waits for them
+# (op, conn, stream, fields, data, HTTP/2 error code), as the native thread's submit() reads it.
+_Command = tuple[int, int, int, list[tuple[str, str]] | None, bytes | memoryview | None, int]
 
 
 @functools.cache
@@ -116,7 +118,7 @@ class NativeServer:
         self.base_path = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
         self.closing = False
         self._loop = asyncio.get_running_loop()
-        self._out: list[tuple[int, int, int, list[tuple[str, str]] | None, bytes | None, int]] = []
+        self._out: list[_Command] = []
         self._flush_pending = False
         self._pumps: dict[tuple[int, int], asyncio.Task[None]] = {}
         self._drained: dict[tuple[int, int], asyncio.Future[None]] = {}
@@ -224,13 +226,25 @@ class NativeServer:
             return
         if response.stream is not None:
             await _close_stream(response)  # no body allowed: not sent
-        self._answer(conn, sid, response)
+        try:
+            self._answer(conn, sid, response)
+        except Exception:
+            # Not an answer that can be sent (a body that is no bytes-like object): the
+            # stream is reset rather than left open for the client's timeout.
+            log.exception("cannot answer stream %d: %s /%s from %s", sid, request.method, request.path, peer)
+            self._push((_RESET, conn, sid, None, None, _INTERNAL_ERROR))
 
     def _answer(self, conn: int, sid: int, response: Response) -> None:
-        body = response.body if response.status not in _NO_BODY_STATUS else b""
+        body: bytes | memoryview = response.body if response.status not in _NO_BODY_STATUS else b""
+        if type(body) is not bytes:
+            # Any bytes-like body (the MLC answers with memoryviews of its tiers), counted in
+            # bytes, not items; the native thread copies a contiguous one as it is.
+            body = memoryview(body)
+            if not body.c_contiguous:
+                body = body.tobytes()
         fields = [(":status", str(response.status))]
         fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
-        fields.append(("content-length", str(len(body))))
+        fields.append(("content-length", str(body.nbytes if isinstance(body, memoryview) else len(body))))
         self._push((_RESPOND, conn, sid, fields, body, 0))
 
     async def _pump(self, conn: int, sid: int, response: Response) -> None:
@@ -260,8 +274,7 @@ class NativeServer:
             waiter.set_result(None)
 
     # -- to the native thread ----------------------------------------------------------------
-    def _push(self, command: tuple[int, int, int, list[tuple[str, str]] | None, bytes | None, int],
-              now: bool = False) -> None:
+    def _push(self, command: _Command, now: bool = False) -> None:
         """Queue a command; all queued in one loop iteration go over in one call."""
         self._out.append(command)
         if now:
@@ -274,7 +287,10 @@ class NativeServer:
         self._flush_pending = False
         if self._out:
             batch, self._out = self._out, []
-            self._core.submit(batch)
+            try:
+                self._core.submit(batch)
+            except Exception:  # the thread took the rest of the batch and reset the stream it could not
+                log.exception("a response the native thread could not take")
 
 
 async def _close_stream(response: Response) -> None:

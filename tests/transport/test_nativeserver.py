@@ -11,6 +11,7 @@ import pytest
 
 from sdcp_fast.transport import nativeserver
 from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import H2Server, serve
 from sdcp_fast.transport.tls import client_context, server_context
@@ -88,6 +89,56 @@ def test_concurrent_requests_reach_python_in_batches_with_their_peer(certs: Cert
     # The client writes the burst's frames at once; the thread hands on all it decoded per wake-up.
     assert 1 <= takes < n
     assert {getattr(p, "uri", None) for p in peers} == {CLIENT_URI}
+
+
+def test_a_body_of_any_bytes_like_type_is_sent(certs: Certs, server_impl: str) -> None:
+    # The MLC answers reads with a memoryview of its tier: the native thread once refused it
+    # and, with it, every response of its batch, which then waited for the client's timeout.
+    bodies = {"bytes": b"abc", "bytearray": bytearray(b"defg"), "memoryview": memoryview(b"xhijkx")[1:-1],
+              "empty-view": memoryview(b"")}
+
+    async def handler(request: Request) -> Response:
+        return Response(200, bodies[request.path])
+
+    async def scenario() -> list[bytes]:
+        ctx = server_context(*certs.pair("server"), certs.ca)
+        async with await serve(handler, "127.0.0.1", 0, ssl=ctx) as server, \
+                H2Transport(client_context(*certs.pair("client"), certs.ca)) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            answers = await asyncio.gather(*(client.request(base, "GET", name, timeout=20) for name in bodies))
+            return [a.body for a in answers]
+
+    assert run(scenario()) == [bytes(b) for b in bodies.values()]
+
+
+def test_a_response_the_thread_cannot_take_resets_its_stream_alone(certs: Certs, server_impl: str) -> None:
+    if server_impl != nativeserver.NATIVE:
+        pytest.skip("batches of responses are the native server's")
+    arrived: list[str] = []
+    both = asyncio.Event()
+
+    async def handler(request: Request) -> Response:
+        # Both answers leave in one loop iteration, so in one batch to the native thread.
+        arrived.append(request.path)
+        if len(arrived) == 2:
+            both.set()
+        await both.wait()
+        return Response(200, 12345 if request.path == "bad" else b"good")  # type: ignore[arg-type]
+
+    async def scenario() -> tuple[bytes, BaseException | None]:
+        ctx = server_context(*certs.pair("server"), certs.ca)
+        async with await serve(handler, "127.0.0.1", 0, ssl=ctx) as server, \
+                H2Transport(client_context(*certs.pair("client"), certs.ca)) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            good, bad = await asyncio.gather(client.request(base, "GET", "good", timeout=20),
+                                             client.request(base, "GET", "bad", timeout=20),
+                                             return_exceptions=True)
+            assert isinstance(good, Response), good
+            return good.body, bad if isinstance(bad, BaseException) else None
+
+    good, bad = run(scenario())
+    assert good == b"good"
+    assert isinstance(bad, TransportError) and not isinstance(bad, TransportTimeout), bad
 
 
 async def _ok(request: Request) -> Response:
