@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
+import time
+import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +22,12 @@ from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.cluster.etcd_client import EtcdClient, b64
 from sdcp_fast.cluster.membership import ROOT
 from sdcp_fast.protocol.messages import session_path_id
+
+# A member asked whether the cluster takes writes answers within this, or is taken for lost: a
+# stopped one takes the connection and never answers.
+HEALTH_TIMEOUT_S = 1.5
+# One answer serves the opens of this long, so that a burst of them asks the members once.
+HEALTH_KEPT_S = 1.0
 
 
 def commit_log_ref(cluster: str, port: int, scope: bytes, session: bytes) -> str:
@@ -32,7 +41,9 @@ class EtcdRecords:
 
     def __init__(self, cluster: str, endpoints: Sequence[tuple[str, int]], *, timeout: float = 3.0) -> None:
         self.prefix = f"{ROOT}{cluster}/records/"
+        self.endpoints = list(endpoints)
         self._etcd = EtcdClient(endpoints, timeout=timeout)
+        self._health: tuple[float, str | None] = (float("-inf"), None)
 
     def _key(self, uri: str) -> str:
         return self.prefix + uri
@@ -49,5 +60,28 @@ class EtcdRecords:
             raise ObjectUnavailable(f"no routing record {uri} in etcd")
         return memoryview(base64.b64decode(kvs[0].get("value", "")))
 
+    async def refusal(self) -> str | None:
+        """Why a new session's commit log and routing record cannot be written now, or None.
+        etcd takes writes only while a quorum of its members is up, and a member's ``/health``
+        is true only then (3.4: it has a leader and a read through the quorum answered), false
+        at once otherwise. Every member is asked at once, each for at most
+        ``HEALTH_TIMEOUT_S``: a write would wait about 7 s for etcd's own timeout, per member."""
+        at, why = self._health
+        if time.monotonic() - at < HEALTH_KEPT_S:
+            return why
+        answers = await asyncio.gather(*(asyncio.to_thread(_healthy, host, port) for host, port in self.endpoints))
+        why = None if any(answers) else (f"no etcd member of {len(self.endpoints)} has a quorum "
+                                         "(the cluster's commit logs and routing records cannot be written)")
+        self._health = (time.monotonic(), why)
+        return why
+
     def close(self) -> None:
         self._etcd.close()
+
+
+def _healthy(host: str, port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=HEALTH_TIMEOUT_S) as r:
+            return json.loads(r.read()).get("health") in ("true", True)
+    except (OSError, ValueError):
+        return False

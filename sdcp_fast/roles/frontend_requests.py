@@ -20,6 +20,7 @@ from sdcp_fast.roles.router import SessionSpec
 from sdcp_fast.transport.base import Request, Response
 
 JSON = "application/json"
+RETRY_AFTER_S = 1  # seconds a client waits before asking again after a 503
 
 
 class ApiError(Exception):
@@ -34,7 +35,10 @@ class ApiError(Exception):
         return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
 
     def response(self) -> Response:
-        return Response(self.status, json.dumps(self.body()).encode(), {"content-type": JSON})
+        headers = {"content-type": JSON}
+        if self.status == 503:  # what is missing (a verifier, etcd's quorum) comes back by itself
+            headers["retry-after"] = str(RETRY_AFTER_S)
+        return Response(self.status, json.dumps(self.body()).encode(), headers)
 
 
 def from_problem(problem: SdcpProblem) -> ApiError:

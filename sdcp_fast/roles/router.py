@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -123,12 +123,16 @@ class RouterRole:
         discovery: PeerSource | None = None,
         records: RecordObjects | None = None,
         commit_logs: Callable[[bytes, bytes], str] | None = None,
+        durable: Callable[[], Awaitable[str | None]] | None = None,
     ) -> None:
         """``table``: the status table, when one is shared with another router (tests that
         restart one); None: its own. Its :class:`Recovery` works on the same one.
         In a cluster (sdcp_fast/cluster): ``discovery`` keeps the table to the instances the
         membership registry holds; ``records`` stores the routing records (None: the MLC);
-        ``commit_logs(scope, session)`` names a session's commit log (None: the MLC's)."""
+        ``commit_logs(scope, session)`` names a session's commit log (None: the MLC's);
+        ``durable()`` says why a new session's commit log and record cannot be written now (None:
+        they can), and such a session is refused at once (503 ``sdcp-busy``) instead of waiting
+        on its first append."""
         self.uri = uri
         self.mlc = mlc
         self.client = SdcpClient(transport)
@@ -145,7 +149,7 @@ class RouterRole:
         self.sessions: dict[bytes, RoutedSession] = {}  # each also its routing record
         self.changed: dict[bytes, asyncio.Event] = {}  # set when a session moved: wakes its output reader
         self._tasks: list[asyncio.Task[None]] = []
-        self.discovery, self.commit_logs = discovery, commit_logs
+        self.discovery, self.commit_logs, self.durable = discovery, commit_logs, durable
         self.records = RecordStore(records if records is not None else mlc, self.scope, uri)
         self.routes = Routes()
         self.metrics = RouterMetrics.mount(self.routes)
@@ -243,6 +247,8 @@ class RouterRole:
     async def open(self, spec: SessionSpec, request: dict[str, Any] | None = None) -> RoutedSession:
         """Create a session (§6.1): POST sessions at a live verifier, then assign a drafter.
         Its routing record (with the client's ``request``) is in the MLC before this returns."""
+        if self.durable is not None and (why := await self.durable()) is not None:
+            raise Busy(f"no new session now: {why}; retry later")
         session = spec.session if spec.session is not None else new_session_id(os.urandom(16))
         contract = self.contract(spec)
         unreachable: list[str] = []
