@@ -15,7 +15,8 @@ responses sent chunk by chunk (their iterator closed when the client resets the 
 
 Which server :func:`~sdcp_fast.transport.h2server.serve` starts (:func:`implementation`):
 ``SDCP_SERVER=py`` the pure-Python one, ``SDCP_SERVER=native`` this one (an error when it is
-not built), unset: the pure-Python one. It serves mutual TLS from a
+not built), unset: this one where it is built, else the pure-Python one (:func:`status` says
+why; ``SDCP_REQUIRE_NATIVE_H2=1`` makes that an error). It serves mutual TLS from a
 :func:`~sdcp_fast.transport.tls.server_context` (whose files it reads again) or h2c on
 loopback; a context made otherwise is served by the pure-Python server.
 """
@@ -88,19 +89,36 @@ def use(name: str | None) -> None:
 
 def implementation() -> str:
     """``native`` or ``py``: what :func:`~sdcp_fast.transport.h2server.serve` starts now."""
-    wanted = _chosen or os.environ.get("SDCP_SERVER", "").strip().lower() or PY
+    wanted = _chosen or os.environ.get("SDCP_SERVER", "").strip().lower()
     if wanted in ("py", "python"):
         return PY
-    if wanted not in (NATIVE, "c"):
+    if wanted not in ("", NATIVE, "c"):
         raise ValueError(f"SDCP_SERVER={wanted!r}: expected py or native")
-    if not available():
+    if available():
+        return NATIVE
+    if wanted or os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
         raise ImportError(status())
-    return NATIVE
+    _fallback_noted()
+    return PY
+
+
+@functools.cache
+def _fallback_noted() -> None:
+    log.warning("the role servers use the pure-Python path: %s", status())
 
 
 def serves(ssl: ssl_module.SSLContext | None) -> bool:
-    """Whether the native server is chosen and can serve ``ssl`` (None: h2c)."""
-    return implementation() == NATIVE and (ssl is None or isinstance(ssl, ServerContext))
+    """Whether the native server is chosen and can serve ``ssl`` (None: h2c): a
+    :func:`~sdcp_fast.transport.tls.server_context` still requiring TLS 1.3 and a client
+    certificate, the only settings the native thread takes (from the context's files)."""
+    if implementation() != NATIVE:
+        return False
+    if ssl is None:
+        return True
+    # A context changed after it was made (the conformance kit's planted TLS 1.2, say) keeps
+    # Python's TLS, which honours what was changed, instead of being served as made.
+    return (isinstance(ssl, ServerContext) and ssl.minimum_version == ssl_module.TLSVersion.TLSv1_3
+            and ssl.verify_mode == ssl_module.CERT_REQUIRED)
 
 
 @functools.lru_cache(maxsize=1024)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import ssl
+from collections.abc import Callable
 
 import pytest
 
@@ -40,10 +41,56 @@ def test_a_context_not_made_by_server_context_is_served_by_the_python_server(cer
     assert run(scenario())
 
 
+def test_a_server_context_changed_after_it_was_made_is_served_by_the_python_server(certs: Certs,
+                                                                                   server_impl: str) -> None:
+    # The native thread takes only server_context's files: a context since allowed TLS 1.2, or
+    # no longer requiring a client certificate, keeps Python's TLS, which honours the change.
+    def tls12(ctx: ssl.SSLContext) -> None:
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+
+    def optional_client(ctx: ssl.SSLContext) -> None:
+        ctx.verify_mode = ssl.CERT_OPTIONAL
+
+    async def scenario(change: Callable[[ssl.SSLContext], None]) -> bool:
+        ctx = server_context(*certs.pair("server"), certs.ca)
+        change(ctx)
+        async with await serve(_ok, "127.0.0.1", 0, ssl=ctx) as server:
+            return isinstance(server, H2Server)
+
+    assert run(scenario(tls12)) and run(scenario(optional_client))
+
+
 def test_unknown_server_name_is_an_error(monkeypatch: pytest.MonkeyPatch, server_impl: str) -> None:
     nativeserver.use(None)
     monkeypatch.setenv("SDCP_SERVER", "fast")
     with pytest.raises(ValueError, match="SDCP_SERVER"):
+        nativeserver.implementation()
+    monkeypatch.setenv("SDCP_SERVER", "py")
+    assert nativeserver.implementation() == nativeserver.PY
+
+
+def test_the_native_server_is_the_default_where_built(monkeypatch: pytest.MonkeyPatch, server_impl: str) -> None:
+    if not nativeserver.available():
+        pytest.skip(nativeserver.status())
+    nativeserver.use(None)
+    monkeypatch.delenv("SDCP_SERVER", raising=False)
+    assert nativeserver.implementation() == nativeserver.NATIVE
+
+
+def test_without_the_build_the_default_is_the_python_server_unless_required(monkeypatch: pytest.MonkeyPatch,
+                                                                             server_impl: str) -> None:
+    nativeserver.use(None)
+    monkeypatch.delenv("SDCP_SERVER", raising=False)
+    monkeypatch.delenv("SDCP_REQUIRE_NATIVE_H2", raising=False)
+    monkeypatch.setattr(nativeserver, "_load", lambda: (None, "native I/O (sdcp_fast._nio) is missing (test)"))
+    assert nativeserver.implementation() == nativeserver.PY
+    assert "missing" in nativeserver.status()
+    monkeypatch.setenv("SDCP_SERVER", "native")
+    with pytest.raises(ImportError, match="missing"):
+        nativeserver.implementation()
+    monkeypatch.delenv("SDCP_SERVER")
+    monkeypatch.setenv("SDCP_REQUIRE_NATIVE_H2", "1")  # CI: a missing build is a failure, not a fallback
+    with pytest.raises(ImportError, match="missing"):
         nativeserver.implementation()
     monkeypatch.setenv("SDCP_SERVER", "py")
     assert nativeserver.implementation() == nativeserver.PY
