@@ -25,7 +25,7 @@ from typing import Any
 from sdcp_fast.cluster import relay
 from sdcp_fast.cluster.host_part import write_cluster_certificates
 from sdcp_fast.cluster.netns import Network
-from sdcp_fast.cluster.spec import BENCHMARK_RANGE, ClusterSpec, host_addresses
+from sdcp_fast.cluster.spec import BENCHMARK_RANGE, ClusterSpec, host_addresses, load
 from sdcp_fast.deploy.up import Up
 
 
@@ -68,13 +68,7 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
         logs.mkdir(exist_ok=True)
         nodes = {}
         for entry in state["hosts"]:
-            argv = net.exec_argv(entry["name"], [sys.executable, "-m", "sdcp_fast", "node", "--spec",
-                                                 str(directory / "cluster.toml"), "--host", entry["name"],
-                                                 "--dir", str(directory), "--timeout", str(int(timeout))])
-            with open(logs / f"node-{entry['name']}.log", "ab") as out:
-                nodes[entry["name"]] = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
-                                                        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-                                                        start_new_session=True)
+            nodes[entry["name"]] = _start_node(directory, net, entry["name"], timeout)
             entry["node_pid"] = nodes[entry["name"]].pid
         _write_json(directory / "cluster.json", state)
         deadline = time.monotonic() + timeout
@@ -88,6 +82,34 @@ def up(directory: Path, spec: ClusterSpec, *, prefix_len: int = 24, timeout: flo
     endpoints = endpoints_of(spec, directory)
     _write_json(directory / "endpoints.json", endpoints)
     return endpoints
+
+
+def _start_node(directory: Path, net: Network, host: str, timeout: float) -> subprocess.Popen[bytes]:
+    argv = net.exec_argv(host, [sys.executable, "-m", "sdcp_fast", "node", "--spec", str(directory / "cluster.toml"),
+                                "--host", host, "--dir", str(directory), "--timeout", str(int(timeout))])
+    with open(directory / "logs" / f"node-{host}.log", "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+
+
+def restart(directory: Path, host: str, *, timeout: float = 240.0) -> None:
+    """Start ``host``'s node again once every process of it is gone (after a kill -9 of the
+    host: etcd rejoins from its data), and return when every router hears from every verifier
+    and drafter again; ``cluster.json`` gets the new processes."""
+    directory = directory.resolve()
+    net = network(directory)
+    if net.pids(host):
+        raise RuntimeError(f"{host} still runs processes: {net.pids(host)}")
+    (directory / host / "node.json").unlink(missing_ok=True)
+    node = _start_node(directory, net, host, timeout)
+    deadline = time.monotonic() + timeout
+    found = _wait_node(directory, host, node, deadline)
+    state = json.loads((directory / "cluster.json").read_text())
+    for entry in state["hosts"]:
+        if entry["name"] == host:
+            entry.update(found, node_pid=node.pid)
+    _write_json(directory / "cluster.json", state)
+    _wait_routers(load(directory / "cluster.toml"), directory, deadline)
 
 
 def _first_address(address: str, prefix_len: int) -> Any:
