@@ -33,6 +33,11 @@ class LogDirectory:
         self._users: dict[str, int] = {}
         self._opening: dict[str, threading.Lock] = {}  # names being opened, by their opener's gate
 
+    @property
+    def sync(self) -> bool:
+        """Whether an append returns only once its frames are fsync'd."""
+        return self._sync
+
     def log(self, name: str) -> DirectoryLog:
         """A handle on the log ``name``: cheap, holds no descriptor between calls."""
         return DirectoryLog(self, name)

@@ -263,7 +263,9 @@ def generate(
     with tempfile.TemporaryDirectory(prefix="sdcp-generate-") as root:
         own = None
         if mlc is None:
-            own = mlc = embedded(root)
+            # Its logs go with the folder when this call returns: an fsync per round would make
+            # nothing durable, and costs a round a disk flush and a thread hop's wait.
+            own = mlc = embedded(root, sync_logs=False)
         try:
             engine = Engine(scorer, drafters, mlc, target_digest=scorer_digest(scorer),
                             tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,

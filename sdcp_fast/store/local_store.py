@@ -3,9 +3,10 @@ root, composed (``sdcp_fast.cache`` and ``sdcp_fast.commitlog`` do not import ea
 
 :func:`embedded` builds the default one. Its calls are coroutines that keep the event loop
 free: a call on a small object runs inline when the cache's lock is free (a thread hop costs
-more than the call), anything else (a large copy, a disk read, a commit-log fsync) on a
-worker thread. ``mlc`` and ``logs`` are the synchronous parts, for a server that adds
-authorization to every call and for callers that inspect the store directly.
+more than the call), and so does a commit-log append that is not fsync'd; anything else (a
+large copy, a disk read, a commit-log fsync) on a worker thread. ``mlc`` and ``logs`` are
+the synchronous parts, for a server that adds authorization to every call and for callers
+that inspect the store directly.
 """
 
 from __future__ import annotations
@@ -96,7 +97,10 @@ class LocalStore:
         logs = self.logs
 
         async def together(mine: list[LogAppend]) -> list[str | Exception]:
-            return await asyncio.to_thread(logs.append_many, [(e.log.ref, e.record, e.if_match) for e in mine])
+            batch = [(e.log.ref, e.record, e.if_match) for e in mine]
+            if not logs.sync:  # no flush to wait for: the writes cost less than a thread hop
+                return logs.append_many(batch)
+            return await asyncio.to_thread(logs.append_many, batch)
 
         return await append_split(entries, self._own, together)
 
@@ -123,11 +127,12 @@ def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_byte
              device_bytes: int = 0, redis_url: str | None = None, redis_bytes: int = 4096 * MiB,
              mooncake: MooncakeConfig | None = None, mooncake_bytes: int = 4096 * MiB,
              clock: Clock = time.monotonic, max_open_logs: int = MAX_OPEN, shm: str | None = None,
-             **limits: int) -> LocalStore:
+             sync_logs: bool = True, **limits: int) -> LocalStore:
     """The default store: an MLC over [device,] page-locked host memory, disk under ``root``
     (a temporary folder when None) [and Redis or Mooncake Store], with its commit logs under ``<root>/logs``
     (at most ``max_open_logs`` descriptors open). With ``shm`` (a folder in memory, e.g.
     ``/dev/shm``) the host tier also keeps same-host uploads there (:mod:`sdcp_fast.cache.tiers.shm`).
+    ``sync_logs`` False: appends are not fsync'd (for a store removed with its process's run).
     ``limits``: the MLC's ``max_objects``, ``index_bytes``, ``max_leases``."""
     from sdcp_fast.cache.tiers.disk import DiskTier
     from sdcp_fast.cache.tiers.host import HostTier
@@ -154,4 +159,4 @@ def embedded(root: str | None = None, *, host_bytes: int = 1024 * MiB, disk_byte
 
         tiers.append(MooncakeTier(mooncake_bytes, mooncake))
     mlc = MLC(tiers, clock=clock, **limits)
-    return LocalStore(mlc, LogDirectory(disk.root, max_open=max_open_logs))
+    return LocalStore(mlc, LogDirectory(disk.root, max_open=max_open_logs, sync=sync_logs))

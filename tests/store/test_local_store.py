@@ -102,3 +102,35 @@ def test_the_loop_never_waits_behind_a_store_busy_with_a_large_copy(tmp_path):
         finally:
             release.set()
             holder.join(10)
+
+
+
+def test_appends_that_are_not_fsyncd_run_inline_and_fsyncd_ones_on_a_worker_thread(tmp_path, monkeypatch):
+    """A store whose logs go with its run (``sync_logs=False``) appends on the loop's thread
+    and never flushes; a durable one waits for its flush off the loop."""
+    from sdcp_fast.commitlog import file
+    from sdcp_fast.store.interface import LogAppend
+
+    flushes: list[int] = []
+    real_flush = file.os.fdatasync
+    monkeypatch.setattr(file.os, "fdatasync", lambda fd: (flushes.append(fd), real_flush(fd))[1])
+    for sync in (False, True):
+        threads: list[str] = []
+        flushes.clear()
+        with embedded(str(tmp_path / str(sync)), sync_logs=sync) as store:
+            real = store.logs.append_many
+
+            def spy(batch, real=real, threads=threads):
+                threads.append(threading.current_thread().name)
+                return real(batch)
+
+            store.logs.append_many = spy  # type: ignore[method-assign]
+
+            async def scenario(store=store):
+                log = await store.commit_log(LOG)
+                return await store.append_batch([LogAppend(log, FenceRecord(1), '"0"')])
+
+            assert asyncio.run(scenario()) == ['"1"']
+            assert store.logs.log(LOG).read().records == [FenceRecord(1)]
+        assert (threads == [threading.main_thread().name]) is not sync, (sync, threads)
+        assert bool(flushes) is sync, (sync, flushes)
