@@ -158,7 +158,9 @@ def test_a_body_of_any_bytes_like_type_is_sent(certs: Certs, server_impl: str) -
     assert run(scenario()) == [bytes(b) for b in bodies.values()]
 
 
-def test_a_response_the_thread_cannot_take_resets_its_stream_alone(certs: Certs, server_impl: str) -> None:
+@pytest.mark.parametrize("refused_by", ["python", "thread"])
+def test_a_response_that_cannot_be_sent_resets_its_stream_alone(certs: Certs, server_impl: str,
+                                                               refused_by: str) -> None:
     if server_impl != nativeserver.NATIVE:
         pytest.skip("batches of responses are the native server's")
     arrived: list[str] = []
@@ -170,16 +172,31 @@ def test_a_response_the_thread_cannot_take_resets_its_stream_alone(certs: Certs,
         if len(arrived) == 2:
             both.set()
         await both.wait()
-        return Response(200, 12345 if request.path == "bad" else b"good")  # type: ignore[arg-type]
+        if request.path == "good":
+            return Response(200, b"good")
+        return Response(200, 12345 if refused_by == "python" else b"bad")  # type: ignore[arg-type]
 
     async def scenario() -> tuple[bytes, BaseException | None]:
         ctx = server_context(*certs.pair("server"), certs.ca)
         async with await serve(handler, "127.0.0.1", 0, ssl=ctx) as server, \
                 H2Transport(client_context(*certs.pair("client"), certs.ca)) as client:
+            assert isinstance(server, nativeserver.NativeServer)
+            core = server._core
+
+            class Unreadable:  # the native core, handed a body it cannot read for the "bad" stream
+                def __getattr__(self, name: str) -> object:
+                    return getattr(core, name)
+
+                def submit(self, batch: list[tuple[object, ...]]) -> object:
+                    return core.submit([(*c[:4], 12345, c[5]) if c[4] == b"bad" else c for c in batch])
+
+            if refused_by == "thread":
+                server._core = Unreadable()
             base = f"https://127.0.0.1:{server.port}/"
             good, bad = await asyncio.gather(client.request(base, "GET", "good", timeout=20),
                                              client.request(base, "GET", "bad", timeout=20),
                                              return_exceptions=True)
+            server._core = core
             assert isinstance(good, Response), good
             return good.body, bad if isinstance(bad, BaseException) else None
 
