@@ -36,6 +36,9 @@ from sdcp_fast.transport.errors import TransportError
 MIN_BYTES = int(os.environ.get("SDCP_SHM_MIN_BYTES", 64 << 10))
 # Above this the write into the folder leaves the event loop.
 INLINE_WRITE = 4 << 20
+# Times a get asks again for an object whose slot was freed between the node's answer and the
+# mapping (an object rewritten that often meanwhile is reported missing).
+ASKS = 3
 _SLOT_NAME = re.compile(r"slot-\d{1,20}")
 
 
@@ -164,9 +167,16 @@ class ShmClient:
             return None
         folder = self.folder
         assert folder is not None
-        out = await self._call("GET", _path(uri), headers={ASK: "1"})
-        slot = out.headers.get(SLOT)
-        if slot is None:
-            return memoryview(out.body)
-        size = int(out.headers.get("mlc-size", "0"))
-        return map_slot(folder, slot, int(out.headers.get(SERIAL, "0")), size)
+        for attempt in range(1, ASKS + 1):
+            out = await self._call("GET", _path(uri), headers={ASK: "1"})
+            slot = out.headers.get(SLOT)
+            if slot is None:
+                return memoryview(out.body)
+            try:
+                return map_slot(folder, slot, int(out.headers.get(SERIAL, "0")), int(out.headers.get("mlc-size", "0")))
+            except ObjectUnavailable:
+                # Freed since the node named it: the object was replaced (a record rewritten)
+                # or is gone, and the node's next answer says which.
+                if attempt == ASKS:
+                    raise
+        raise AssertionError("unreachable")

@@ -90,26 +90,46 @@ def test_a_released_slot_is_unlinked_and_its_reader_gets_the_missing_objects_err
         run(scenario, base)
 
 
-def test_a_read_racing_a_free_and_a_reuse_fails_and_an_earlier_view_keeps_its_own_bytes(tmp_path, monkeypatch):
-    first, second = b"\1" * ROWS, b"\2" * ROWS
+def test_a_read_racing_a_free_gets_the_missing_objects_error(tmp_path, monkeypatch):
     with node(tmp_path) as (store, base):
-        async def scenario(s: RemoteStore) -> memoryview:
-            lease = await s.put(uri(1), first, 30.0)
-            early = await s.get(uri(1))
-            # The slot is freed and the name written again between the reader's map and its check.
-            def free_and_reuse() -> None:
-                monkeypatch.setattr(shm_client, "after_map", lambda: None)
-                store.mlc.release(lease, drop=True)
-                store.mlc.put(uri(1), second)
-
-            monkeypatch.setattr(shm_client, "after_map", free_and_reuse)
+        async def scenario(s: RemoteStore) -> None:
+            lease = await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert lease is not None
+            # The slot is freed between the reader's map and its check.
+            monkeypatch.setattr(shm_client, "after_map", lambda: store.mlc.release(lease, drop=True))
             with pytest.raises(ObjectUnavailable):
                 await s.get(uri(1))
-            assert bytes(await s.get(uri(1))) == second
-            return early
 
-        early = run(scenario, base)
-        assert bytes(early) == first  # freed and replaced since: still its own round's bytes
+        run(scenario, base)
+
+
+def test_a_read_racing_a_reuse_gets_the_new_object_and_an_earlier_view_keeps_its_own_bytes(tmp_path, monkeypatch):
+    first, second = b"\1" * ROWS, b"\2" * ROWS
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> tuple[memoryview, bytes]:
+            await s.put(uri(1), first)
+            early = await s.get(uri(1))
+
+            def replace() -> None:  # between the map and the check, once
+                monkeypatch.setattr(shm_client, "after_map", lambda: None)
+                store.mlc.put(uri(1), second)
+
+            monkeypatch.setattr(shm_client, "after_map", replace)
+            return early, bytes(await s.get(uri(1)))
+
+        early, racing = run(scenario, base)
+        assert racing == second  # never the freed slot's bytes: asked again
+        assert bytes(early) == first  # replaced since: still its own object's bytes
+
+
+def test_a_freed_slot_fails_its_check_after_the_mapping(tmp_path, monkeypatch):
+    with node(tmp_path) as (store, base):
+        run(lambda s: s.put(uri(1), b"\1" * ROWS), base)
+        slot = tier(store).slot_of(store.mlc.get(uri(1)))
+        assert slot is not None
+        monkeypatch.setattr(shm_client, "after_map", lambda: store.mlc.delete(uri(1)))
+        with pytest.raises(ObjectUnavailable):
+            shm_client.map_slot(tier(store).folder, slot[0], slot[1], ROWS)
 
 
 def test_a_node_on_another_host_is_reached_over_the_network(tmp_path):
