@@ -1,7 +1,8 @@
 """The delay between simulated hosts (``--rtt-ms``): a TCP echo across two namespaces takes
-the round trip asked for and little more, the machine's own namespace reaches the hosts
-undelayed, 0 adds nothing, and a cluster whose etcd members talk across the delay comes up,
-says how its delay is made and leaves nothing behind."""
+the round trip asked for and little more, also after a host was cut off and came back, the
+machine's own namespace reaches the hosts undelayed, 0 adds nothing, and a cluster whose
+etcd members talk across the delay comes up, says how its delay is made and leaves nothing
+behind."""
 
 from __future__ import annotations
 
@@ -70,6 +71,9 @@ def test_rtt_20_between_hosts_and_none_to_the_machine(network: Network, method: 
         assert across[0] >= 20.0, across
         assert statistics.median(across) < 20.0 + 30.0, across  # the slack of a loaded 2-core machine
         assert statistics.median(round_trips_ms(network, None)) < 10.0  # the machine is no host
+        network.cut_off("h2")
+        network.restore("h2")
+        assert round_trips_ms(network, "h1", 5)[0] >= 20.0  # a host cut off and back is still delayed
     finally:
         relay.remove(network, delay)
     assert relay.leftovers(network, delay) == []
