@@ -470,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
     parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--q-rows", choices=("shm", "network"), default="shm",
+                        help="how objects (rule 2's q rows) reach the MLC on this host: through its shared memory "
+                             "(docs/mlc.md) or over HTTP/2 + TLS")
     parser.add_argument("--hosts-rtt-ms", type=float, nargs="+", metavar="X",
                         help="the MLC, verifier and drafters on three simulated hosts (root), at each round-trip delay, "
                              "beside one host, in the same run (bench/protocol_hosts.py)")
@@ -483,13 +486,15 @@ def main(argv: list[str] | None = None) -> int:
         run(_serve(kind, name, int(port), Path(args.certs), args.mlc, args.max_batch, args.batch_wait_ms / 1e3,
                    args.threads, args.address), settle=True)  # as the services' run
         return 0
+    if args.q_rows == "network":  # inherited by the processes started below
+        os.environ["SDCP_SHM_MIN_BYTES"] = str(1 << 62)
     if args.hosts_rtt_ms:
         from protocol_hosts import across_hosts
 
         return across_hosts(args)
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes",
-          flush=True)
-    result: dict[str, Any] = {"load_before": os.getloadavg(), "levels": [], "per_round": []}
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes; "
+          f"objects through {args.q_rows}", flush=True)
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "q_rows": args.q_rows, "levels": [], "per_round": []}
     with deployment(args) as d:
         router = Router(d, args.output_pace_ms / 1e3)
 

@@ -6,7 +6,8 @@ crosses TLS or passes through Python.
 The requests themselves are the ordinary ones (:mod:`sdcp_fast.mlc_server.server_shm`), so
 authorization, leases and accounting are the node's as for any client. The path is taken only
 when the node says where its folder is and this process reads the node's token there (the same
-host, the same user); otherwise, and for objects under ``MIN_BYTES`` or with metadata (tensors),
+host, the same user), and only for a round's draft objects (``KINDS``); otherwise, and for
+objects under ``MIN_BYTES`` or with metadata (tensors),
 :class:`~sdcp_fast.store.remote_store.RemoteStore` sends the bytes over the network.
 """
 
@@ -25,7 +26,7 @@ from sdcp_fast.cache.http_client import MLCUnreachable, problem_of
 from sdcp_fast.cache.index import Stored
 from sdcp_fast.cache.tiers.shm import ASK, HEADER, LIVE, MAGIC, SERIAL, SLOT, attach, read_header
 from sdcp_fast.cache.tiers.tier import as_bytes_view
-from sdcp_fast.cache.uri import SCHEME, check_key
+from sdcp_fast.cache.uri import SCHEME, check_key, parse
 from sdcp_fast.protocol.cbor import decode
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.transport.base import Response, Transport
@@ -36,6 +37,9 @@ from sdcp_fast.transport.errors import TransportError
 MIN_BYTES = int(os.environ.get("SDCP_SHM_MIN_BYTES", 64 << 10))
 # Above this the write into the folder leaves the event loop.
 INLINE_WRITE = 4 << 20
+# The draft objects of a round: written once, read by the verifier, dropped at the verdict.
+# Other kinds (records rewritten in place, tokens) stay on the network path.
+KINDS = frozenset({"q_rows", "draft_kv"})
 # Times a get asks again for an object whose slot was freed between the node's answer and the
 # mapping (an object rewritten that often meanwhile is reported missing).
 ASKS = 3
@@ -82,6 +86,13 @@ def map_slot(folder: str, name: str, serial: int, size: int) -> memoryview:
         mm.close()
         raise gone
     return memoryview(mm)[HEADER:]
+
+
+def _drafted(uri: str) -> bool:
+    try:
+        return parse(uri).kind in KINDS
+    except ValueError:
+        return False
 
 
 def _path(uri: str) -> str:
@@ -131,7 +142,7 @@ class ShmClient:
         self._known, self.folder = False, None
 
     async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Stored | None:
-        if hasattr(data, "untyped_storage"):  # a tensor carries its dtype and shape: the network path
+        if hasattr(data, "untyped_storage") or not _drafted(uri):  # a tensor carries its dtype and shape
             return None
         view = as_bytes_view(data)
         if view.nbytes < max(1, MIN_BYTES) or not await self.usable():
@@ -163,7 +174,7 @@ class ShmClient:
     async def get(self, uri: str) -> memoryview | None:
         """The object, mapped in place if the node keeps it in a slot; its bytes as sent
         otherwise. None when the path does not apply (the caller sends an ordinary get)."""
-        if not await self.usable():
+        if not _drafted(uri) or not await self.usable():
             return None
         folder = self.folder
         assert folder is not None
