@@ -91,6 +91,7 @@ def one_kill(directory: Path, spec: ClusterSpec, prompt: str, max_tokens: int, a
                 raise TimeoutError("the session's routing record never showed in etcd")
             time.sleep(0.05)
         host = host_of(spec, mine[0].verifier)
+        killed["drafter_host"] = host_of(spec, mine[0].drafter) if mine[0].drafter else None
         killed["host"], killed["at"] = host, time.monotonic()
         net.kill(host)
 
@@ -109,7 +110,7 @@ def one_kill(directory: Path, spec: ClusterSpec, prompt: str, max_tokens: int, a
     # Pieces already on their way when the host died can come first: the stream resumes
     # after the first gap past the kill longer than 5 ordinary ones (the fail-over).
     stall = [b for a, b in zip([at, *after_kill], after_kill, strict=False) if b - a > 5 * gap]
-    return {"host": killed["host"], "to_next_s": (after_kill[0] - at) if after_kill else None,
+    return {"host": killed["host"], "drafter_host": killed["drafter_host"], "to_next_s": (after_kill[0] - at) if after_kill else None,
             "to_resume_s": (stall[0] - at) if stall else (after_kill[0] - at) if after_kill else None,
             "gap_before_s": gap, "text": "".join(p for _, p in pieces)}
 
@@ -135,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         if row["to_next_s"] is None:
             print(f"kill {i + 1}: {row['host']}: no token after the kill", flush=True)
         else:
-            print(f"kill {i + 1}: {row['host']}: next token {row['to_next_s'] * 1e3:.0f} ms after the kill, the "
+            print(f"kill {i + 1}: {row['host']} (the session's drafter on {row['drafter_host']}): next token {row['to_next_s'] * 1e3:.0f} ms after the kill, the "
                   f"stream resumed at {row['to_resume_s'] * 1e3:.0f} ms (gap between tokens before "
                   f"{row['gap_before_s'] * 1e3:.0f} ms); text {'identical' if row['same_text'] else 'DIFFERENT'}",
                   flush=True)
