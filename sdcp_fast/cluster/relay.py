@@ -82,12 +82,12 @@ def bridge_address(net: Network) -> str:
     return net.bridge_cidr.partition("/")[0]
 
 
-def netem_commands(net: Network, host: str, one_way_ms: float) -> list[list[str]]:
-    """The ``tc`` commands (run in ``host``'s namespace) that delay what it sends to the other
-    hosts by ``one_way_ms``: band 4 of a ``prio`` (which its priomap never picks by itself)
+def netem_commands(net: Network, netns: str, one_way_ms: float) -> list[list[str]]:
+    """The ``tc`` commands that delay what namespace ``netns`` sends to the other hosts of
+    ``net`` by ``one_way_ms``: band 4 of a ``prio`` (which its priomap never picks by itself)
     holds the netem; the bridge's address matches first and goes to band 1 undelayed."""
     delay = f"{one_way_ms:g}ms"
-    tc = ["ip", "netns", "exec", net.netns(host), "tc"]
+    tc = ["ip", "netns", "exec", netns, "tc"]
     return [[*tc, "qdisc", "add", "dev", "eth0", "root", "handle", "1:", "prio", "bands", "4"],
             [*tc, "qdisc", "add", "dev", "eth0", "parent", "1:4", "handle", "40:", "netem", "delay", delay],
             [*tc, "filter", "add", "dev", "eth0", "parent", "1:", "protocol", "ip", "prio", "1", "u32",
@@ -98,7 +98,6 @@ def netem_commands(net: Network, host: str, one_way_ms: float) -> list[list[str]
 
 def netem_works(net: Network) -> bool:
     """Whether :func:`netem_commands` succeed here, tried once on a throwaway namespace."""
-    probe = Network(net.tag, net.bridge_cidr, (("probe", net.hosts[0][1]),))
     ns = f"sdcp-netem-probe-{os.getpid()}"
     made = ip("netns", "add", ns, check=False)
     if made.returncode != 0:
@@ -106,8 +105,7 @@ def netem_works(net: Network) -> bool:
     try:
         ip("-n", ns, "link", "add", "eth0", "type", "veth", "peer", "name", "eth1", check=False)
         ip("-n", ns, "link", "set", "eth0", "up", check=False)
-        for argv in netem_commands(probe, "probe", 1.0):
-            argv = [ns if a == probe.netns("probe") else a for a in argv]
+        for argv in netem_commands(net, ns, 1.0):
             if subprocess.run(argv, capture_output=True, check=False).returncode != 0:
                 return False
         return True
@@ -125,7 +123,7 @@ def install(net: Network, rtt_ms: float, *, method: str | None = None, timeout: 
     method = method or ("netem" if netem_works(net) else "relay")
     if method == "netem":
         for host, _ in net.hosts:
-            for argv in netem_commands(net, host, rtt_ms / 2):
+            for argv in netem_commands(net, net.netns(host), rtt_ms / 2):
                 done = subprocess.run(argv, capture_output=True, text=True, check=False)
                 if done.returncode != 0:
                     raise NetnsError(f"{' '.join(argv)}: {done.stderr.strip()}")
