@@ -15,14 +15,17 @@ The drafters choose M as the verdicts' ``m_cap`` allows.
 Per level and rule: completed rounds/s, p50/p99 verdict latency as the drafters see it
 (proposal sent to verdict received), CPU microseconds per round of each process (``/proc``
 utime + stime over the window), then the echo server of ``bench/transport.py`` at the same
-concurrency (goal: the verifier's rounds/s >= 0.8 of the echo's requests/s at 64). Then,
-with one session, the HTTP exchanges and body bytes per round by kind (every client's
-requests, counted where they are sent), in a window of rounds at 10 and at ``--long``
-committed tokens: what a round costs the wire, and whether that grows with the session.
-Last, the core alone (``VerifierSession``: receive, complete, append_done).
+concurrency. Then, with one session, the HTTP exchanges and body bytes per round by kind
+(every client's requests, counted where they are sent), in a window of rounds at 10 and at
+``--long`` committed tokens: what a round costs the wire, and whether that grows with the session.
+Then the goals (bench/protocol_goals.py: rounds/s, verifier and MLC CPU per round, rounds over
+the native echo, p99 verdict), each with its target, PASS/FAIL, its spread over ``--repeats``
+and the load average, for each server of ``--servers`` measured side by side. Last, the core
+alone (``VerifierSession``: receive, complete, append_done).
 
     python bench/protocol.py                           # ~1 min: concurrency 1 16 64 256, rules 1 and 2
     python bench/protocol.py --seconds 2 --concurrency 1 4 --long 200 --json out.json   # the CI smoke run
+    python bench/protocol.py --concurrency 64 256 --servers native py --repeats 3 --long 200 --window 20  # the goals
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from protocol_goals import evaluate, report  # noqa: E402
 from transport import echo_server, make_certs, measure  # noqa: E402
 
 from sdcp_fast.cache import object_uri  # noqa: E402
@@ -66,6 +70,7 @@ from sdcp_fast.transport.base import Request, Response, Transport  # noqa: E402
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates  # noqa: E402
 from sdcp_fast.transport.h2client import H2Transport  # noqa: E402
 from sdcp_fast.transport.loop import run  # noqa: E402
+from sdcp_fast.transport.nativeserver import NATIVE, PY, implementation  # noqa: E402
 from sdcp_fast.transport.tls import client_context, server_context  # noqa: E402
 
 VOCAB, M = 32_000, 4
@@ -371,7 +376,8 @@ async def throughput(router: Router, rule: int, concurrency: int, seconds: float
     cuts = statistics.quantiles(latencies, n=100) if n >= 2 else (latencies or [0.0]) * 99
     cpu = {name: (cpu1[name] - cpu0[name]) / max(n, 1) * 1e6 for name in cpu0}
     cpu["drafters"] = sum(v for k, v in cpu.items() if k.startswith("drafter-"))
-    return {"rule": rule, "concurrency": concurrency, "rounds": n, "rps": n / elapsed, "p50_ms": cuts[49] * 1e3,
+    return {"rule": rule, "concurrency": concurrency, "load": os.getloadavg()[0], "rounds": n, "rps": n / elapsed,
+            "p50_ms": cuts[49] * 1e3,
             "p99_ms": cuts[98] * 1e3, "cpu_us_per_round": {k: v for k, v in cpu.items() if not k.startswith("drafter-")}}
 
 
@@ -441,6 +447,46 @@ async def echo(certs: Path, port: int, concurrency: int, seconds: float) -> dict
         await client.close()
 
 
+def measure_server(args: argparse.Namespace, server: str, result: dict[str, Any], per_round_too: bool) -> None:
+    """Every level and rule ``--repeats`` times on one deployment served by ``server``, then
+    (``per_round_too``) the per-round windows, then the echo on the same server; rows into ``result``."""
+    tag = f"[{server}] " if len(args.servers) > 1 else ""
+    with deployment(args) as d:
+        router = Router(d, args.output_pace_ms / 1e3)
+
+        async def levels() -> None:
+            for repeat in range(args.repeats):
+                for concurrency in args.concurrency:
+                    for rule in args.rules:
+                        row = await throughput(router, rule, concurrency, args.seconds)
+                        row.update(server=server, repeat=repeat)
+                        result["levels"].append(row)
+                        print(f"{tag}rule {rule} concurrency {concurrency:3d}: {row['rps']:7.0f} rounds/s  p50 "
+                              f"{row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  CPU us/round: "
+                              f"{_cpu_text(row['cpu_us_per_round'])}  (load {row['load']:.1f})", flush=True)
+            for rule in args.rules if per_round_too else ():
+                for committed in (10, args.long):
+                    row = await per_round(router, rule, committed, args.window)
+                    result["per_round"].append(row)
+                    print(f"rule {rule} at {committed:5d} committed tokens: {row['exchanges']:.2f} exchanges/round, "
+                          f"{row['bytes_sent']:.0f} B sent, {row['bytes_received']:.0f} B received per round ("
+                          + "; ".join(f"{k} {v[0]:.2f}x {v[1]:.0f}/{v[2]:.0f} B" for k, v in sorted(row["kinds"].items()))
+                          + ")", flush=True)
+            await router.close()
+
+        run(levels())
+        with echo_server("h2", d.certs) as port:
+            for repeat in range(args.repeats):
+                for concurrency in args.concurrency:
+                    e = run(echo(d.certs, port, concurrency, args.seconds))
+                    e.update(concurrency=concurrency, server=server, repeat=repeat, load=os.getloadavg()[0])
+                    result["echo"].append(e)
+                    best = max((r["rps"] for r in result["levels"] if r["concurrency"] == concurrency
+                                and r["rule"] == 1 and r["server"] == server and r["repeat"] == repeat), default=0.0)
+                    print(f"{tag}echo concurrency {concurrency:3d}: {e['rps']:7.0f} req/s ({e['server_us_per_req']:.0f} "
+                          f"us CPU/req at the server); rule-1 rounds/s over echo req/s {best / e['rps']:.2f}", flush=True)
+
+
 @contextlib.contextmanager
 def deployment(args: argparse.Namespace) -> Iterator[Deployment]:
     with tempfile.TemporaryDirectory() as tmp:
@@ -470,6 +516,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
     parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
+    parser.add_argument("--repeats", type=int, default=1, help="each level measured this many times (the spread)")
+    parser.add_argument("--servers", nargs="+", choices=(PY, NATIVE), default=[implementation()],
+                        help="the role servers measured, side by side in this run, each on its own deployment "
+                             "with its own echo (default: the one SDCP_SERVER chooses)")
     parser.add_argument("--q-rows", choices=("shm", "network"), default="shm",
                         help="how objects (rule 2's q rows) reach the MLC on this host: through its shared memory "
                              "(docs/mlc.md) or over HTTP/2 + TLS")
@@ -493,40 +543,17 @@ def main(argv: list[str] | None = None) -> int:
 
         return across_hosts(args)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes; "
-          f"objects through {args.q_rows}", flush=True)
-    result: dict[str, Any] = {"load_before": os.getloadavg(), "q_rows": args.q_rows, "levels": [], "per_round": []}
-    with deployment(args) as d:
-        router = Router(d, args.output_pace_ms / 1e3)
-
-        async def levels() -> None:
-            for concurrency in args.concurrency:
-                for rule in args.rules:
-                    row = await throughput(router, rule, concurrency, args.seconds)
-                    result["levels"].append(row)
-                    print(f"rule {rule} concurrency {concurrency:3d}: {row['rps']:7.0f} rounds/s  p50 "
-                          f"{row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  CPU us/round: "
-                          f"{_cpu_text(row['cpu_us_per_round'])}", flush=True)
-            for rule in args.rules:
-                for committed in (10, args.long):
-                    row = await per_round(router, rule, committed, args.window)
-                    result["per_round"].append(row)
-                    print(f"rule {rule} at {committed:5d} committed tokens: {row['exchanges']:.2f} exchanges/round, "
-                          f"{row['bytes_sent']:.0f} B sent, {row['bytes_received']:.0f} B received per round ("
-                          + "; ".join(f"{k} {v[0]:.2f}x {v[1]:.0f}/{v[2]:.0f} B" for k, v in sorted(row["kinds"].items()))
-                          + ")", flush=True)
-            await router.close()
-
-        run(levels())
-        with echo_server("h2", d.certs) as port:
-            for concurrency in args.concurrency:
-                e = run(echo(d.certs, port, concurrency, args.seconds))
-                e["concurrency"] = concurrency
-                result.setdefault("echo", []).append(e)
-                best = max((r["rps"] for r in result["levels"] if r["concurrency"] == concurrency and r["rule"] == 1),
-                           default=0.0)
-                print(f"echo concurrency {concurrency:3d}: {e['rps']:7.0f} req/s ({e['server_us_per_req']:.0f} us "
-                      f"CPU/req at the server); rule-1 rounds/s over echo req/s {best / e['rps']:.2f} (goal >= 0.80 at 64)",
-                      flush=True)
+          f"objects through {args.q_rows}; servers {' '.join(args.servers)}; {args.repeats} repeat(s)", flush=True)
+    result: dict[str, Any] = {"load_before": os.getloadavg(), "q_rows": args.q_rows, "servers": args.servers,
+                              "levels": [], "per_round": [], "echo": []}
+    for server in args.servers:
+        os.environ["SDCP_SERVER"] = server  # the role and echo processes started below serve with it
+        measure_server(args, server, result, per_round_too=server == args.servers[0])
+    echo_of = NATIVE if NATIVE in args.servers else args.servers[0]
+    result["goals"] = goals = [g for server in args.servers
+                               for g in evaluate(result["levels"], result["echo"], server, echo_of)]
+    if goals:
+        print(f"goals (median over repeats; rounds over the {echo_of} echo):\n{report(goals)}", flush=True)
     result["core_us_per_round"] = core = core_cost(args.core_rounds)
     result["load_after"] = os.getloadavg()
     print(f"core: {core:.1f} us per round (receive + complete + append_done, rule 1, M={M}; goal < 50); "
