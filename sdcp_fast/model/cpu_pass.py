@@ -19,6 +19,9 @@ anything else (CUDA, bfloat16, training, the paged kernels) runs the torch modul
 
 from __future__ import annotations
 
+import operator
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -40,9 +43,9 @@ def usable(x: torch.Tensor, cache: PagedKVCache, lay: BatchLayout) -> bool:
 class _Linear:
     """One product: a quantized layer's blocks or a float32 weight, by address."""
 
-    __slots__ = ("bias", "code", "k", "n", "ptr", "quant", "tensors")
+    __slots__ = ("bias", "code", "k", "key", "n", "ptr", "quant", "tensors")
 
-    def __init__(self, mod: nn.Module) -> None:
+    def __init__(self, mod: nn.Module, slot: str = "") -> None:
         packed = getattr(mod, "packed_weight", None)  # a QuantLinear's blocks, packed for the products
         self.quant = packed is not None
         bias = getattr(mod, "bias", None)
@@ -60,10 +63,11 @@ class _Linear:
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.ptr = w.data_ptr()
         self.tensors = (w, self.bias)  # kept alive while the plan holds their addresses
+        self.key = (slot, self.n)  # its output's buffer in a pass's _Work
 
-    def __call__(self, x: torch.Tensor, threads: int) -> torch.Tensor:
-        """``x`` contiguous float32 ``[T, k]`` -> ``[T, n]``."""
-        out = torch.empty(x.shape[0], self.n)
+    def __call__(self, x: torch.Tensor, threads: int, work: _Work | None = None) -> torch.Tensor:
+        """``x`` contiguous float32 ``[T, k]`` -> ``[T, n]`` (a buffer of ``work``'s, if given)."""
+        out = torch.empty(x.shape[0], self.n) if work is None else work.get(self.key)
         if self.quant:
             _native().quant_matmul(self.code, self.ptr, self.n, self.k, x.data_ptr(), x.shape[0], out.data_ptr(),
                                    threads)
@@ -77,6 +81,25 @@ def _native():  # type: ignore[no-untyped-def]
     return native.module()
 
 
+class _Work:
+    """One pass's intermediate buffers, ``[rows, width]`` each, by (slot, width): every layer
+    reuses the previous layer's, since a layer's outputs are consumed before the next layer
+    writes them (a layer's last output, the next delta, is added into the residual stream
+    first of all). An allocation per product and per layer cost more than the small products."""
+
+    __slots__ = ("bufs", "rows")
+
+    def __init__(self, rows: int) -> None:
+        self.rows = rows
+        self.bufs: dict[tuple[str, int], torch.Tensor] = {}
+
+    def get(self, key: tuple[str, int]) -> torch.Tensor:
+        buf = self.bufs.get(key)
+        if buf is None:
+            buf = self.bufs[key] = torch.empty(self.rows, key[1])
+        return buf
+
+
 class _Norm:
     __slots__ = ("eps", "ptr", "unit", "w")
 
@@ -84,9 +107,11 @@ class _Norm:
         self.w = norm.weight.detach().float().contiguous()
         self.ptr, self.eps, self.unit = self.w.data_ptr(), float(norm.eps), bool(norm.unit_offset)
 
-    def __call__(self, x: torch.Tensor, delta: torch.Tensor | None = None) -> torch.Tensor:
-        """``x`` ``[rows, dim]`` contiguous (+= ``delta`` first, in place) -> its norm."""
-        out = torch.empty(x.shape)
+    def __call__(self, x: torch.Tensor, delta: torch.Tensor | None = None, out: torch.Tensor | None = None
+                 ) -> torch.Tensor:
+        """``x`` ``[rows, dim]`` contiguous (+= ``delta`` first, in place) -> its norm (into ``out``)."""
+        if out is None:
+            out = torch.empty(x.shape)
         _native().rw_add_rms_norm(x.data_ptr(), 0 if delta is None else delta.data_ptr(), self.ptr, x.shape[0],
                                   x.shape[1], self.eps, self.unit, out.data_ptr())
         return out
@@ -100,28 +125,33 @@ class _Layer:
         self.hq, self.hkv, self.d = attn.n_heads, attn.n_kv, attn.hd
         if self.d % 2:
             raise ValueError("RoPE needs an even head dim")
-        self.qkv = [_Linear(attn.wqkv)] if attn.fused else [_Linear(m) for m in (attn.wq, attn.wk, attn.wv)]
-        self.wo = _Linear(attn.wo)
+        self.qkv = ([_Linear(attn.wqkv, "qkv")] if attn.fused
+                    else [_Linear(m, s) for m, s in ((attn.wq, "q"), (attn.wk, "k"), (attn.wv, "v"))])
+        self.wo = _Linear(attn.wo, "o")
         self.q_norm = _Norm(attn.q_norm) if attn.q_norm is not None else None
         self.k_norm = _Norm(attn.k_norm) if attn.k_norm is not None else None
         self.attn = attn  # scale, window and soft-cap read on each pass: they are plain attributes
         self.attn_norm, self.ffn_norm = _Norm(block.attn_norm), _Norm(block.ffn_norm)
         self.post_attn = _Norm(block.post_attn_norm) if block.post_attn_norm is not None else None
         self.post_ffn = _Norm(block.post_ffn_norm) if block.post_ffn_norm is not None else None
-        self.gate_up = [_Linear(ffn.w_gate_up)] if ffn.fused else [_Linear(ffn.w_gate), _Linear(ffn.w_up)]
-        self.down = _Linear(ffn.w_down)
+        self.gate_up = ([_Linear(ffn.w_gate_up, "gate_up")] if ffn.fused
+                        else [_Linear(ffn.w_gate, "gate"), _Linear(ffn.w_up, "up")])
+        self.down = _Linear(ffn.w_down, "down")
+        self.dim = self.wo.n
+        self.keys = (("h", self.dim), ("qr", self.hq * self.d), ("att", self.hq * self.d),
+                     ("act", self.down.k))
         self.act = rowwise.ACTS["gelu_tanh" if ffn.gelu else "silu"]
         self.rope_index = block.rope_index
 
-    def _qkv(self, h: torch.Tensor, threads: int) -> list[tuple[torch.Tensor, int, int]]:
+    def _qkv(self, h: torch.Tensor, threads: int, work: _Work) -> list[tuple[torch.Tensor, int, int]]:
         """q, k, v as (tensor holding it, byte offset in a row, row stride in floats)."""
         hq, hkv, d = self.hq, self.hkv, self.d
         if len(self.qkv) == 1:
-            y = self.qkv[0](h, threads)
+            y = self.qkv[0](h, threads, work)
             w = y.shape[1]
             parts = [(y, 0, w), (y, hq * d * _F32, w), (y, (hq + hkv) * d * _F32, w)]
         else:
-            parts = [(p(h, threads), 0, p.n) for p in self.qkv]
+            parts = [(p(h, threads, work), 0, p.n) for p in self.qkv]
         if self.q_norm is not None and self.k_norm is not None:
             t = h.shape[0]
             for i, (norm, heads) in enumerate(((self.q_norm, hq), (self.k_norm, hkv))):
@@ -132,37 +162,38 @@ class _Layer:
 
     def forward(self, x: torch.Tensor, delta: torch.Tensor | None, rope: tuple[torch.Tensor, torch.Tensor],
                 k_cache: torch.Tensor, v_cache: torch.Tensor, rows: tuple[torch.Tensor, ...],
-                threads: int) -> torch.Tensor:
-        """x += delta; the block's own output (the next delta)."""
+                threads: int, work: _Work) -> torch.Tensor:
+        """x += delta; the block's own output (the next delta, a buffer of ``work``'s)."""
         m = _native()
         t, hq, hkv, d = x.shape[0], self.hq, self.hkv, self.d
-        h = self.attn_norm(x, delta)
-        (q, qo, qs), (k, ko, ks), (v, vo, vs) = self._qkv(h, threads)
+        h_key, qr_key, att_key, act_key = self.keys
+        h = self.attn_norm(x, delta, work.get(h_key))
+        (q, qo, qs), (k, ko, ks), (v, vo, vs) = self._qkv(h, threads, work)
         table, row_seq, row_pos, slots = rows
-        qr = torch.empty(t, hq, d)
+        qr = work.get(qr_key)
         m.rw_rope_append(q.data_ptr() + qo, qs, k.data_ptr() + ko, ks, v.data_ptr() + vo, vs, t, hq, hkv, d,
                          rope[0].data_ptr(), rope[1].data_ptr(), slots.data_ptr(), qr.data_ptr(),
                          k_cache.data_ptr(), v_cache.data_ptr())
-        att = torch.empty(t, hq, d)
+        att = work.get(att_key)
         attn = self.attn
         m.rw_attention(qr.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), k_cache.shape[1], hq, hkv, d,
                        table.data_ptr(), table.shape[1], row_seq.data_ptr(), row_pos.data_ptr(), t, float(attn.scale),
                        int(attn.window or 0), float(attn.softcap or 0.0), att.data_ptr(), threads)
-        a = self.wo(att.view(t, hq * d), threads)
+        a = self.wo(att, threads, work)
         if self.post_attn is not None:
             a = self.post_attn(a)
-        h = self.ffn_norm(x, a)
+        h = self.ffn_norm(x, a, h)  # q|k|v were read from h already
         if len(self.gate_up) == 1:
-            gu = self.gate_up[0](h, threads)
+            gu = self.gate_up[0](h, threads, work)
             f = gu.shape[1] // 2
             gate, gate_ptr, up_ptr, stride = gu, gu.data_ptr(), gu.data_ptr() + f * _F32, 2 * f
         else:
-            gate, up = (p(h, threads) for p in self.gate_up)
+            gate, up = (p(h, threads, work) for p in self.gate_up)
             f = gate.shape[1]
             gate_ptr, up_ptr, stride = gate.data_ptr(), up.data_ptr(), f
-        act = torch.empty(t, f)
+        act = work.get(act_key)
         m.rw_gated_act(gate_ptr, stride, up_ptr, stride, t, f, self.act, act.data_ptr())
-        out = self.down(act, threads)
+        out = self.down(act, threads, work)
         return out if self.post_ffn is None else self.post_ffn(out)
 
 
@@ -172,18 +203,26 @@ class Plan:
     def __init__(self, model: nn.Module) -> None:
         self.layers = [_Layer(b) for b in model.layers]
         self.norm = _Norm(model.norm)
-        # Where each tensor the plan reads is held, and its address then: a replaced module,
-        # parameter or storage (``param.data = ...``) shows as a changed address. Read from the
-        # modules' own dicts (nn.Module.__getattr__ would cost more than the check).
-        self.sources = [(d, name, d[name].data_ptr()) for mod in model.layers.modules()
-                        for d in (mod._parameters, mod._buffers) for name in d if d[name] is not None]
-        self.sources += [(model.norm._parameters, "weight", model.norm.weight.data_ptr())]
-        self.children = [(mod._modules, name, child) for mod in (model, *model.layers.modules())
-                         for name, child in mod._modules.items()]
+        # Where each tensor the plan reads is held, the tensor and its address then: a replaced
+        # module, parameter or storage (``param.data = ...``) shows as another object or a
+        # changed address. Read from the modules' own dicts (nn.Module.__getattr__ would cost
+        # more than the check), as columns that map() walks without a Python frame per entry.
+        held = [(d, name, d[name]) for mod in model.layers.modules() for d in (mod._parameters, mod._buffers)
+                for name in d if d[name] is not None]
+        held.append((model.norm._parameters, "weight", model.norm.weight))
+        children = [(mod._modules, name, child) for mod in (model, *model.layers.modules())
+                    for name, child in mod._modules.items()]
+        self.dicts, self.names, self.held = _columns([*held, *children])
+        self.tensors = tuple(t for _, _, t in held)
+        self.ptrs = tuple(t.data_ptr() for t in self.tensors)
 
     def current(self) -> bool:
-        return (all(d.get(name) is child for d, name, child in self.children)
-                and all(d.get(name) is not None and d[name].data_ptr() == ptr for d, name, ptr in self.sources))
+        return (all(map(operator.is_, map(dict.get, self.dicts, self.names), self.held))
+                and tuple(map(torch.Tensor.data_ptr, self.tensors)) == self.ptrs)
+
+
+def _columns(rows: list[tuple[dict[str, Any], str, object]]) -> tuple[tuple[Any, ...], ...]:
+    return tuple(zip(*rows, strict=True)) if rows else ((), (), ())
 
 
 def plan(model: nn.Module) -> Plan:
@@ -214,6 +253,7 @@ def forward(model: nn.Module, x: torch.Tensor, cache: PagedKVCache, lay: BatchLa
     rows = (table, row_seq, positions, slots)
     x = x.contiguous()
     delta: torch.Tensor | None = None
+    work = _Work(x.shape[0])
     for i, layer in enumerate(p.layers[: n_layers or len(p.layers)]):
-        delta = layer.forward(x, delta, ropes[layer.rope_index], cache.k[i], cache.v[i], rows, threads)
-    return p.norm(x, delta)
+        delta = layer.forward(x, delta, ropes[layer.rope_index], cache.k[i], cache.v[i], rows, threads, work)
+    return p.norm(x, delta)  # a tensor of its own: the caller keeps it

@@ -57,3 +57,28 @@ def test_quantized_pass_with_biases_gives_the_torch_modules_logits(form: str) ->
         modules = ModelRunner(model, block_size=4).prefill(b"s", PROMPT)
     # Float rounding apart (attention, norms summed in another order), the same values.
     torch.testing.assert_close(fast, modules, rtol=0, atol=1e-3 * float(modules.abs().max()))
+
+
+@pytest.mark.parametrize("how", ["storage", "parameter", "module"])
+def test_a_replaced_weight_is_read_by_the_next_pass(how: str) -> None:
+    """The plan holds weights by address: after a weight's storage, its parameter or its
+    module is replaced, the next pass reads the new weight (the plan is rebuilt)."""
+    model = random_model(QWEN2, seed=1)
+    runner = ModelRunner(model, block_size=4)
+    before = runner.prefill(b"a", PROMPT)
+    attn = model.layers[0].attn
+    new = torch.randn_like(attn.wo.weight)
+    with torch.no_grad():
+        if how == "storage":
+            attn.wo.weight.data = new
+        elif how == "parameter":
+            attn.wo.weight = torch.nn.Parameter(new)
+        else:
+            wo = torch.nn.Linear(new.shape[1], new.shape[0], bias=False)
+            wo.weight.copy_(new)
+            attn.wo = wo
+    fast = runner.prefill(b"b", PROMPT)
+    with mock.patch.object(cpu_pass, "usable", lambda *_: False):
+        modules = ModelRunner(model, block_size=4).prefill(b"s", PROMPT)
+    torch.testing.assert_close(fast, modules, rtol=0, atol=1e-3 * float(modules.abs().max()))
+    assert not torch.allclose(fast, before)
