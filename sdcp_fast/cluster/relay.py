@@ -131,12 +131,12 @@ def install(net: Network, rtt_ms: float, *, method: str | None = None, timeout: 
     if method != "relay":
         raise ValueError(f"unknown delay method {method!r} (netem, relay)")
     tun, table = tun_name(net), table_of(net)
-    relay = subprocess.Popen([sys.executable, "-m", "sdcp_fast.cluster.relay", "--tun", tun,
+    child = subprocess.Popen([sys.executable, "-m", "sdcp_fast.cluster.relay", "--tun", tun,
                               "--one-way-ms", repr(rtt_ms / 2)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              start_new_session=True)
-    delay = Delay(rtt_ms, "relay", relay.pid, tun, table)
+    delay = Delay(rtt_ms, "relay", child.pid, tun, table)
     try:
-        _wait_ready(relay, timeout)
+        _wait_ready(child, timeout)
         ip("link", "set", tun, "up")
         for dev in (net.bridge, tun):
             _sysctl(f"net/ipv4/conf/{dev}/forwarding", "1")
@@ -154,14 +154,15 @@ def install(net: Network, rtt_ms: float, *, method: str | None = None, timeout: 
     return delay
 
 
-def _wait_ready(relay: subprocess.Popen[bytes], timeout: float) -> None:
-    assert relay.stdout is not None
-    ready, _, _ = select.select([relay.stdout], [], [], timeout)
-    line = relay.stdout.readline() if ready else b""
+def _wait_ready(child: subprocess.Popen[bytes], timeout: float) -> None:
+    assert child.stdout is not None and child.stderr is not None
+    ready, _, _ = select.select([child.stdout], [], [], timeout)
+    line = child.stdout.readline() if ready else b""
     if line.strip() != b"ready":
-        relay.kill()
-        err = relay.stderr.read().decode(errors="replace") if relay.stderr and relay.poll() is not None else ""
-        raise NetnsError(f"the delay relay did not start: {err.strip() or line.decode(errors='replace')}")
+        child.kill()
+        child.wait()
+        err = child.stderr.read().decode(errors="replace").strip() or f"no answer in {timeout:g} s"
+        raise NetnsError(f"the delay relay did not start: {err}")
 
 
 def _isolate(port: str) -> None:
