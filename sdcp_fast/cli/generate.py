@@ -53,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
             temperature_milli=None if args.temperature is None else round(args.temperature * 1000),
             top_k=args.top_k, top_p_milli=None if args.top_p is None else round(args.top_p * 1000), seed=args.seed)
     res = generate(target.scorer, drafter, [prompt], args.max_new, m=args.m or None, rule=args.rule,
-                   sampling=sampling, stop=target.stop, seed=args.seed or 0, backend=args.backend)[0]
+                   sampling=sampling, stop=target.stop, seed=args.seed or 0, backend=args.backend,
+                   target_digest=target.digest)[0]
     out = target.decode(res.tokens)
     if args.json:
         print(json.dumps({"tokens": res.tokens, "text": out, "accepted": res.accepted, "proposed": res.proposed,

@@ -250,11 +250,14 @@ def generate(
     backend: str = "auto",
     mlc: Store | None = None,
     on_round: Callable[[RoundInfo], None] | None = None,
+    target_digest: bytes | None = None,
 ) -> list[SessionResult]:
     """Decode every prompt through the roles: ``drafter=None`` is target-only decoding (the
     verifier decodes each session itself, §6.5.2 self_decode). ``m`` fixes M (None: §6.2's
     choice from measured costs); ``sampling`` is the rule-2 :class:`~sdcp_fast.protocol.Sampling`;
-    ``on_round`` sees each committed round (a bench marks its steady state by them)."""
+    ``on_round`` sees each committed round (a bench marks its steady state by them).
+    ``target_digest``: the scorer's weights digest where the caller has it (the catalog's),
+    else it is computed here, a hash over every weight (a second of CPU for SmolLM2)."""
     import tempfile
 
     from sdcp_fast.store import embedded
@@ -267,7 +270,7 @@ def generate(
             # nothing durable, and costs a round a disk flush and a thread hop's wait.
             own = mlc = embedded(root, sync_logs=False)
         try:
-            engine = Engine(scorer, drafters, mlc, target_digest=scorer_digest(scorer),
+            engine = Engine(scorer, drafters, mlc, target_digest=target_digest or scorer_digest(scorer),
                             tokenizer_digest=model_digest("tokenizer"), backend=backend, seed=seed,
                             fixed_m=m, adaptive_m=m is None, on_round=on_round)
             specs = [spec_for(p, max_new=max_new, rule=rule, sampling=sampling, stop=stop, m=m) for p in prompts]

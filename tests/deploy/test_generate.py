@@ -50,3 +50,21 @@ def test_rule2_is_reproducible_with_a_seed(small_model) -> None:
     d = generate(target, None, PROMPTS, 10, rule=2, sampling=sp, seed=7)
     assert [r.tokens for r in d] == [r.tokens for r in generate(target, None, PROMPTS, 10, rule=2, sampling=sp,
                                                                   seed=7)]
+
+
+def test_a_target_digest_given_is_not_computed_again(small_model, monkeypatch) -> None:
+    """The command line has the target's digest from the catalog: generate takes it instead
+    of hashing every weight again, and the run is the same."""
+    from sdcp_fast.deploy import local
+    from sdcp_fast.model.contract_digests import scorer_digest
+
+    target = ModelRunner(small_model, block_size=4)
+    digest = scorer_digest(target)
+    hashed = generate(target, None, PROMPTS[:1], 6)[0]
+
+    def refuse(scorer: object) -> bytes:
+        raise AssertionError("the weights were hashed again")
+
+    monkeypatch.setattr(local, "scorer_digest", refuse)
+    given = generate(target, None, PROMPTS[:1], 6, target_digest=digest)[0]
+    assert (given.tokens, given.digest, given.chain_ok) == (hashed.tokens, hashed.digest, True)
