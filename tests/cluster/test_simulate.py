@@ -1,7 +1,8 @@
 """``sdcp-fast cluster up|down`` on simulated hosts: three namespaces whose etcd members form
 one cluster over the bridge, an MLC node per host registered in it (started again when it
 exits), a host cut off (its link
-down) leaving the registry once its lease expires and coming back once the link is up, and
+down) leaving the registry once its lease expires and coming back once the link is up, a
+host killed and started again (``simulate.restart``) rejoining etcd from its data, and
 nothing left after ``down``."""
 
 from __future__ import annotations
@@ -95,3 +96,22 @@ def test_a_host_that_cannot_start_takes_the_whole_cluster_down_and_says_why(clus
     assert not (cluster_dir / "cluster.json").exists()
     tag = json.loads((cluster_dir / "cluster.down.json").read_text())["tag"]
     assert not [name for name in [*namespaces(), *link_names()] if tag in name]
+
+
+def test_a_killed_host_restarts_its_etcd_member_from_its_data(cluster_dir: Path) -> None:
+    spec = only(layout(3), ("etcd",))
+    simulate.up(cluster_dir, spec, timeout=120)
+    net = simulate.network(cluster_dir)
+    old = node_pids(cluster_dir, "h2")
+    net.kill("h2")
+    deadline = time.monotonic() + 30
+    while net.pids("h2"):
+        assert time.monotonic() < deadline, f"h2 still runs {net.pids('h2')}"
+        time.sleep(0.1)
+    simulate.restart(cluster_dir, "h2", timeout=120)
+    assert node_pids(cluster_dir, "h2")["etcd-h2"] != old["etcd-h2"]
+    state = json.loads((cluster_dir / "cluster.json").read_text())
+    assert {p["name"]: p["pid"] for h in state["hosts"] if h["name"] == "h2" for p in h["processes"]} == node_pids(
+        cluster_dir, "h2")  # cluster.json names the new processes
+    h2 = spec.host("h2").address
+    assert etcd_members(f"http://{h2}:{spec.ports['etcd']}") == ["etcd-h1", "etcd-h2", "etcd-h3"]
