@@ -353,8 +353,8 @@ async def serve(handler: Handler, host: str, port: int, *, ssl: ssl_module.SSLCo
     ``ssl`` is a :func:`~sdcp_fast.transport.tls.server_context`; without it ``insecure``
     must be set, and then only a loopback ``host`` is accepted (h2c with prior knowledge).
     ``base_path`` is the path of the instance's base URI; request paths are given relative
-    to it. The server is this module's or, where chosen, the native one
-    (:mod:`~sdcp_fast.transport.nativeserver`, ``SDCP_SERVER``): the same behaviour either way."""
+    to it. The server is the native one where it is built (:mod:`~sdcp_fast.transport.nativeserver`,
+    ``SDCP_SERVER``), else this module's: the same behaviour either way."""
     if ssl is None:
         if not insecure:
             raise ValueError("serve() needs an SSL context (mutual TLS) unless insecure=True")
