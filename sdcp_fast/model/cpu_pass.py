@@ -33,6 +33,13 @@ from .batch_layout import BatchLayout
 from .kv_cache import PagedKVCache
 
 _F32 = 4  # bytes per float32: offsets into a fused product's rows
+# Multiply-adds (rows x n x k) from which a product is split over the pass's threads. A split
+# costs a fork and a join: with OpenMP's passive wait a futex wake-up of the other thread and a
+# sleep at the barrier, tens of microseconds on a loaded machine, which the small products of a
+# one-row pass (SmolLM2's q|k|v, output and down: 10-35 us) never win back. At 2 threads a
+# one-position pass of SmolLM2 q4 took 7.1 ms of CPU (7.4 ms wall) splitting only from here,
+# against 7.7 ms (8.1 ms) splitting every product, medians, interleaved, load 7.
+PARALLEL_FROM = 1_500_000
 
 
 def usable(x: torch.Tensor, cache: PagedKVCache, lay: BatchLayout) -> bool:
@@ -43,7 +50,7 @@ def usable(x: torch.Tensor, cache: PagedKVCache, lay: BatchLayout) -> bool:
 class _Linear:
     """One product: a quantized layer's blocks or a float32 weight, by address."""
 
-    __slots__ = ("bias", "code", "k", "key", "n", "ptr", "quant", "tensors")
+    __slots__ = ("bias", "code", "k", "key", "n", "ptr", "quant", "tensors", "work")
 
     def __init__(self, mod: nn.Module, slot: str = "") -> None:
         packed = getattr(mod, "packed_weight", None)  # a QuantLinear's blocks, packed for the products
@@ -64,10 +71,13 @@ class _Linear:
         self.ptr = w.data_ptr()
         self.tensors = (w, self.bias)  # kept alive while the plan holds their addresses
         self.key = (slot, self.n)  # its output's buffer in a pass's _Work
+        self.work = self.n * self.k  # multiply-adds per row
 
     def __call__(self, x: torch.Tensor, threads: int, work: _Work | None = None) -> torch.Tensor:
         """``x`` contiguous float32 ``[T, k]`` -> ``[T, n]`` (a buffer of ``work``'s, if given)."""
         out = torch.empty(x.shape[0], self.n) if work is None else work.get(self.key)
+        if threads > 1 and x.shape[0] * self.work < PARALLEL_FROM:
+            threads = 1
         if self.quant:
             _native().quant_matmul(self.code, self.ptr, self.n, self.k, x.data_ptr(), x.shape[0], out.data_ptr(),
                                    threads)

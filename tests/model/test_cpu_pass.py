@@ -82,3 +82,25 @@ def test_a_replaced_weight_is_read_by_the_next_pass(how: str) -> None:
         modules = ModelRunner(model, block_size=4).prefill(b"s", PROMPT)
     torch.testing.assert_close(fast, modules, rtol=0, atol=1e-3 * float(modules.abs().max()))
     assert not torch.allclose(fast, before)
+
+
+def test_a_product_splits_over_threads_only_from_parallel_from(monkeypatch) -> None:
+    """A small product runs on the calling thread whatever the pass's threads (a fork and a
+    join cost more than it); one of at least PARALLEL_FROM multiply-adds splits."""
+    model = _model("q4")
+    lin = cpu_pass._Linear(next(m for m in model.layers.modules() if isinstance(m, quant_weights.QuantLinear)))
+    monkeypatch.setattr(cpu_pass, "PARALLEL_FROM", 3 * lin.n * lin.k)
+    real = native.module()
+    asked: list[int] = []
+
+    class Spy:
+        def quant_matmul(self, *args):  # type: ignore[no-untyped-def]
+            asked.append(args[-1])
+            return real.quant_matmul(*args)
+
+    monkeypatch.setattr(cpu_pass, "_native", Spy)
+    x = torch.randn(3, lin.k)
+    split = lin(x, 2)
+    one = lin(x[:2].contiguous(), 2)
+    assert asked == [2, 1]
+    assert torch.equal(split[:2], one)  # the same bits either way
