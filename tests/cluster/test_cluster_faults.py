@@ -4,7 +4,8 @@ gives). The tests share one cluster and run in this order, each leaving it servi
 losing one etcd member mid-stream changes nothing; cutting off the active verifier's host
 makes the router fence and fail over, and the old verifier commits nothing after the fence
 (its etcd log); kill -9 of every process of the active verifier's host moves the session
-to the other verifier's host. Streams go through h1's front end (h1 holds no verifier)."""
+to the other verifier's host; and one stream survives both, one after the other. Streams go
+through h1's front end (h1 holds no verifier)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from sdcp_fast.cluster import simulate
 from sdcp_fast.cluster.etcd_client import EtcdClient, b64
 from sdcp_fast.cluster.membership import ROOT, range_end
 from sdcp_fast.cluster.spec import ClusterSpec, load
-from sdcp_fast.commitlog.etcd import EtcdCommitLog
+from sdcp_fast.commitlog.etcd import EtcdCommitLog, EtcdError
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.routing import RoutedSession
 from sdcp_fast.protocol.routing_records import decode_record
@@ -59,7 +60,8 @@ def host_of(spec: ClusterSpec, uri: str) -> str:
     return next(h.name for h in spec.hosts if h.address == address)
 
 
-def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None]) -> tuple[str, RoutedSession]:
+def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None],
+           max_tokens: int = N) -> tuple[str, RoutedSession]:
     """A streamed completion of ``prompt`` through h1's front end; once its first text came,
     ``fault`` is applied to its session (as etcd's routing record holds it). The whole text
     and the session as it was when the fault came."""
@@ -67,7 +69,7 @@ def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None])
     spec = load(directory / "cluster.toml")
     before = {r.session for r in sessions(spec)}
     request = urllib.request.Request(endpoints["frontends"][0] + "completions", data=json.dumps(
-        {"model": "toy", "prompt": prompt, "max_tokens": N, "stream": True, "temperature": 0}).encode(), headers={
+        {"model": "toy", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}).encode(), headers={
         "Authorization": f"Bearer {endpoints['api_key']}", "Content-Type": "application/json"})
     text, faulted = [], None
     with opened(request) as r:
@@ -175,3 +177,65 @@ def test_kill_9_of_the_active_verifier_s_host_moves_the_session(cluster: tuple[P
     assert text == greedy_text(prompt, N)
     moved = after(spec, routed.session)
     assert moved.epoch > routed.epoch and host_of(spec, moved.verifier) != killed[0]
+
+
+def test_a_stream_survives_its_verifier_s_host_killed_then_the_next_one_cut_off(
+        cluster: tuple[Path, ClusterSpec]) -> None:
+    """One stream, two faults: kill -9 of the active verifier's host moves the session to the
+    other verifier's host, which is then cut off. With it, two of the three etcd members are
+    gone, so nothing commits until the killed host's node is started again: its etcd member
+    rejoins from its data, its verifier registers, and the router fails the session over to
+    it. The text equals an uninterrupted run's."""
+    import threading
+
+    directory, spec = cluster
+    net = simulate.network(directory)
+    for host in spec.hosts:  # a host the test before killed starts again
+        if not net.pids(host.name):
+            simulate.restart(directory, host.name)
+    order: list[tuple[str, int]] = []  # (the session's verifier host, epoch) after each move
+    cut: list[str] = []
+    failed: list[BaseException] = []
+
+    def moved_from(session: bytes, host: str, epoch: int, deadline: float) -> RoutedSession:
+        while True:
+            try:
+                now = after(spec, session)
+            except (OSError, EtcdError):
+                now = None  # no quorum while two members are away: ask again
+            if now is not None and now.epoch > epoch and host_of(spec, now.verifier) != host:
+                return now
+            assert time.monotonic() < deadline, f"the session never left {host} (epoch {epoch})"
+            time.sleep(0.05)
+
+    def chain(routed: RoutedSession) -> None:
+        try:
+            first = host_of(spec, routed.verifier)
+            net.kill(first)
+            moved = moved_from(routed.session, first, routed.epoch, time.monotonic() + 120)
+            order.append((host_of(spec, moved.verifier), moved.epoch))
+            cut.append(order[0][0])
+            net.cut_off(cut[0])
+            simulate.restart(directory, first, wait_routers=False)
+            back = moved_from(routed.session, cut[0], moved.epoch, time.monotonic() + 180)
+            order.append((host_of(spec, back.verifier), back.epoch))
+        except BaseException as exc:  # noqa: BLE001 - the test asserts on it
+            failed.append(exc)
+        finally:
+            for host in cut:
+                net.restore(host)
+
+    threads: list[threading.Thread] = []
+
+    def start_chain(routed: RoutedSession) -> None:
+        threads.append(threading.Thread(target=chain, args=(routed,), daemon=True))
+        threads[0].start()
+
+    prompt = "every session is verified twice"
+    text, routed = stream(directory, prompt, start_chain, max_tokens=400)
+    threads[0].join(240)
+    assert not failed, failed
+    assert text == greedy_text(prompt, 400)
+    first = host_of(spec, routed.verifier)
+    assert [h for h, _ in order] == [cut[0], first], order
+    assert order[0][1] > routed.epoch and order[1][1] > order[0][1]
