@@ -40,6 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="copies of each object, each in another node's segment where there are several")
     parser.add_argument("--mooncake-hostname", metavar="ADDR",
                         help="address other nodes reach this one at (default: the one on the route to the master)")
+    parser.add_argument("--mooncake-attach-later", action="store_true",
+                        help="start without Mooncake Store when its master does not answer (the other tiers "
+                             "serve), and attach once it does; without it such a start fails")
     parser.add_argument("--max-objects", type=int, default=None, help="objects the index holds at most "
                         "(default 262144; least recently used unleased ones are evicted beyond)")
     parser.add_argument("--max-open-logs", type=int, default=64, help="commit logs open at once (descriptors)")
@@ -117,7 +120,7 @@ def _mooncake(args: argparse.Namespace) -> Any:
     host = args.mooncake_master.rpartition(":")[0] or "127.0.0.1"
     return MooncakeConfig(args.mooncake_master, args.mooncake_metadata or f"http://{host}:8080/metadata",
                           segment_bytes=args.mooncake_segment_mib << 20, replicas=args.mooncake_replicas,
-                          hostname=args.mooncake_hostname)
+                          hostname=args.mooncake_hostname, attach_later=args.mooncake_attach_later)
 
 
 async def _serve_h2(args: argparse.Namespace, security: Any, store: Any, ready: Callable[[int], None]) -> None:

@@ -36,7 +36,7 @@ from typing import Any
 
 from sdcp_fast.cluster.membership import Member, cert_digest
 from sdcp_fast.cluster.membership_etcd import Membership
-from sdcp_fast.cluster.mooncake_master import master_argv, mlc_args
+from sdcp_fast.cluster.mooncake_master import MASTER_WAIT_S, master_argv, mlc_args
 from sdcp_fast.cluster.spec import NOT_SDCP, ClusterSpec, Instance
 from sdcp_fast.commitlog.etcd import EtcdError
 from sdcp_fast.deploy.up import REAL_DRAFTERS, TOY_DRAFTERS, Service, Up
@@ -149,8 +149,14 @@ class Node:
         self.membership = Membership(self.spec.token, [("127.0.0.1", self.spec.ports["etcd"])]
                                      if any(i.role == "etcd" for i in self.mine) else self.spec.etcd_clients())
         master = self.spec.mooncake_master()
-        if master is not None and any(i.role == "mlc" for i in self.mine):  # an MLC node's tier needs it
-            wait_port(master.address, master.port, deadline)
+        if master is not None and any(i.role == "mlc" for i in self.mine):
+            # A master that is away is attached to later (mlc_args); the wait spares a cluster
+            # starting all at once its first objects kept outside the store.
+            try:
+                wait_port(master.address, master.port, min(deadline, time.monotonic() + MASTER_WAIT_S))
+            except TimeoutError:
+                log.warning("%s: no Mooncake master at %s; the MLC node starts without the store",
+                            self.host.name, master.uri)
         for i in self.mine:
             if i.role == "mlc":
                 self.launch(i)

@@ -23,6 +23,8 @@ STORE_MIB = 512  # what each MLC node keeps in the store at most
 # A read keeps an object from removal this long (the master's default is 10 s, which defers
 # every drop of an object just read).
 READ_LEASE_MS = 1000
+# How long a starting host waits for the master before its MLC node starts without the store.
+MASTER_WAIT_S = 30.0
 
 
 def binary() -> Path:
@@ -54,11 +56,13 @@ def master_argv(spec: ClusterSpec, me: Instance) -> list[str]:
 
 
 def mlc_args(spec: ClusterSpec, me: Instance) -> list[str]:
-    """What ``sdcp-fast mlc`` on ``me``'s host adds to use the store: none without a master."""
+    """What ``sdcp-fast mlc`` on ``me``'s host adds to use the store: none without a master. A
+    node that starts while the master's host is down serves without the store and attaches when
+    the master answers (``--mooncake-attach-later``), so that host's roles start all the same."""
     master = spec.mooncake_master()
     if master is None:
         return []
     return ["--mooncake-master", master.uri,
             "--mooncake-metadata", f"http://{master.address}:{spec.ports['mooncake-metadata']}/metadata",
             "--mooncake-hostname", me.address, "--mooncake-segment-mib", str(SEGMENT_MIB),
-            "--mooncake-mib", str(STORE_MIB)]
+            "--mooncake-mib", str(STORE_MIB), "--mooncake-attach-later"]

@@ -65,12 +65,14 @@ class Master:
 
 @contextmanager
 def running_master(*, lease_ms: int = 200, client_ttl_s: int = 2, host: str = "127.0.0.1",
-                   wrap: Sequence[str] = ()) -> Iterator[Master]:
+                   wrap: Sequence[str] = (), ports: tuple[int, int] | None = None) -> Iterator[Master]:
     """``lease_ms``: the master's read lease, during which an object just read cannot be
     removed; short here so deletions are not deferred for long. ``wrap``: what runs the master
-    (``ip netns exec NS`` on a simulated host whose address is ``host``)."""
+    (``ip netns exec NS`` on a simulated host whose address is ``host``). ``ports``: its RPC and
+    metadata ports, for a client configured before the master starts (default: free ones)."""
     binary = master_binary()
-    rpc, meta, metrics = free_port(), free_port(), free_port()
+    rpc, meta = ports or (free_port(), free_port())
+    metrics = free_port()
     log = tempfile.TemporaryFile()  # a pipe nobody drains would stall the master's logging
     proc = subprocess.Popen(
         [*wrap, str(binary), f"--rpc_port={rpc}", f"--rpc_address={host}", "--rpc_thread_num=2",

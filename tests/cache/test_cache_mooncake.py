@@ -5,6 +5,7 @@ writer, an object read after its writer's process is killed, and the master's de
 from __future__ import annotations
 
 import argparse
+import itertools
 import signal
 import subprocess
 import sys
@@ -16,8 +17,10 @@ from typing import TypeVar
 import pytest
 
 from sdcp_fast.cache import MLC, ObjectUnavailable, object_uri
+from sdcp_fast.cache.tiers import mooncake
 from sdcp_fast.cache.tiers.host import HostTier
-from sdcp_fast.cache.tiers.mooncake import RETRY_AFTER_S, MooncakeTier, TierUnreachable
+from sdcp_fast.cache.tiers.mooncake import RETRY_AFTER_S, MooncakeConfig, MooncakeTier, TierUnreachable
+from sdcp_fast.deploy.up import free_port
 from tests.cache.mlc_mooncake import Master, running_master
 from tests.cache.mooncake_writer import payload
 
@@ -220,9 +223,6 @@ def test_a_master_that_does_not_answer_stalls_one_call_then_none(clock):
 
 
 def test_no_master_is_one_clear_error_at_once():
-    from sdcp_fast.cache.tiers.mooncake import MooncakeConfig
-    from sdcp_fast.deploy.up import free_port
-
     config = MooncakeConfig(f"127.0.0.1:{free_port()}", "P2PHANDSHAKE", segment_bytes=0, hostname="127.0.0.1")
     started = time.monotonic()
     with pytest.raises(TierUnreachable, match="no Mooncake master answers"):
@@ -244,8 +244,6 @@ def test_sdcp_fast_mlc_builds_the_mooncake_tier_from_its_options():
 
 
 def test_sdcp_fast_mlc_without_its_master_says_so_in_one_line(tmp_path):
-    from sdcp_fast.deploy.up import free_port
-
     proc = subprocess.run([sys.executable, "-m", "sdcp_fast", "mlc", "--insecure", "--port", "0", "--root",
                            str(tmp_path), "--mooncake-master", f"127.0.0.1:{free_port()}"],
                           capture_output=True, text=True, timeout=120)
@@ -272,7 +270,6 @@ def test_a_put_bound_for_the_networked_tier_is_not_run_inline(clock):
 
 def test_sdcp_fast_mlc_serves_what_a_takeover_reads_from_mooncake(master, tmp_path):
     from sdcp_fast.cache.http_client import RemoteMLC
-    from sdcp_fast.deploy.up import free_port
 
     port = free_port()
     proc = subprocess.Popen(
@@ -291,3 +288,78 @@ def test_sdcp_fast_mlc_serves_what_a_takeover_reads_from_mooncake(master, tmp_pa
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=60)
     assert proc.returncode == 0
+
+
+def placed_in_mooncake(put: Callable[[str, bytes], object]) -> Callable[[], bool | None]:
+    """A check for ``until``: True once a new target_kv put lands in the store."""
+    fresh = itertools.count(100)
+
+    def check() -> bool | None:
+        n = next(fresh)
+        return getattr(put(uri("target_kv", n), blob(n % 256)), "tier", None) == "mooncake" or None
+
+    return check
+
+
+def test_a_tier_built_before_its_master_serves_without_it_then_attaches(clock, monkeypatch):
+    """With attach_later and no master the tier answers TierUnreachable at once and the MLC
+    keeps objects on this host; once a master listens where it was told, puts land in the store."""
+    monkeypatch.setattr(mooncake, "RETRY_AFTER_S", 0.5)
+    rpc, meta = free_port(), free_port()
+    config = MooncakeConfig(f"127.0.0.1:{rpc}", f"http://127.0.0.1:{meta}/metadata", segment_bytes=16 << 20,
+                            buffer_bytes=8 << 20, hostname="127.0.0.1", attach_later=True)
+    started = time.monotonic()
+    tier = MooncakeTier(1 << 20, config, prefix="t9:")
+    mlc = MLC([HostTier(1 << 20), tier], clock=clock)
+    try:
+        assert time.monotonic() - started < 30, "the client's own setup would retry for about 90 s"
+        with pytest.raises(TierUnreachable):
+            tier.probe("anything")
+        assert mlc.put(uri("target_kv", 1), blob(1)).tier == "host", "this host keeps it instead"
+        assert bytes(mlc.get(uri("target_kv", 1))) == blob(1)
+        mlc.delete(uri("target_kv", 1))
+        with running_master(ports=(rpc, meta)) as m:
+            until(placed_in_mooncake(mlc.put), "a put landing in the store once the master answers")
+            other = MooncakeTier(1 << 20, m.config(segment_bytes=0), prefix="t9:")
+            try:
+                assert other.probe(uri("target_kv", 100)) == 2048, "another node reads what it put"
+            finally:
+                other.close()
+            mlc.close()
+    finally:
+        mlc.close()
+
+
+def test_a_tier_with_attach_later_and_its_master_up_attaches_at_once(master):
+    tier = MooncakeTier(1 << 20, master.config(attach_later=True), prefix="t10:")
+    try:
+        assert bytes(tier.read(tier.write("x", blob(3)))) == blob(3)
+    finally:
+        tier.close()
+
+
+def test_sdcp_fast_mlc_with_attach_later_serves_without_its_master_then_attaches(tmp_path):
+    from sdcp_fast.cache.http_client import RemoteMLC
+
+    port, rpc, meta = free_port(), free_port(), free_port()
+    log = tmp_path / "mlc.err"
+    with log.open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sdcp_fast", "mlc", "--insecure", "--port", str(port), "--root",
+             str(tmp_path / "root"), "--host-mib", "16", "--disk-mib", "16", "--mooncake-master", f"127.0.0.1:{rpc}",
+             "--mooncake-metadata", f"http://127.0.0.1:{meta}/metadata", "--mooncake-segment-mib", "16",
+             "--mooncake-hostname", "127.0.0.1", "--mooncake-attach-later"],
+            stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        assert proc.stdout is not None
+        assert f"serving http://127.0.0.1:{port}" in proc.stdout.readline(), log.read_text()  # EOF if it exits
+        assert "serving without the tier" in log.read_text()
+        with RemoteMLC(f"http://127.0.0.1:{port}") as mlc:
+            assert mlc.put(uri("target_kv", 1), blob(1)).tier == "host"
+            with running_master(ports=(rpc, meta)):
+                until(placed_in_mooncake(mlc.put), "a put landing in the store once the master answers", 60)
+                assert "attached to the master" in log.read_text()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0, log.read_text()

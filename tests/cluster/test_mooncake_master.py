@@ -4,10 +4,12 @@ segment and reach it at that host's address."""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
+from sdcp_fast.cli import mlc as mlc_cli
 from sdcp_fast.cluster.host_part import role_argv
 from sdcp_fast.cluster.mooncake_master import master_argv, mlc_args
 from sdcp_fast.cluster.spec import default_layout, only, parse
@@ -41,7 +43,11 @@ def test_every_mlc_node_lends_the_master_a_segment_and_reaches_it_by_its_host_s_
         assert option(extra, "--mooncake-master") == ["198.18.0.11:50051"]
         assert option(extra, "--mooncake-metadata") == ["http://198.18.0.11:8080/metadata"]
         assert option(extra, "--mooncake-hostname") == [mlc.address]
+        assert "--mooncake-attach-later" in extra, "a node started while the master is away attaches later"
         assert not set(extra) & set(role_argv(spec, mlc, tmp_path, "toy"))  # flags of their own
+        parser = argparse.ArgumentParser()
+        mlc_cli.add_arguments(parser)
+        assert parser.parse_args(extra).mooncake_attach_later
     assert mlc_args(only(spec, ("etcd", "mlc")), spec.instances("mlc")[0]) == []
 
 

@@ -9,6 +9,7 @@ values under ``<prefix><uri>``; instances sharing a master and prefix see each o
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
@@ -33,6 +34,11 @@ SETUP_PROBE_S = 5.0
 # After the master failed to answer, calls fail at once for this long: each try holds the
 # MLC's lock for up to the RPC timeout, and a cut-off master would stall every call on the host.
 RETRY_AFTER_S = 5.0
+# How long a tier built with ``attach_later`` waits for the master's port on each try: it holds
+# the MLC's lock, and a master whose host is down does not refuse, it is silent.
+ATTACH_PROBE_S = 1.0
+
+log = logging.getLogger("sdcp_fast.cache")
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,10 @@ class MooncakeConfig:
     ``hostname``: the address other nodes reach this one at (default: this machine's address
     on the route to the master). ``rpc_timeout_ms``: how long a call waits for the master
     (the client's ``MC_RPC_TIMEOUT_MS``, 30 s by default, for the whole process; an
-    ``MC_RPC_TIMEOUT_MS`` already in the environment wins)."""
+    ``MC_RPC_TIMEOUT_MS`` already in the environment wins). ``attach_later``: with no master
+    answering, the tier is built without one, every call answers TierUnreachable, and one call
+    every ``RETRY_AFTER_S`` at most tries to set the client up (a cluster node that starts while
+    the master's host is down serves without the tier until it answers)."""
 
     master: str
     metadata: str
@@ -57,6 +66,7 @@ class MooncakeConfig:
     hostname: str | None = None
     protocol: str = "tcp"
     rpc_timeout_ms: int = 2000
+    attach_later: bool = False
 
     def master_address(self) -> tuple[str, int]:
         host, _, port = self.master.rpartition(":")
@@ -79,25 +89,45 @@ class MooncakeTier:
         self.capacity = capacity
         self.prefix = prefix
         self.config = config
+        self._s: Any = None
+        self._replicate: Any = None
+        self._pending: list[str] = []
+        self._down_until = 0.0
+        if not config.attach_later:
+            self._attach(SETUP_PROBE_S)
+        elif not self._try_attach():
+            log.warning("Mooncake Store: no master answers at %s; serving without the tier, trying again "
+                        "every %g s", config.master, RETRY_AFTER_S)
+
+    def _attach(self, probe_s: float) -> None:
         try:
             # The client's setup retries an absent master for about 90 s before it gives up.
-            socket.create_connection(config.master_address(), timeout=SETUP_PROBE_S).close()
+            socket.create_connection(self.config.master_address(), timeout=probe_s).close()
         except OSError as exc:
-            raise TierUnreachable(f"no Mooncake master answers at {config.master}: {exc}") from None
-        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(config.rpc_timeout_ms))
+            raise TierUnreachable(f"no Mooncake master answers at {self.config.master}: {exc}") from None
+        os.environ.setdefault("MC_RPC_TIMEOUT_MS", str(self.config.rpc_timeout_ms))
         from mooncake.store import MooncakeDistributedStore, ReplicateConfig
 
-        self._s = MooncakeDistributedStore()
-        rc = self._s.setup(config.local_address(), config.metadata, config.segment_bytes, config.buffer_bytes,
-                           config.protocol, "", config.master)
+        store = MooncakeDistributedStore()
+        config = self.config
+        rc = store.setup(config.local_address(), config.metadata, config.segment_bytes, config.buffer_bytes,
+                         config.protocol, "", config.master)
         if rc != 0:
             raise TierUnreachable(f"Mooncake Store at {config.master} (metadata {config.metadata}) refused "
                                   f"the client: setup returned {rc}")
+        replicate = ReplicateConfig()
+        replicate.replica_num = config.replicas
+        self._s, self._replicate = store, replicate
 
-        self._replicate = ReplicateConfig()
-        self._replicate.replica_num = config.replicas
-        self._pending: list[str] = []
-        self._down_until = 0.0
+    def _try_attach(self) -> bool:
+        """Set the client up if the master answers; otherwise the next try waits RETRY_AFTER_S."""
+        try:
+            self._attach(ATTACH_PROBE_S)
+        except TierUnreachable as exc:
+            self._down_until = time.monotonic() + RETRY_AFTER_S
+            log.debug("%s", exc)
+            return False
+        return True
 
     def _failed(self, what: str, rc: int) -> CacheFull | TierUnreachable:
         if rc == _NO_SPACE:
@@ -113,6 +143,11 @@ class MooncakeTier:
         if not self._up():
             raise TierUnreachable(f"Mooncake Store at {self.config.master} did not answer; "
                                   f"the next try is at most {RETRY_AFTER_S:g} s after that")
+        if self._s is None:
+            if not self._try_attach():
+                raise TierUnreachable(f"no Mooncake master answers at {self.config.master}; "
+                                      f"the next try is at most {RETRY_AFTER_S:g} s after this one")
+            log.warning("Mooncake Store: attached to the master at %s", self.config.master)
 
     def write(self, key: str, data: Any) -> str:
         name = self.prefix + key
@@ -185,7 +220,7 @@ class MooncakeTier:
         reader may still be copying it) and stays pending for a later flush, as does every
         drop while the master does not answer: a drop it cannot take is no caller's failure,
         and must not fail the calls on this host's other tiers that flush first."""
-        if not self._pending or not self._up():
+        if not self._pending or not self._up() or self._s is None:
             return
         kept = []
         for n, name in enumerate(self._pending):
@@ -199,5 +234,7 @@ class MooncakeTier:
         self._pending = kept[-MAX_PENDING_DROPS:]
 
     def close(self) -> None:
+        if self._s is None:
+            return
         self.flush()
         self._s.close()
