@@ -165,13 +165,16 @@ def ragged(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_draft: to
             raise ValueError(f"the emitted width (M_max + 1) must be >= 1, got {width}")
         return Ragged(cu_draft, width - 1, checked=False)
     cu = cu_draft.to("cpu", torch.int64)
-    counts = cu[1:] - cu[:-1]
-    if int(cu[0]) != 0 or bool((counts < 0).any()) or int(cu[-1]) != draft_tokens.numel():
+    # Read as one list: a torch op per check cost more than the round's verification itself.
+    ends = cu.tolist()
+    counts = [b - a for a, b in zip(ends[:-1], ends[1:], strict=True)]
+    if ends[0] != 0 or min(counts) < 0 or ends[-1] != draft_tokens.numel():
         raise ValueError("cu_draft must start at 0, be non-decreasing and end at len(draft_tokens)")
-    if draft_tokens.numel() and (not sync_free or on_host(draft_tokens)) and bool(
-            ((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
-        raise ValueError(f"draft_tokens must be token ids in [0, {vocab})")
-    return Ragged(cu, int(counts.max()))
+    if draft_tokens.numel() and (not sync_free or on_host(draft_tokens)):
+        lo, hi = torch.aminmax(draft_tokens)
+        if int(lo) < 0 or int(hi) >= vocab:
+            raise ValueError(f"draft_tokens must be token ids in [0, {vocab})")
+    return Ragged(cu, max(counts))
 
 
 def uniforms(u: torch.Tensor, lay: Ragged) -> torch.Tensor:
