@@ -18,7 +18,8 @@ Which server :func:`~sdcp_fast.transport.h2server.serve` starts (:func:`implemen
 not built), unset: this one where it is built, else the pure-Python one (:func:`status` says
 why; ``SDCP_REQUIRE_NATIVE_H2=1`` makes that an error). It serves mutual TLS from a
 :func:`~sdcp_fast.transport.tls.server_context` (whose files it reads again) or h2c on
-loopback; a context made otherwise is served by the pure-Python server.
+loopback; a context made otherwise, or since changed to allow TLS 1.2 or no client
+certificate, is served by the pure-Python server.
 """
 
 from __future__ import annotations
