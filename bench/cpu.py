@@ -9,6 +9,8 @@ the next:
   ours through the engine's decoding loop (target-only, the verifier self-decodes), for each
   ``--weights`` form; llama.cpp (llama-cpp-python, optional) on the same file; transformers
   (optional) on the dequantized float weights.
+  Beside it, each one's steady-state CPU time per token: all its threads, and each thread
+  (main, Python's own, native ones such as OpenMP workers), start-up excluded.
 - pass cost: a verification pass over M + 1 = 5 positions against a one-token pass (ours, and
   llama.cpp's one ``llama_decode`` of the same positions with every logit out).
 - prefill: ``--prefill`` prompt tokens in one pass (ours, llama.cpp).
@@ -40,6 +42,7 @@ import json
 import os
 import statistics
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -62,17 +65,53 @@ def _range(xs: list[float]) -> str:
     return f"{med:.1f} ({lo:.1f}-{hi:.1f})"
 
 
+def thread_ticks() -> dict[int, tuple[str, int]]:
+    """This process's threads: CPU clock ticks (user + system) of each, by thread id, with a
+    name: ``main``, a Python thread's own, else the kernel's (an OpenMP worker of ours or of
+    llama.cpp's library)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    names[os.getpid()] = "main"
+    out = {}
+    root = f"/proc/{os.getpid()}/task"
+    for tid in os.listdir(root):
+        try:
+            with open(f"{root}/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:  # it ended meanwhile
+            continue
+        comm, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (names.get(int(tid), f"{comm} (native)"), int(fields[11]) + int(fields[12]))
+    return out
+
+
+def per_thread_ms(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                  tokens: int) -> dict[str, float]:
+    """CPU ms per token of each kind of thread between two :func:`thread_ticks` (threads of one
+    name summed; the executors' numbered workers as one)."""
+    tick_ms = 1e3 / os.sysconf("SC_CLK_TCK")
+    out: dict[str, float] = {}
+    for tid, (name, ticks) in after.items():
+        used = ticks - before.get(tid, (name, 0))[1]
+        if used > 0:
+            key = name.rstrip("0123456789").rstrip("_") or name
+            out[key] = out.get(key, 0.0) + used * tick_ms / max(tokens, 1)
+    return out
+
+
 class Ours:
     """Our target in one ``--weights`` form, decoding through the engine's one loop."""
 
     def __init__(self, model: str, form: str) -> None:
         from sdcp_fast.model import quant_weights
+        from sdcp_fast.model.contract_digests import scorer_digest
         from sdcp_fast.model.target_scorer import ModelRunner
 
         self.lm = quant_weights.load(model, form)
         self.form = self.lm.meta["weights"]
         self.runner = ModelRunner(self.lm.model, num_blocks=1024)
+        self.digest = scorer_digest(self.runner)  # once: each decode would hash every weight again
         self.steady_ms: float | None = None  # of the last greedy decode
+        self.threads_ms: dict[str, float] = {}  # likewise, by thread
 
     def encode(self, text: str) -> list[int]:
         from sdcp_fast.model.tokenizer import encode
@@ -81,21 +120,29 @@ class Ours:
         return encode(self.lm.tokenizer, text)
 
     def greedy(self, prompt: list[int], n: int, drafter: Any = None) -> tuple[list[int], float]:
-        """``n`` tokens; :attr:`steady_ms` from the process's CPU time at each committed round."""
+        """``n`` tokens; :attr:`steady_ms` from the process's CPU time at each committed round,
+        :attr:`threads_ms` from each thread's at the first round and the one that completes ``n``."""
         from sdcp_fast.deploy.local import generate
 
         marks: list[tuple[float, int]] = []
-        res = generate(self.runner, drafter, [prompt], n,
-                       on_round=lambda info: marks.append((time.process_time(), len(info.emitted))))[0]
+        ticks: list[dict[int, tuple[str, int]]] = []
+
+        def mark(info: Any) -> None:
+            marks.append((time.process_time(), len(info.emitted)))
+            if len(marks) == 1 or sum(k for _, k in marks) >= n:
+                ticks.append(thread_ticks())
+
+        res = generate(self.runner, drafter, [prompt], n, on_round=mark, target_digest=self.digest)[0]
         tokens = sum(k for _, k in marks[1:])
         self.steady_ms = (marks[-1][0] - marks[0][0]) / tokens * 1e3 if tokens else None
+        self.threads_ms = per_thread_ms(ticks[0], ticks[-1], tokens) if len(ticks) > 1 else {}
         return list(res.tokens), len(res.tokens) / max(res.seconds, 1e-9)
 
     def timed(self, prompt: list[int], n: int, drafter: Any = None) -> Timed:
         """One session of ``n`` tokens, as a side of a speedup pair."""
         from sdcp_fast.deploy.local import generate
 
-        res = generate(self.runner, drafter, [prompt], n)[0]
+        res = generate(self.runner, drafter, [prompt], n, target_digest=self.digest)[0]
         return Timed(len(res.tokens), res.seconds, res.rounds, res.proposed, res.accepted, res.rounds)
 
     def pass_ratio(self, prompt: list[int], m: int = 4, reps: int = 8) -> float:
@@ -182,6 +229,7 @@ class LlamaCpp:
         self._batch: Any = None
         self._held = 0
         self.steady_ms: float | None = None  # of the last greedy decode
+        self.threads_ms: dict[str, float] = {}  # likewise, by thread
 
     def _decode(self, tokens: list[int]) -> None:
         lib = self.c.lib
@@ -198,15 +246,16 @@ class LlamaCpp:
         lib.llama_memory_clear(self.memory, True)
         self._decode(prompt)
         out: list[int] = []
-        first = 0.0
+        first, ticks = 0.0, {}
         for k in range(n):
             tok = int(lib.llama_sampler_sample(self.sampler, self.ctx, -1))
             out.append(tok)
             if k == 0:
-                first = time.process_time()
+                first, ticks = time.process_time(), thread_ticks()
             if k + 1 < n:
                 self._decode([tok])
         self.steady_ms = (time.process_time() - first) / (n - 1) * 1e3 if n > 1 else None
+        self.threads_ms = per_thread_ms(ticks, thread_ticks(), n - 1) if n > 1 else {}
         return out, n / (time.perf_counter() - t)
 
     def prefill_s(self, tokens: list[int]) -> float:
@@ -310,6 +359,8 @@ def _timed(dec: dict[str, list[float]], cpu: dict[str, list[float]], prof: dict[
     after = _cores()
     prof.setdefault("preempted", {}).setdefault(name, []).append(
         (resource.getrusage(resource.RUSAGE_SELF).ru_nivcsw - nivcsw) / n)
+    if getattr(who, "threads_ms", None):
+        prof.setdefault("threads", {}).setdefault(name, []).append(dict(who.threads_ms))
     if before is not None and after is not None and after[2] > before[2]:
         ours = used * os.sysconf("SC_CLK_TCK")
         prof.setdefault("others", {}).setdefault(name, []).append(
@@ -486,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"command": " ".join(["python bench/cpu.py", *(argv or sys.argv[1:])]),
                                "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                "load_average": os.getloadavg(), "notes": notes, "decode": {}, "decode_cpu_ms": {},
-                               "decode_others_pct": {}, "decode_preempted": {}, "pass_ratio": {},
+                               "decode_others_pct": {}, "decode_preempted": {}, "decode_threads_ms": {},
+                               "pass_ratio": {},
                                "prefill_s": {}, "agreement": {}, "speculation": {},
                                "speculation_by_prompt": {}, "spec_prompts": []}
     if not why_llama:
@@ -540,6 +592,7 @@ def main(argv: list[str] | None = None) -> int:
         results["decode_cpu_ms"][th] = cpu
         results["decode_others_pct"][th] = prof.get("others", {})
         results["decode_preempted"][th] = prof.get("preempted", {})
+        results["decode_threads_ms"][th] = prof.get("threads", {})
         results["pass_ratio"][th] = ratio
         results["prefill_s"][th] = pre
         if llama is not None:
@@ -596,6 +649,14 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
             for n in names:
                 lines.append(f"  {n:<24}" + "".join(f"{_range(r[key].get(th, {}).get(n, [])):>22}"
                                                      for th in threads))
+    if any(r.get("decode_threads_ms", {}).get(th) for th in threads):
+        lines.append("the steady-state CPU ms per token by thread (/proc/<pid>/task/*/stat, 10 ms ticks), median over "
+                     "repeats: main, Python's own threads, native threads (OpenMP workers):")
+        for th in threads:
+            for n, reps in sorted(r["decode_threads_ms"].get(th, {}).items()):
+                kinds = sorted({k for rep in reps for k in rep}, key=lambda k: (k != "main", k))
+                cells = ", ".join(f"{k} {statistics.median([rep.get(k, 0.0) for rep in reps]):.1f}" for k in kinds)
+                lines.append(f"  {th} thread(s), {n}: {cells}")
     for th in threads:
         dec = r["decode"][th]
         if "llama.cpp" in dec:

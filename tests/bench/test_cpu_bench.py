@@ -36,6 +36,9 @@ def test_smallest_run_reports_every_section_and_why_peers_were_skipped(tmp_path:
     assert all(ms > 0 for v in got["decode_cpu_ms"]["1"].values() for ms in v)
     # What the machine did meanwhile: other processes' share of the cores, our preemptions.
     assert set(got["decode_preempted"]["1"]) == {"ours q8_0", "ours f32"}
+    if Path("/proc/self/task").exists():  # each thread's share, the main thread's at least
+        assert set(got["decode_threads_ms"]["1"]) == {"ours q8_0", "ours f32"}
+        assert "CPU ms per token by thread" in text
     if Path("/proc/stat").exists():
         assert all(0 <= pct <= 100 for v in got["decode_others_pct"]["1"].values() for pct in v)
     assert len(got["load_average_end"]) == 3
@@ -89,8 +92,8 @@ def test_agreement_mode_reports_each_prompts_prefix() -> None:
     assert got["llama.cpp with an f32 KV cache, no flash attention"]["prefix"] == [2, 4]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama-cpp-python is an optional peer and is not installed")
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None and importlib.util.find_spec("llama_cpp_py_sync") is None,
+                    reason="llama.cpp is an optional peer and neither binding is installed")
 def test_llama_cpp_verification_pass_leaves_its_cache_at_the_context() -> None:
     from sdcp_fast.model import loader
 
@@ -131,3 +134,32 @@ def test_decode_cpu_is_the_steady_states_where_the_contender_marks_it() -> None:
     bench._timed(dec, cpu, prof, "whole", object(), run)
     assert cpu["marked"] == [0.25]
     assert cpu["whole"][0] >= 50 / 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="per-thread CPU is read from /proc")
+def test_per_thread_cpu_names_the_thread_that_spent_it() -> None:
+    """A Python thread that burns CPU between two readings shows under its own name; the
+    main thread, which waited, shows little."""
+    import threading
+
+    bench = _bench()
+    burnt, done = threading.Event(), threading.Event()
+
+    def burn() -> None:
+        t = time.thread_time()
+        while time.thread_time() - t < 0.2:
+            pass
+        burnt.set()
+        done.wait(30)  # alive while it is read: an ended thread leaves /proc
+
+    before = bench.thread_ticks()
+    worker = threading.Thread(target=burn, name="burner")
+    worker.start()
+    try:
+        assert burnt.wait(60)
+        got = bench.per_thread_ms(before, bench.thread_ticks(), 10)
+    finally:
+        done.set()
+        worker.join(30)
+    assert got["burner"] >= 10  # 200 ms over 10 tokens, within a tick or two
+    assert got.get("main", 0.0) < got["burner"]
