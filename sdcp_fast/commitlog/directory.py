@@ -43,7 +43,9 @@ class LogDirectory:
         return DirectoryLog(self, name)
 
     def exists(self, name: str) -> bool:
-        return os.path.exists(log_path(self.root, name))
+        # An open log's file is there (nothing here removes one): no path hash and stat per
+        # record of a group commit, whose logs are mostly open.
+        return name in self._open or os.path.exists(log_path(self.root, name))
 
     @property
     def open_count(self) -> int:

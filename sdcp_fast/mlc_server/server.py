@@ -31,6 +31,7 @@ bodies are read and written with the project's codec (:mod:`sdcp_fast.protocol.c
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -87,6 +88,13 @@ async def _offload(size: int, fn: Callable[[], Any]) -> Any:
 def _name(name: str, *, log: bool = False) -> tuple[str, ObjectName]:
     uri = SCHEME + name
     return uri, served_name(uri, log=log)
+
+
+@functools.lru_cache(maxsize=4096)
+def _log_uri(name: str) -> str:
+    """The URI of the log ``name`` names (ValueError as :func:`_name`): a group commit names
+    the same open sessions' logs pass after pass, so each name is checked once, not per record."""
+    return _name(name, log=True)[0]
 
 
 def _ttl(value: Any, field: str) -> float:
@@ -368,7 +376,7 @@ class MLCService:
             todo: list[tuple[int, str, Any, str | None]] = []
             for i, (name, raw, if_match) in enumerate(entries):
                 try:
-                    uri, _ = _name(name, log=True)
+                    uri = _log_uri(name)
                     record = decode_stored_record(bytes(raw))
                     policy.may_append(peer, record)
                     todo.append((i, uri, record, if_match))

@@ -141,6 +141,11 @@ def decode_record(data: bytes) -> LogRecord:
     return _from_map(cbor.decode(data))
 
 
+def record_from_map(raw: Any) -> LogRecord:
+    """One record from its decoded CBOR item, checked as :func:`decode_record` checks it."""
+    return _from_map(raw)
+
+
 def decode_log(data: bytes) -> list[LogRecord]:
     """Every record of a log stored as one CBOR sequence, in order."""
     return [_from_map(item) for item in cbor.decode_sequence(data)]
