@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import json
 import os
 import socket
@@ -191,7 +192,16 @@ async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_bat
     server = await serve(role.handler, address, port, ssl=ctx)
     await role.start()
     print("READY", flush=True)
+    # SDCP_BENCH_PROFILE=DIR: the loop thread's CPU time by function (cProfile timed by
+    # thread_time, so waiting and preemption on a loaded machine count nothing) in DIR/NAME.prof.
+    profile_dir = os.environ.get("SDCP_BENCH_PROFILE")
+    profiler = cProfile.Profile(time.thread_time) if profile_dir else None
+    if profiler is not None:
+        profiler.enable()
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)  # until the parent closes stdin
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(os.path.join(str(profile_dir), f"{name}.prof"))
     server.close()
     await role.close()
 
