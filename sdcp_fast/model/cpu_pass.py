@@ -35,11 +35,12 @@ from .kv_cache import PagedKVCache
 _F32 = 4  # bytes per float32: offsets into a fused product's rows
 # Multiply-adds (rows x n x k) from which a product is split over the pass's threads. A split
 # costs a fork and a join: with OpenMP's passive wait a futex wake-up of the other thread and a
-# sleep at the barrier, tens of microseconds on a loaded machine, which the small products of a
-# one-row pass (SmolLM2's q|k|v, output and down: 10-35 us) never win back. At 2 threads a
-# one-position pass of SmolLM2 q4 took 7.1 ms of CPU (7.4 ms wall) splitting only from here,
-# against 7.7 ms (8.1 ms) splitting every product, medians, interleaved, load 7.
-PARALLEL_FROM = 1_500_000
+# sleep at the barrier, tens of microseconds on a virtual machine, more when the other core is
+# busy. No product of a one-row pass wins that back: at 2 threads SmolLM2 q4's gate|up (1.8 M,
+# the largest) took 49 us of CPU and 51 us wall split, 31 us unsplit; down, q|k|v and the output
+# product took 1.6-2x the wall split (load 3-6). A verification pass's rows make its larger
+# products split.
+PARALLEL_FROM = 4_000_000
 
 
 def usable(x: torch.Tensor, cache: PagedKVCache, lay: BatchLayout) -> bool:
