@@ -34,6 +34,7 @@ from sdcp_fast.transport.base import Request, Response
 # target on a busy GPU).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+_PLAIN = frozenset({int(Action.CONTINUE), int(Action.FINISH)})  # a verdict's actions that are no escalation
 
 
 class RoleMetrics:
@@ -106,6 +107,26 @@ class VerifierMetrics(RoleMetrics):
         self.proposed.inc(proposed)
         self.accepted.inc(verdict.accepted)
         self.latency.observe(time.perf_counter() - started)
+
+    def pass_committed(self, done: list[tuple[Any, int, float | None]]) -> None:
+        """The rounds one pass committed, ``(verdict, proposed, started)`` each, counted as
+        :meth:`round` counts them, with one increment per counter for the pass."""
+        now = time.perf_counter()
+        proposed = accepted = emitted = self_decoded = 0
+        for verdict, m, started in done:
+            emitted += len(verdict.emitted)
+            if started is None:
+                self_decoded += 1
+                continue
+            if verdict.action not in _PLAIN:
+                self.escalations.labels(Action.parse(int(verdict.action)).name.lower()).inc()
+            proposed += m
+            accepted += verdict.accepted
+            self.latency.observe(now - started)
+        for counter, amount in ((self.rounds, len(done)), (self.emitted, emitted), (self.proposed, proposed),
+                                (self.accepted, accepted), (self.self_decoded, self_decoded)):
+            if amount:
+                counter.inc(amount)
 
     def batch(self, size: int) -> None:
         self.batch_size.observe(size)

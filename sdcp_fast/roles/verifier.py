@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -72,6 +73,9 @@ __all__ = ["RoundInfo", "VerifierConfig", "VerifierRole"]
 log = logging.getLogger("sdcp_fast.verifier")
 
 CANCEL_WAIT = 30.0  # seconds a cancel waits for a round already in a scoring pass
+# A session's id in a request path, decoded: each output long-poll names its session again,
+# every round (a bad id raises each time: nothing is kept for it).
+_session_id = functools.lru_cache(maxsize=4096)(parse_session_path_id)
 
 
 class VerifierRole:
@@ -162,7 +166,7 @@ class VerifierRole:
 
     def live(self, sid: str | bytes) -> LiveSession:
         """The role's record of a session it serves (:class:`UnknownSession` if none)."""
-        session = parse_session_path_id(sid) if isinstance(sid, str) else sid
+        session = _session_id(sid) if isinstance(sid, str) else sid
         self.sessions.get(session)
         live = self.sessions.attached(session)
         if live is None:

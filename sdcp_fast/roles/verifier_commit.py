@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable, Sequence
 from sdcp_fast.cache import object_uri
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.commitlog import Fenced, PreconditionFailed
-from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch
+from sdcp_fast.protocol import Event, SdcpProblem, StaleEpoch, Verdict
 from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord, classify_failed_append, writer_conflict
 from sdcp_fast.protocol.problems import InternalError
 from sdcp_fast.protocol.session import RoundDone, State, VerifierSession
@@ -145,6 +145,7 @@ class Committer:
         failed = [i for i, result in enumerate(results) if not isinstance(result, str)]
         outcomes: list[str | None | BaseException] = []
         outcomes.extend(results)
+        counted: list[tuple[Verdict, int, float | None]] = []  # the pass's rounds, for the metrics at once
         if failed:
             read = await asyncio.gather(*(self._outcome(pending[i][1].live, pending[i][2], results[i])
                                           for i in failed), return_exceptions=True)
@@ -163,9 +164,11 @@ class Committer:
                 if session.state in (State.FINISHED, State.FAILED):
                     await self.publish_output(live)  # the whole output, once, before anyone is told it ended
                 self._release(item, round_done, batch)
+                counted.append((round_done.verdict, len(item.work.proposed), item.started if item.future else None))
                 done[k] = True
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)
+        self.metrics.pass_committed(counted)
         return done
 
     async def _not_appended(self, item: Round, etag: None | BaseException) -> None:
@@ -206,14 +209,14 @@ class Committer:
         return None
 
     def _release(self, item: Round, done: RoundDone, batch: int) -> None:
-        """After the append: the verdict, the output readers, the router, the observers."""
+        """After the append: the verdict, the output readers, the router, the observers (the
+        metrics count the pass's rounds together, in :meth:`commit_batch`)."""
         live, verdict = item.live, done.verdict
         item.settle(verdict)
         live.waiters.notify()
         for event in done.events:
             self.background.spawn(self.send_event(event))
         self.kv.after_commit(live)
-        self.metrics.round(verdict, len(item.work.proposed), item.started if item.future else None)
         if self.on_round is not None:
             self.on_round(RoundInfo(
                 session=verdict.session, round=verdict.round, drafter=item.drafter if item.future else None,

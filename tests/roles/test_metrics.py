@@ -91,3 +91,23 @@ def test_instances_in_one_process_do_not_collide() -> None:
     first.batch(3)
     assert value(samples(first.text()), "sdcp_batch_size_count") == 1
     assert value(samples(second.text()), "sdcp_batch_size_count") == 0
+
+
+def test_a_pass_counts_its_rounds_as_each_round_would() -> None:
+    from types import SimpleNamespace
+
+    done = [(SimpleNamespace(emitted=(1, 2, 3), accepted=2, action=Action.CONTINUE), 4, 0.0),
+            (SimpleNamespace(emitted=(4,), accepted=0, action=Action.REDUCE), 4, 0.0),
+            (SimpleNamespace(emitted=(5,), accepted=0, action=Action.SELF_DECODE), 0, None),  # self-decoded
+            (SimpleNamespace(emitted=(6, 7), accepted=1, action=9), 2, 0.0)]  # unknown action: read as fail
+    one_by_one, together = VerifierMetrics(), VerifierMetrics()
+    for verdict, proposed, started in done:
+        one_by_one.round(verdict, proposed, started)
+    together.pass_committed(done)
+    expected, got = samples(one_by_one.text()), samples(together.text())
+    for name, labels in [("sdcp_rounds_total", {}), ("sdcp_emitted_tokens_total", {}),
+                         ("sdcp_proposed_tokens_total", {}), ("sdcp_accepted_tokens_total", {}),
+                         ("sdcp_self_decoded_rounds_total", {}), ("sdcp_escalations_total", {"action": "reduce"}),
+                         ("sdcp_escalations_total", {"action": "fail"}), ("sdcp_verdict_latency_seconds_count", {})]:
+        assert value(got, name, **labels) == value(expected, name, **labels), name
+    assert value(got, "sdcp_rounds_total") == 4 and value(got, "sdcp_escalations_total", action="fail") == 1
