@@ -232,6 +232,15 @@ class _ServerProtocol(H2Protocol):
                 await self._send_stream(stream_id, incoming, response)
                 return
             body = response.body if response.status not in _NO_BODY_STATUS else b""
+            if not isinstance(body, (bytes, bytearray, memoryview)):
+                # Nothing of it can be sent: the stream is reset, not left open for the client's
+                # timeout (as on the native server).
+                log.error("cannot answer stream %d from %s: a %s body", stream_id, self.peername,
+                          type(body).__name__)
+                with contextlib.suppress(h2.exceptions.ProtocolError):
+                    self.conn.reset_stream(stream_id, ErrorCodes.INTERNAL_ERROR)
+                    self.flush_soon()
+                return
             fields = [(":status", str(response.status))]
             fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
             fields.append(("content-length", str(len(body))))

@@ -161,7 +161,7 @@ def test_a_body_of_any_bytes_like_type_is_sent(certs: Certs, server_impl: str) -
 @pytest.mark.parametrize("refused_by", ["python", "thread"])
 def test_a_response_that_cannot_be_sent_resets_its_stream_alone(certs: Certs, server_impl: str,
                                                                refused_by: str) -> None:
-    if server_impl != nativeserver.NATIVE:
+    if server_impl != nativeserver.NATIVE and refused_by == "thread":
         pytest.skip("batches of responses are the native server's")
     arrived: list[str] = []
     both = asyncio.Event()
@@ -180,8 +180,7 @@ def test_a_response_that_cannot_be_sent_resets_its_stream_alone(certs: Certs, se
         ctx = server_context(*certs.pair("server"), certs.ca)
         async with await serve(handler, "127.0.0.1", 0, ssl=ctx) as server, \
                 H2Transport(client_context(*certs.pair("client"), certs.ca)) as client:
-            assert isinstance(server, nativeserver.NativeServer)
-            core = server._core
+            core = getattr(server, "_core", None)
 
             class Unreadable:  # the native core, handed a body it cannot read for the "bad" stream
                 def __getattr__(self, name: str) -> object:
@@ -191,12 +190,14 @@ def test_a_response_that_cannot_be_sent_resets_its_stream_alone(certs: Certs, se
                     return core.submit([(*c[:4], 12345, c[5]) if c[4] == b"bad" else c for c in batch])
 
             if refused_by == "thread":
+                assert isinstance(server, nativeserver.NativeServer)
                 server._core = Unreadable()
             base = f"https://127.0.0.1:{server.port}/"
             good, bad = await asyncio.gather(client.request(base, "GET", "good", timeout=20),
                                              client.request(base, "GET", "bad", timeout=20),
                                              return_exceptions=True)
-            server._core = core
+            if isinstance(server, nativeserver.NativeServer):
+                server._core = core
             assert isinstance(good, Response), good
             return good.body, bad if isinstance(bad, BaseException) else None
 
