@@ -1,6 +1,9 @@
 """A deployment on one host (``sdcp-fast up --model toy``) with every object through the MLC
 node's shared memory (sdcp_fast/store/shm_client.py) writes the same seeded rule-2 text as
-with every object over the network (at a fixed M: an adaptive M follows measured costs)."""
+with every object over the network, and as the same session run in process: at a fixed M (an
+adaptive M follows measured costs) and with both drafters of one kind (a seeded rule-2 session
+repeats its draws only with the same proposals, docs/reliability.md, "Rule 2 and the shape of
+rounds", and the router gives a session whichever drafter is less loaded)."""
 
 from __future__ import annotations
 
@@ -15,16 +18,18 @@ from sdcp_fast.deploy.up import Up
 from sdcp_fast.protocol.cbor import decode
 from sdcp_fast.transport.tls import client_context
 from tests.deploy.conftest import toy_up
+from tests.faults.faultkit import Job, reference, words
 
 pytestmark = pytest.mark.services
 
-SESSION = "5d" * 16  # the session id fixes the draws of a seeded rule-2 completion
+# The session id fixes the draws of a seeded rule-2 completion.
+JOB = Job("the verifier commits", 24, bytes.fromhex("5d" * 16), seed=3)
+M = 4
 
 
 def completion(up: Up) -> str:
     e = up.endpoints()
-    body = {"model": "toy", "prompt": "the verifier commits", "max_tokens": 24, "temperature": 0.8, "seed": 3,
-            "sdcp_session": SESSION}
+    body = JOB.body(stream=False)
     out = subprocess.run(["curl", "-sS", "-H", f"Authorization: Bearer {e['api_key']}", "-d", json.dumps(body),
                           e["frontend"] + "completions"], capture_output=True, text=True, timeout=120)
     text: str = json.loads(out.stdout)["choices"][0]["text"]
@@ -47,16 +52,13 @@ def slots_kept(up: Up) -> int:
     return asyncio.run(ask())
 
 
-@pytest.mark.skip(reason="the seeded rule-2 text of sdcp-fast up varies between deployments with shared memory off "
-                         "too (two texts seen for one seed and session at a fixed M); the bytes through shared memory "
-                         "are checked equal to the network's in test_shm_client.py")
 def test_seeded_rule2_text_is_the_same_with_objects_through_shared_memory(tmp_path, monkeypatch):
     texts, kept = [], []
     for min_bytes in (1, 1 << 62):  # every object through shared memory; none
         monkeypatch.setenv("SDCP_SHM_MIN_BYTES", str(min_bytes))
-        # A fixed M: the adaptive choice follows measured costs, which change with the path.
-        with toy_up(tmp_path / str(min_bytes), fixed_m=4) as up:
+        with toy_up(tmp_path / str(min_bytes), fixed_m=M, drafters=("toy-good", "toy-good")) as up:
             texts.append(completion(up))
             kept.append(slots_kept(up))
     assert texts[0] == texts[1] and texts[0]
+    assert texts[0].split() == words(reference([JOB], M)[0])
     assert kept[0] > 0 and kept[1] == 0
