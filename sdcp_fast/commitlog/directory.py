@@ -98,12 +98,21 @@ class LogDirectory:
         self._trim()
 
     def _trim(self) -> None:
-        # Close idle logs, least recently used first; logs in use may overshoot briefly.
-        for name in list(self._open):
-            if len(self._open) <= self.max_open:
-                return
+        # Close idle logs, least recently used first; logs in use may overshoot briefly. Called
+        # twice per append: under the bound it walks nothing, over it only up to the idle logs
+        # it closes (a copy of the whole table per call made an MLC with 2,048 open logs spend
+        # ~3x the CPU per record of one with few).
+        excess = len(self._open) - self.max_open
+        if excess <= 0:
+            return
+        idle = []
+        for name in self._open:
             if name not in self._users:
-                self._open.pop(name).close()
+                idle.append(name)
+                if len(idle) == excess:
+                    break
+        for name in idle:
+            self._open.pop(name).close()
 
     def append_many(self, entries: Sequence[tuple[str, LogRecord, str | None]]) -> list[str | Exception]:
         """Group commit over the logs named in ``entries`` (``(name, record, if_match)``): each

@@ -83,3 +83,29 @@ def test_concurrent_openers_of_one_log_share_one_open_file(tmp_path, monkeypatch
     assert sum(opened) == 1, "one open file for all users"
     assert logs.open_count == 1
     logs.close()
+
+
+def test_an_append_walks_only_the_logs_it_closes(tmp_path):
+    """Each append trims the table of open logs: under the bound that walks none of them, and
+    over it only the least recently used idle ones it closes, never the whole table."""
+    logs = LogDirectory(str(tmp_path), sync=False, max_open=300)
+    names = ["mlc://" + "0" * 32 + f"/{n:022d}/commit_log" for n in range(301)]
+    for name in names[:300]:
+        logs.log(name).append(record(0), None)
+
+    class Walked(type(logs._open)):  # type: ignore[misc]
+        visits = 0
+
+        def __iter__(self):
+            for name in super().__iter__():
+                Walked.visits += 1
+                yield name
+
+    logs._open = Walked(logs._open)
+    etag = logs.log(names[0]).append(record(1), None)  # 300 open: under the bound
+    assert Walked.visits == 0
+    logs.log(names[300]).append(record(0), None)  # the 301st: one idle log closed
+    assert Walked.visits <= 2 and logs.open_count == 300
+    assert names[1] not in logs._open and names[0] in logs._open  # the least recently used one went
+    assert logs.log(names[0]).read().etag == etag
+    logs.close()
