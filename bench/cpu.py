@@ -92,7 +92,7 @@ def per_thread_ms(before: dict[int, tuple[str, int]], after: dict[int, tuple[str
     out: dict[str, float] = {}
     for tid, (name, ticks) in after.items():
         used = ticks - before.get(tid, (name, 0))[1]
-        if used > 0:
+        if used > 0 or name == "main":  # the main thread even below a tick: a decode ran there
             key = name.rstrip("0123456789").rstrip("_") or name
             out[key] = out.get(key, 0.0) + used * tick_ms / max(tokens, 1)
     return out
@@ -658,11 +658,15 @@ def _timing_lines(r: dict[str, Any], threads: list[int]) -> list[str]:
                 cells = ", ".join(f"{k} {statistics.median([rep.get(k, 0.0) for rep in reps]):.1f}" for k in kinds)
                 lines.append(f"  {th} thread(s), {n}: {cells}")
     for th in threads:
-        dec = r["decode"][th]
+        dec, cpu = r["decode"][th], r.get("decode_cpu_ms", {}).get(th, {})
         if "llama.cpp" in dec:
             lc = statistics.median(dec["llama.cpp"])
             ratios = ", ".join(f"{n} {statistics.median(v) / lc:.2f}x" for n, v in dec.items() if n.startswith("ours"))
-            lines.append(f"  vs llama.cpp at {th} thread(s): {ratios}")
+            if cpu.get("llama.cpp"):
+                lc_cpu = statistics.median(cpu["llama.cpp"])
+                ratios += "; CPU per token " + ", ".join(f"{n} {statistics.median(v) / lc_cpu:.2f}x"
+                                                         for n, v in cpu.items() if n.startswith("ours"))
+            lines.append(f"  vs llama.cpp at {th} thread(s), tokens/s: {ratios}")
     lines.append("")
     lines.append("pass over 5 positions / 1-position pass (wall time, median of 8; llama.cpp on the same GGUF):")
     for th in threads:

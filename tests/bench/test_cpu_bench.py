@@ -163,3 +163,12 @@ def test_per_thread_cpu_names_the_thread_that_spent_it() -> None:
         worker.join(30)
     assert got["burner"] >= 10  # 200 ms over 10 tokens, within a tick or two
     assert got.get("main", 0.0) < got["burner"]
+
+
+def test_the_ratios_to_llama_cpp_are_of_tokens_per_second_and_of_cpu_per_token() -> None:
+    bench = _bench()
+    r = {"decode": {1: {"ours q4": [120.0], "llama.cpp": [80.0]}},
+         "decode_cpu_ms": {1: {"ours q4": [8.0], "llama.cpp": [10.0]}},
+         "pass_ratio": {1: {}}, "prefill_s": {1: {}}}
+    lines = bench._timing_lines(r, [1])
+    assert "  vs llama.cpp at 1 thread(s), tokens/s: ours q4 1.50x; CPU per token ours q4 0.80x" in lines
