@@ -13,6 +13,8 @@ gate|up, the gated activation, the down product, the next norm) and no torch op 
 The checks of :mod:`~sdcp_fast.kernels.rowwise` run once, when a model's :class:`Plan` is
 built (its weights' addresses, kinds and shapes); a pass then calls the native functions with
 addresses only. The plan is rebuilt whenever a weight tensor is replaced (its address moves).
+A small pass (decoding, verification) replays the native calls of its shape's first pass, their
+arguments kept, over buffers its program keeps (see ``CAPTURE_ROWS``).
 Used for float32 host passes without autograd on the gather path (``lay.attention`` None);
 anything else (CUDA, bfloat16, training, the paged kernels) runs the torch modules.
 """
@@ -20,6 +22,8 @@ anything else (CUDA, bfloat16, training, the paged kernels) runs the torch modul
 from __future__ import annotations
 
 import operator
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -89,7 +93,27 @@ class _Linear:
 
 
 def _native():  # type: ignore[no-untyped-def]
-    return native.module()
+    calls = getattr(_recording, "calls", None)
+    return native.module() if calls is None else _Recorder(native.module(), calls)
+
+
+_recording = threading.local()  # this thread's pass being captured: its calls
+
+
+class _Recorder:
+    """The native module, each call also kept with its arguments (a pass being captured)."""
+
+    def __init__(self, mod: Any, calls: list[tuple[Callable[..., Any], tuple[Any, ...]]]) -> None:
+        self.mod, self.calls = mod, calls
+
+    def __getattr__(self, name: str) -> Callable[..., Any]:
+        fn = getattr(self.mod, name)
+
+        def call(*args: Any) -> Any:
+            self.calls.append((fn, args))
+            return fn(*args)
+
+        return call
 
 
 class _Work:
@@ -226,6 +250,13 @@ class Plan:
         self.dicts, self.names, self.held = _columns([*held, *children])
         self.tensors = tuple(t for _, _, t in held)
         self.ptrs = tuple(t.data_ptr() for t in self.tensors)
+        # A pass runs from a captured program only where a layer's every step is a native call
+        # on buffers of its own (no bias added by torch, no q/k or post norms' copies).
+        self.capturable = all(
+            lay.q_norm is None and lay.k_norm is None and lay.post_attn is None and lay.post_ffn is None
+            and all(lin.bias is None or not lin.quant for lin in (*lay.qkv, lay.wo, *lay.gate_up, lay.down))
+            for lay in self.layers)
+        self.programs: dict[tuple[int, ...], _Program] = {}
 
     def current(self) -> bool:
         return (all(map(operator.is_, map(dict.get, self.dicts, self.names), self.held))
@@ -234,6 +265,55 @@ class Plan:
 
 def _columns(rows: list[tuple[dict[str, Any], str, object]]) -> tuple[tuple[Any, ...], ...]:
     return tuple(zip(*rows, strict=True)) if rows else ((), (), ())
+
+
+# Passes of at most this many rows (decoding and verification rounds) run from a program: the
+# native calls of their first pass of that shape, kept with their arguments, on buffers the
+# program keeps (its inputs copied in). The layers' Python between the calls cost a sixth of a
+# one-position pass of SmolLM2 q4.
+CAPTURE_ROWS = 16
+MAX_PROGRAMS = 64
+
+
+class _Program:
+    """A pass shape's native calls over buffers of its own (see CAPTURE_ROWS)."""
+
+    def __init__(self, model: nn.Module, cache: PagedKVCache, t: int, b: int, width: int,
+                 consts: tuple[Any, ...]) -> None:
+        dim = model.norm.weight.shape[0]
+        self.lock = threading.Lock()  # a model's runners may pass on two threads at once
+        self.x = torch.empty(t, dim)
+        self.positions = torch.empty(t, dtype=torch.int64)
+        self.slots = torch.empty(t, dtype=torch.int64)
+        self.row_seq = torch.empty(t, dtype=torch.int32)
+        self.table = torch.zeros(b, width, dtype=torch.int32)
+        half = model.inv_freq.shape[0]
+        self.ropes = [(torch.empty(t, half), torch.empty(t, half))
+                      for _ in range(1 if model.inv_freq_local is None else 2)]
+        self.work = _Work(t)
+        self.kv = _kv_ptrs(cache)
+        self.consts = consts
+        self.calls: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.out: torch.Tensor | None = None
+
+    def fits(self, cache: PagedKVCache, width: int, consts: tuple[Any, ...]) -> bool:
+        return width <= self.table.shape[1] and consts == self.consts and _kv_ptrs(cache) == self.kv
+
+    def load(self, x: torch.Tensor, rows: tuple[torch.Tensor, ...],
+             ropes: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        table, row_seq, positions, slots = rows
+        self.x.copy_(x)
+        self.table[:, : table.shape[1]].copy_(table)  # columns past a row's blocks are never read
+        self.row_seq.copy_(row_seq)
+        self.positions.copy_(positions)
+        self.slots.copy_(slots)
+        for (cos, sin), (c, s) in zip(self.ropes, ropes, strict=True):
+            cos.copy_(c)
+            sin.copy_(s)
+
+
+def _kv_ptrs(cache: PagedKVCache) -> tuple[Any, ...]:
+    return (*cache.k[0].shape, *map(torch.Tensor.data_ptr, cache.k), *map(torch.Tensor.data_ptr, cache.v))
 
 
 def plan(model: nn.Module) -> Plan:
@@ -262,9 +342,45 @@ def forward(model: nn.Module, x: torch.Tensor, cache: PagedKVCache, lay: BatchLa
                        or int(positions.max()) >= table.shape[1] * cache.k[0].shape[1]):
         raise ValueError("a row's slot or position lies outside the cache")
     rows = (table, row_seq, positions, slots)
+    layers = p.layers[: n_layers or len(p.layers)]
+    t = x.shape[0]
+    if p.capturable and 0 < t <= CAPTURE_ROWS:
+        consts = tuple((layer.attn.scale, layer.attn.window, layer.attn.softcap) for layer in layers)
+        key = (id(cache), t, len(lay.q_lens), threads, len(layers))
+        prog = p.programs.get(key)
+        if prog is None or not prog.fits(cache, table.shape[1], consts):
+            if len(p.programs) >= MAX_PROGRAMS:
+                p.programs.clear()
+            width = max(table.shape[1], 2 * (prog.table.shape[1] if prog is not None else 0), 8)
+            prog = p.programs[key] = _Program(model, cache, t, len(lay.q_lens), width, consts)
+        if prog.lock.acquire(blocking=False):
+            try:
+                prog.load(x, rows, ropes)
+                if prog.out is None:  # its first pass: computed while its calls are kept
+                    _recording.calls = prog.calls
+                    try:
+                        prog.out = _layers(layers, prog.x, prog.ropes, cache,
+                                           (prog.table, prog.row_seq, prog.positions, prog.slots), threads,
+                                           prog.work)
+                    except BaseException:
+                        del p.programs[key]
+                        raise
+                    finally:
+                        _recording.calls = None
+                else:
+                    for fn, args in prog.calls:
+                        fn(*args)
+                return p.norm(prog.x, prog.out)  # a tensor of its own: the caller keeps it
+            finally:
+                prog.lock.release()
     x = x.contiguous()
+    return p.norm(x, _layers(layers, x, ropes, cache, rows, threads, _Work(t)))
+
+
+def _layers(layers: list[_Layer], x: torch.Tensor, ropes: list[tuple[torch.Tensor, torch.Tensor]],
+            cache: PagedKVCache, rows: tuple[torch.Tensor, ...], threads: int, work: _Work) -> torch.Tensor | None:
+    """The layers over the residual stream ``x`` (written to); the last one's output."""
     delta: torch.Tensor | None = None
-    work = _Work(x.shape[0])
-    for i, layer in enumerate(p.layers[: n_layers or len(p.layers)]):
+    for i, layer in enumerate(layers):
         delta = layer.forward(x, delta, ropes[layer.rope_index], cache.k[i], cache.v[i], rows, threads, work)
-    return p.norm(x, delta)  # a tensor of its own: the caller keeps it
+    return delta

@@ -104,3 +104,60 @@ def test_a_product_splits_over_threads_only_from_parallel_from(monkeypatch) -> N
     one = lin(x[:2].contiguous(), 2)
     assert asked == [2, 1]
     assert torch.equal(split[:2], one)  # the same bits either way
+
+
+def _decode_both(model: torch.nn.Module, monkeypatch: pytest.MonkeyPatch, steps: int = 24) -> None:
+    """Greedy decoding of two sessions on two runners of one model, one pass captured and the
+    other not at each step, with a verification pass every fourth: every logit the same."""
+    from sdcp_fast.model.interfaces import ScoreRequest
+
+    captured, plain = ModelRunner(model, block_size=4), ModelRunner(model, block_size=4)
+    seqs = {b"a": list(PROMPT), b"b": PROMPT[:3]}
+    for step in range(steps):
+        batch = list(seqs.items())
+        monkeypatch.setattr(cpu_pass, "CAPTURE_ROWS", 16)
+        got = captured.decode_one(batch)
+        monkeypatch.setattr(cpu_pass, "CAPTURE_ROWS", 0)
+        assert torch.equal(got, plain.decode_one(batch)), step
+        if step % 4 == 0:
+            reqs = [ScoreRequest(s, c, [1, 2]) for s, c in batch]
+            monkeypatch.setattr(cpu_pass, "CAPTURE_ROWS", 16)
+            got_v = torch.cat(captured.score(reqs))
+            monkeypatch.setattr(cpu_pass, "CAPTURE_ROWS", 0)
+            assert torch.equal(got_v, torch.cat(plain.score(reqs))), step
+        for (_, c), row in zip(batch, got, strict=True):
+            c.append(int(row.argmax()))
+
+
+def test_captured_passes_give_the_passes_logits_bit_for_bit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pass of at most CAPTURE_ROWS rows replays its shape's native calls on buffers of its
+    own; the cache's block table grows past the program's width on the way (block size 4)."""
+    model = random_model(SMALL, seed=3)
+    assert cpu_pass.plan(model).capturable
+    _decode_both(model, monkeypatch)
+    assert all(p.calls for p in cpu_pass.plan(model).programs.values())
+    widths = {p.table.shape[1] for p in cpu_pass.plan(model).programs.values()}
+    assert len(widths) > 1, widths  # rebuilt for a wider table
+
+
+def test_a_model_whose_layers_add_biases_in_torch_is_not_captured(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = _model("q4")
+    assert not cpu_pass.plan(model).capturable
+    _decode_both(model, monkeypatch, steps=4)
+    assert not cpu_pass.plan(model).programs
+
+
+def test_a_program_in_use_on_another_thread_leaves_the_pass_to_the_plain_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = random_model(SMALL, seed=3)
+    runner = ModelRunner(model, block_size=4)
+    first = runner.prefill(b"s", PROMPT)  # 10 rows: a program of its own
+    monkeypatch.setattr(cpu_pass, "CAPTURE_ROWS", 16)
+    runner.release(b"s")
+    assert torch.equal(runner.prefill(b"s", PROMPT), first)
+    (prog,) = cpu_pass.plan(model).programs.values()
+    calls = list(prog.calls)
+    with prog.lock:  # another thread's pass
+        runner.release(b"s")
+        assert torch.equal(runner.prefill(b"s", PROMPT), first)
+    assert prog.calls == calls
