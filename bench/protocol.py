@@ -25,7 +25,8 @@ alone (``VerifierSession``: receive, complete, append_done).
 
     python bench/protocol.py                           # ~1 min: concurrency 1 16 64 256, rules 1 and 2
     python bench/protocol.py --seconds 2 --concurrency 1 4 --long 200 --json out.json   # the CI smoke run
-    python bench/protocol.py --concurrency 64 256 --servers native py --repeats 3 --long 200 --window 20  # the goals
+    python bench/protocol.py --concurrency 64 256 --servers native py --repeats 3 --long 200 --window 20 \
+        --up-streams 16                                # the goals
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from protocol_goals import evaluate, report  # noqa: E402
+from protocol_goals import evaluate, evaluate_up, report  # noqa: E402
 from transport import echo_server, make_certs, measure  # noqa: E402
 
 from sdcp_fast.cache import object_uri  # noqa: E402
@@ -527,6 +528,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--repeats", type=int, default=1, help="each level measured this many times (the spread)")
+    parser.add_argument("--up-streams", type=int, default=0, metavar="N",
+                        help="also sdcp-fast up --model toy with N concurrent streamed completions (16: the goal), "
+                             "--repeats times: the verifiers' CPU per committed round (bench/protocol_up.py)")
+    parser.add_argument("--up-tokens", type=int, default=256, help="tokens of each --up-streams completion")
     parser.add_argument("--servers", nargs="+", choices=(PY, NATIVE), default=[implementation()],
                         help="the role servers measured, side by side in this run, each on its own deployment "
                              "with its own echo (default: the one SDCP_SERVER chooses)")
@@ -559,9 +564,20 @@ def main(argv: list[str] | None = None) -> int:
     for server in args.servers:
         os.environ["SDCP_SERVER"] = server  # the role and echo processes started below serve with it
         measure_server(args, server, result, per_round_too=server == args.servers[0])
+    if args.up_streams:
+        from protocol_up import up_cpu
+
+        os.environ["SDCP_SERVER"] = args.servers[0]
+        result["up"] = up_cpu(args.up_streams, args.up_tokens, args.repeats)
+        for row in result["up"]:
+            row["server"] = args.servers[0]
+            print(f"sdcp-fast up --model toy, {row['streams']} streams x {row['tokens']} tokens: {row['rounds']:.0f} "
+                  f"rounds in {row['seconds']:.1f} s, verifier CPU {row['verifier_us_per_round']:.0f} us per committed "
+                  f"round (load {row['load']:.1f})", flush=True)
     echo_of = NATIVE if NATIVE in args.servers else args.servers[0]
     result["goals"] = goals = [g for server in args.servers
                                for g in evaluate(result["levels"], result["echo"], server, echo_of)]
+    goals += evaluate_up(result.get("up", []))
     if goals:
         print(f"goals (median over repeats; rounds over the {echo_of} echo):\n{report(goals)}", flush=True)
     result["core_us_per_round"] = core = core_cost(args.core_rounds)

@@ -88,6 +88,22 @@ def evaluate(levels: Sequence[Row], echo: Sequence[Row], server: str, echo_serve
     return out
 
 
+UP_GOAL = 200.0  # us of verifier CPU per committed round in sdcp-fast up, 16 streams, session set-up counted
+
+
+def evaluate_up(rows: Sequence[Row]) -> list[Row]:
+    """The deployment goal over bench/protocol_up.py's rows (one per repeat), as :func:`evaluate`'s."""
+    if not rows:
+        return []
+    values = [float(r["verifier_us_per_round"]) for r in rows]
+    loads = [float(r["load"]) for r in rows]
+    median = statistics.median(values)
+    return [{"goal": f"verifier CPU per committed round in sdcp-fast up --model toy, {rows[0]['streams']} streams",
+             "server": rows[0].get("server", ""), "target": f"<= {UP_GOAL:g} us", "median": median,
+             "min": min(values), "max": max(values), "repeats": len(values), "load": [min(loads), max(loads)],
+             "pass": median <= UP_GOAL}]
+
+
 def _number(x: float) -> str:
     return f"{x:,.2f}" if abs(x) < 10 else f"{x:,.0f}"
 
