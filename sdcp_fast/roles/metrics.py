@@ -109,20 +109,20 @@ class VerifierMetrics(RoleMetrics):
         self.latency.observe(time.perf_counter() - started)
 
     def pass_committed(self, done: list[tuple[Any, int, float | None]]) -> None:
-        """The rounds one pass committed, ``(verdict, proposed, started)`` each, counted as
+        """The rounds one pass committed, ``(verdict, proposed, latency)`` each (the latency in
+        seconds as the verdict was released, None for a self-decoded round), counted as
         :meth:`round` counts them, with one increment per counter for the pass."""
-        now = time.perf_counter()
         proposed = accepted = emitted = self_decoded = 0
-        for verdict, m, started in done:
+        for verdict, m, latency in done:
             emitted += len(verdict.emitted)
-            if started is None:
+            if latency is None:
                 self_decoded += 1
                 continue
             if verdict.action not in _PLAIN:
                 self.escalations.labels(Action.parse(int(verdict.action)).name.lower()).inc()
             proposed += m
             accepted += verdict.accepted
-            self.latency.observe(now - started)
+            self.latency.observe(latency)
         for counter, amount in ((self.rounds, len(done)), (self.emitted, emitted), (self.proposed, proposed),
                                 (self.accepted, accepted), (self.self_decoded, self_decoded)):
             if amount:

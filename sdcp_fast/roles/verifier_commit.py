@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Iterable, Sequence
 
 from sdcp_fast.cache import object_uri
@@ -164,7 +165,8 @@ class Committer:
                 if session.state in (State.FINISHED, State.FAILED):
                     await self.publish_output(live)  # the whole output, once, before anyone is told it ended
                 self._release(item, round_done, batch)
-                counted.append((round_done.verdict, len(item.work.proposed), item.started if item.future else None))
+                latency = time.perf_counter() - item.started if item.future else None
+                counted.append((round_done.verdict, len(item.work.proposed), latency))
                 done[k] = True
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)

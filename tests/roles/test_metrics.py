@@ -103,7 +103,7 @@ def test_a_pass_counts_its_rounds_as_each_round_would() -> None:
     one_by_one, together = VerifierMetrics(), VerifierMetrics()
     for verdict, proposed, started in done:
         one_by_one.round(verdict, proposed, started)
-    together.pass_committed(done)
+    together.pass_committed([(v, m, None if started is None else 0.001) for v, m, started in done])
     expected, got = samples(one_by_one.text()), samples(together.text())
     for name, labels in [("sdcp_rounds_total", {}), ("sdcp_emitted_tokens_total", {}),
                          ("sdcp_proposed_tokens_total", {}), ("sdcp_accepted_tokens_total", {}),
