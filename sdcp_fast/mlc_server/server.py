@@ -205,7 +205,7 @@ class MLCService:
         try:
             if token is not None:  # the bytes are an upload in shared memory: a slot adopts it
                 ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
-                with upload(self.shm, token, len(body)) as up:
+                with upload(self.shm, token, len(body), ttl) as up:
                     stored = await run_on(mlc, lambda: mlc.put(uri, up, ttl, owner=policy.principal(peer),
                                                                check=check))
                 return self._stored(stored)

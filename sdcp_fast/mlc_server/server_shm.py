@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Iterator
 
 from sdcp_fast.cache.index import MLC, Head
@@ -28,14 +29,18 @@ def shm_tier(mlc: MLC) -> ShmTier | None:
 
 
 @contextlib.contextmanager
-def upload(tier: ShmTier | None, token: str, body_size: int) -> Iterator[ShmUpload]:
-    """The upload ``token`` names, mapped for the put; removed afterwards unless a slot took it
-    (the put failed, or another tier copied it)."""
+def upload(tier: ShmTier | None, token: str, body_size: int, ttl: float | None = None) -> Iterator[ShmUpload]:
+    """The upload ``token`` names, mapped for the put under a birth lease of ``ttl`` seconds;
+    removed afterwards unless a slot took it (the put failed, or another tier copied it)."""
     if tier is None:
         raise BadRequest("this MLC keeps no objects in shared memory")
     if body_size:
         raise BadRequest("a put from shared memory has an empty body")
+    # Taken before the put's own clock reading: a reader that finds the slot by name stops
+    # trusting it no later than the index lets the lease expire.
+    deadline = 0 if ttl is None else time.monotonic_ns() + int(ttl * 1e9)
     up = ShmUpload.open(tier.folder, token)
+    up.deadline = deadline
     try:
         yield up
     finally:

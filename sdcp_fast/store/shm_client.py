@@ -1,7 +1,9 @@
 """Objects of an ``sdcp-fast mlc`` node on this host through its shared memory
 (:mod:`sdcp_fast.cache.tiers.shm`): a put writes the bytes once into a file of the node's folder
 and sends only their name; a get maps the object's slot and reads it in place. No object byte
-crosses TLS or passes through Python.
+crosses TLS or passes through Python. A get first maps the slot linked under the object's name
+(no request at all) and asks the node only when that slot is missing, freed, of another name or
+past its birth lease's deadline.
 
 The requests themselves are the ordinary ones (:mod:`sdcp_fast.mlc_server.server_shm`), so
 authorization, leases and accounting are the node's as for any client. The path is taken only
@@ -19,12 +21,25 @@ import mmap
 import os
 import re
 import secrets
+import time
 from typing import Any
 
 from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.cache.http_client import MLCUnreachable, problem_of
 from sdcp_fast.cache.index import Stored
-from sdcp_fast.cache.tiers.shm import ASK, HEADER, LIVE, MAGIC, SERIAL, SLOT, attach, read_header
+from sdcp_fast.cache.tiers.shm import (
+    ASK,
+    HEADER,
+    LIVE,
+    MAGIC,
+    NAMES,
+    SERIAL,
+    SLOT,
+    attach,
+    name_digest,
+    read_header,
+    read_named,
+)
 from sdcp_fast.cache.tiers.tier import as_bytes_view
 from sdcp_fast.cache.uri import SCHEME, check_key, parse
 from sdcp_fast.protocol.cbor import decode
@@ -85,6 +100,33 @@ def map_slot(folder: str, name: str, serial: int, size: int) -> memoryview:
     if read_header(mm) != (MAGIC, serial, size, LIVE):
         mm.close()
         raise gone
+    return memoryview(mm)[HEADER:]
+
+
+def map_named(folder: str, uri: str) -> memoryview | None:
+    """The bytes of ``uri``'s slot found by its name, mapped read-only, if the header checked
+    after the mapping says it is that object's, LIVE and within its birth lease; None
+    otherwise (the caller asks the node, which knows whether the object is elsewhere or gone).
+    Never another object's bytes: a name's file is replaced, never rewritten, and the node
+    frees a slot (FREED) before it unlinks it."""
+    digest = name_digest(uri)
+    try:
+        fd = os.open(os.path.join(folder + NAMES, digest.hex()), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size - HEADER
+        if size < 1:
+            return None
+        mm = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+    after_map()
+    magic, _, stored, state = read_header(mm)
+    named, deadline = read_named(mm)
+    if (magic, stored, state, named) != (MAGIC, size, LIVE, digest) or (deadline and time.monotonic_ns() >= deadline):
+        mm.close()
+        return None
     return memoryview(mm)[HEADER:]
 
 
@@ -178,6 +220,8 @@ class ShmClient:
             return None
         folder = self.folder
         assert folder is not None
+        if (view := map_named(folder, uri)) is not None:
+            return view
         for attempt in range(1, ASKS + 1):
             out = await self._call("GET", _path(uri), headers={ASK: "1"})
             slot = out.headers.get(SLOT)

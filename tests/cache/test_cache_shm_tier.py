@@ -66,3 +66,28 @@ def test_uploads_never_put_and_folders_of_dead_nodes_are_removed(tmp_path):
         assert not left.exists() and attach(alive.folder, alive.token) and not attach(alive.folder, "d" * 32)
     finally:
         alive.close()
+
+
+def test_a_freed_slot_leaves_the_name_its_object_was_put_again_under(tmp_path):
+    tier = ShmTier(1 << 20, base=str(tmp_path))
+    try:
+        old = tier.write("mlc://s/a/q_rows/1", upload(tier, "d" * 32, b"\1" * 10))
+        new = tier.write("mlc://s/a/q_rows/1", upload(tier, "e" * 32, b"\2" * 10))
+        tier.drop(old)
+        (name,) = os.listdir(tier.names)
+        with open(os.path.join(tier.names, name), "rb") as f:
+            assert f.read()[HEADER:] == b"\2" * 10
+        tier.drop(new)
+        assert os.listdir(tier.names) == []
+    finally:
+        tier.close()
+    assert not os.path.exists(tier.names)
+
+
+def test_the_names_folder_of_a_dead_node_is_removed_with_its_folder(tmp_path):
+    tier = ShmTier(1 << 20, base=str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    with open(os.path.join(tier.folder, "node.id"), "w") as f:
+        f.write(f"{tier.token} {dead.stdout.strip()}\n")
+    ShmTier(1 << 20, base=str(tmp_path)).close()
+    assert not os.path.exists(tier.folder) and not os.path.exists(tier.names)

@@ -204,3 +204,45 @@ def test_an_upload_the_node_does_not_find_goes_over_the_network(tmp_path):
 
         assert run(scenario, base) == data
         assert tier(store).adopted == 0
+
+
+def test_a_same_host_read_finds_the_slot_by_name_without_a_request(tmp_path, monkeypatch):
+    data = os.urandom(ROWS)
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> bytes:
+            await s.put(uri(1), data, 30.0)
+            assert s.shm is not None
+
+            async def no_request(*_: Any, **__: Any) -> Any:
+                raise AssertionError("the node was asked")
+
+            monkeypatch.setattr(s.shm, "_call", no_request)
+            return bytes(await s.get(uri(1)))
+
+        assert run(scenario, base) == data
+
+
+def test_a_slot_past_its_birth_lease_deadline_is_not_read_by_name(tmp_path, monkeypatch):
+    """The node reaps expired leases lazily: by name, a slot is trusted only within the
+    deadline its header carries, and after it the node says whether the object is there."""
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            await s.put(uri(1), b"\1" * ROWS, 5.0)
+            start = time.monotonic_ns()
+            monkeypatch.setattr(shm_client.time, "monotonic_ns", lambda: start + 5_000_000_001)
+            assert shm_client.map_named(tier(store).folder, uri(1)) is None
+
+        run(scenario, base)
+
+
+def test_a_slot_linked_under_another_name_is_never_read_as_that_object(tmp_path):
+    with node(tmp_path) as (store, base):
+        run(lambda s: s.put(uri(1), b"\1" * ROWS, 30.0), base)
+        names = tier(store).names
+        (mine,) = os.listdir(names)
+        other = shm_client.name_digest(uri(2)).hex()
+        os.link(os.path.join(names, mine), os.path.join(names, other))
+        assert shm_client.map_named(tier(store).folder, uri(2)) is None
+        with pytest.raises(ObjectUnavailable):
+            run(lambda s: s.get(uri(2)), base)
+        assert bytes(run(lambda s: s.get(uri(1)), base)) == b"\1" * ROWS

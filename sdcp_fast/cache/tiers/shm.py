@@ -10,13 +10,18 @@ A slot's life (docs/mlc.md, "Same-host objects in shared memory"):
    renames the file to ``slot-<serial>`` and writes the header (magic, serial, size, state
    LIVE). The slot is an object of the cache like any other: leases, writer tags, LRU and scope
    accounting are the index's, unchanged.
-3. A reader on the host asks for the object as usual; the node answers the slot's name and
+3. The slot is also linked under its object's name in the names folder (``<folder>.names/``,
+   the name's digest): a reader on the host maps that file without asking the node, and takes
+   its bytes only if the header, checked after mapping, is LIVE, names the same digest and its
+   birth lease has not run out (``deadline``, ``CLOCK_MONOTONIC``, set before the index's own
+   expiry). Otherwise it asks for the object as usual; the node answers the slot's name and
    serial instead of its bytes, and the reader maps the file read-only and checks the header
    after mapping (:mod:`sdcp_fast.store.shm_client`).
 4. When the index drops the object (its lease released with ``drop`` or expired, even if its
-   writer died; deleted, evicted, moved to another tier) the header is set FREED and the file
+   writer died; deleted, evicted, moved to another tier) the header is set FREED and both names
    unlinked: a reader that opens it later gets ENOENT, one that mapped it before gets FREED at
-   its check. Either is the missing object's error.
+   its check. Either is the missing object's error (the name path then asks the node, which
+   says whether the object is elsewhere or gone).
 
 Slots are never reused: a new object is a new file (a new inode), so a mapping made before a
 free keeps showing the bytes of its own object, never another round's. The node writes a
@@ -30,6 +35,7 @@ trusted with each other's slots as they are with each other's memory.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import mmap
 import os
@@ -51,6 +57,11 @@ MAGIC = b"SDCPSHM1"
 _HEAD = struct.Struct("<8sQQB")
 LIVE, FREED = 1, 2
 STATE_AT = 24
+# After it: the object name's digest and the birth lease's deadline (monotonic ns, 0: none),
+# what a reader that found the slot by name checks.
+_NAMED = struct.Struct("<16sQ")
+NAMED_AT = 32
+NAMES = ".names"  # the sibling folder of slots linked by name: <folder>.names/<digest>
 ID_FILE = "node.id"  # "<token> <pid>": a client is on this host when it reads the same token
 UPLOAD = re.compile(r"[0-9a-f]{32}")
 FOLDER_PREFIX = "sdcp-mlc-"
@@ -70,12 +81,23 @@ def read_header(buf: Any) -> tuple[bytes, int, int, int]:
     return magic, serial, size, state
 
 
+def read_named(buf: Any) -> tuple[bytes, int]:
+    """The digest of the object's name and its birth lease's deadline (0: none)."""
+    digest, deadline = _NAMED.unpack_from(buf, NAMED_AT)
+    return digest, deadline
+
+
+def name_digest(uri: str) -> bytes:
+    return hashlib.blake2b(uri.encode(), digest_size=16).digest()
+
+
 class ShmUpload(mmap.mmap):
     """The bytes of a writer's upload, mapped read-only (the object's data, after the header
     page); a buffer, so any tier can copy it. ``path`` is the upload's file."""
 
     path: str
     serial: int = 0  # set once adopted: the slot's number
+    deadline: int = 0  # the birth lease's end (time.monotonic_ns), taken before the put's; 0: none
 
     @classmethod
     def open(cls, folder: str, token: str) -> ShmUpload:
@@ -102,10 +124,11 @@ class ShmUpload(mmap.mmap):
 class Slot:
     """An object kept in a file of the shared folder: its data mapping and its header."""
 
-    __slots__ = ("data", "head", "name", "path", "serial", "size")
+    __slots__ = ("data", "head", "inode", "link", "name", "path", "serial", "size")
 
-    def __init__(self, data: ShmUpload, head: mmap.mmap, path: str, serial: int) -> None:
+    def __init__(self, data: ShmUpload, head: mmap.mmap, path: str, serial: int, link: str, inode: int) -> None:
         self.data, self.head, self.path, self.serial = data, head, path, serial
+        self.link, self.inode = link, inode
         self.name = os.path.basename(path)
         self.size = len(data)
 
@@ -114,6 +137,10 @@ class Slot:
         self.head[STATE_AT] = FREED
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
+        # The name may be another slot's by now (the object put again): only ours is removed.
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(self.link, follow_symlinks=False).st_ino == self.inode:
+                os.unlink(self.link)
         self.head.close()
         with contextlib.suppress(BufferError):  # a response being sent still views it: unmapped with it
             self.data.close()
@@ -142,6 +169,7 @@ def sweep_dead_nodes(base: str) -> None:
                 continue  # another program's folder, or a node still starting
             if entry.stat(follow_symlinks=False).st_uid == os.getuid() and _dead(pid):
                 shutil.rmtree(entry.path, ignore_errors=True)
+                shutil.rmtree(entry.path + NAMES, ignore_errors=True)
 
 
 class ShmTier(HostTier):
@@ -153,6 +181,8 @@ class ShmTier(HostTier):
         super().__init__(capacity, name=name, pool_bytes=pool_bytes)
         sweep_dead_nodes(base)
         self.folder = tempfile.mkdtemp(prefix=FOLDER_PREFIX, dir=base)  # mode 0700
+        self.names = self.folder + NAMES
+        os.mkdir(self.names, 0o700)
         self.token = secrets.token_hex(16)
         with open(os.path.join(self.folder, ID_FILE), "w") as f:
             f.write(f"{self.token} {os.getpid()}\n")
@@ -175,11 +205,19 @@ class ShmTier(HostTier):
             head = mmap.mmap(fd, HEADER, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
+        digest = name_digest(key)
+        head[NAMED_AT: NAMED_AT + _NAMED.size] = _NAMED.pack(digest, data.deadline)
         head[: _HEAD.size] = header(serial, len(data), LIVE)
+        link = os.path.join(self.names, digest.hex())
+        # A name left by a slot not yet freed (the index drops the old object before the new
+        # write, so only a failed free leaves one) is replaced: the link is made, then renamed.
+        spare = f"{link}.{serial}"
+        os.link(path, spare)
+        os.rename(spare, link)
         data.path, data.serial = path, serial
         self.adopted += 1
         self._sweep_orphans()
-        return Slot(data, head, path, serial)
+        return Slot(data, head, path, serial, link, os.stat(path).st_ino)
 
     def slot_of(self, view: memoryview) -> tuple[str, int] | None:
         """The slot's file name and serial if ``view`` (from :meth:`read`) shows a whole slot."""
@@ -240,6 +278,7 @@ class ShmTier(HostTier):
     def close(self) -> None:
         super().close()
         shutil.rmtree(self.folder, ignore_errors=True)
+        shutil.rmtree(self.names, ignore_errors=True)
 
 
 def attach(folder: str, token: str) -> bool:
@@ -253,4 +292,5 @@ def attach(folder: str, token: str) -> bool:
         return False
 
 
-__all__ = ["ASK", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "ShmTier", "ShmUpload", "Slot", "attach", "header", "read_header"]
+__all__ = ["ASK", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "NAMES", "ShmTier", "ShmUpload", "Slot", "attach",
+           "header", "name_digest", "read_header", "read_named"]
