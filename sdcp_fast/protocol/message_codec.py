@@ -10,6 +10,7 @@ and a Python value before encoding (``dump``). The messages themselves are in
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
@@ -174,6 +175,99 @@ def _wires(cls: type[Message]) -> frozenset[str]:
     return wires
 
 
+# -- the unchecked-looking path ---------------------------------------------------------------
+# Walking the table costs a method call or two per member, and the verifier reads a proposal
+# and writes a verdict and an output every round. So each class also gets one function per
+# direction, generated from its table, that tests each member inline. It takes only values
+# that plainly pass (an int of the exact type in range, bytes of the size, ...) and answers
+# None for anything else; the table walk then runs from the start, so every error, and any
+# value only the walk accepts, comes out exactly as before.
+
+_Dumper = Callable[[Any], "dict[str, Any] | None"]
+_Parser = Callable[[Any, bool], Any]
+_FAST: dict[type, tuple[_Dumper, _Parser] | None] = {}
+
+
+def _test(kind: Kind, v: str, name: str, env: dict[str, Any], parse: bool) -> tuple[str, str] | None:
+    """An expression true when the value ``v`` plainly passes ``kind``, and the value to keep."""
+    if isinstance(kind, UInt) and type(kind) is UInt:
+        only = ""
+        if kind.only is not None:
+            env[name + "_only"] = kind.only
+            only = f" and {v} in {name}_only"
+        return f"type({v}) is int and {kind._lo} <= {v} <= {kind._hi}{only}", v
+    if type(kind) is Bstr:
+        size = "" if kind.size is None else f" and len({v}) == {kind.size}"
+        return f"type({v}) is bytes{size}", v
+    if type(kind) is Tstr:
+        return f"type({v}) is str", v
+    if type(kind) is Bool:
+        return f"({v} is True or {v} is False)", v
+    if type(kind) is Array and kind.item is UINT:
+        nonempty = f" and {v}" if kind.nonempty else ""
+        return (f"type({v}) is {'list' if parse else 'tuple'}{nonempty} and _all_uints({v})",
+                f"tuple({v})" if parse else f"list({v})")
+    return None
+
+
+def _compile(cls: type[Message]) -> tuple[_Dumper, _Parser] | None:
+    if not dataclasses.is_dataclass(cls):
+        return None
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    env: dict[str, Any] = {"_all_uints": cbor.all_uints, "_ABSENT": _ABSENT, "_Invalid": Invalid,
+                           "_cls": cls, "_wires": _wires(cls), "_fast": _fast}
+    dump = ["def dump(self):", "    out = {}"]
+    parse = ["def parse(data, strict):", "    if type(data) is not dict: return None",
+             "    if strict and not data.keys() <= _wires: return None", "    get = data.get"]
+    args = []
+    for i, member in enumerate(cls._members):
+        field_ = fields.get(member.attr)
+        if field_ is None or not field_.init or (member.optional and field_.default is not None):
+            return None  # an absent optional member must read as None, as the walk leaves it
+        kind, name, wire = member.kind, f"k{i}", repr(member.wire)
+        env[name] = kind
+        dump.append(f"    v = self.{member.attr}")
+        parse.append(f"    v = get({wire}, _ABSENT)")
+        skip_d = "    if v is not None:" if member.optional else "    if v is None: return None\n    if True:"
+        skip_p = (f"    if v is _ABSENT: a{i} = None\n    else:" if member.optional
+                  else "    if v is _ABSENT: return None\n    if True:")
+        dump.append(skip_d)
+        parse.append(skip_p)
+        if isinstance(kind, Nested):
+            env[name + "_cls"], env[name + "_p"], env[name + "_s"] = kind.cls, kind.problem, kind.strict
+            dump += [f"        if type(v) is not {name}_cls: return None",
+                     "        d = _fast(type(v))",
+                     "        d = None if d is None else d[0](v)",
+                     "        if d is None: return None",
+                     f"        out[{wire}] = d"]
+            # The nested class checks itself, problems and all, as the walk would call it.
+            parse.append(f"        a{i} = {name}_cls._parse(v, {name}_p, {name}_s)")
+        else:
+            d_test, p_test = _test(kind, "v", name, env, False), _test(kind, "v", name, env, True)
+            if d_test is None or p_test is None:
+                dump += ["        try:", f"            out[{wire}] = {name}.dump(v)",
+                         "        except _Invalid: return None"]
+                parse += ["        try:", f"            a{i} = {name}.parse(v)",
+                          "        except _Invalid: return None"]
+            else:
+                dump += [f"        if not ({d_test[0]}): return None", f"        out[{wire}] = {d_test[1]}"]
+                parse += [f"        if not ({p_test[0]}): return None", f"        a{i} = {p_test[1]}"]
+        args.append(f"{member.attr}=a{i}")
+    dump.append("    return out")
+    parse.append(f"    return _cls({', '.join(args)})")
+    exec("\n".join(dump) + "\n" + "\n".join(parse), env)  # noqa: S102 - source built above from the table
+    return env["dump"], env["parse"]
+
+
+def _fast(cls: type[Message]) -> tuple[_Dumper, _Parser] | None:
+    """``cls``'s generated pair, compiled at its first use (None: the class has none)."""
+    try:
+        return _FAST[cls]
+    except KeyError:
+        fast = _FAST[cls] = _compile(cls)
+        return fast
+
+
 class Message:
     """Codec shared by every message: the table in ``_members`` drives all four directions."""
 
@@ -186,6 +280,11 @@ class Message:
         return self._dump(self._problem)
 
     def _dump(self, problem: type[SdcpProblem]) -> dict[str, Any]:
+        fast = _fast(type(self))
+        if fast is not None:
+            done = fast[0](self)
+            if done is not None:
+                return done
         out: dict[str, Any] = {}
         for member in self._members:
             value = getattr(self, member.attr)
@@ -206,6 +305,11 @@ class Message:
 
     @classmethod
     def _parse(cls: type[_M], data: Any, problem: type[SdcpProblem], strict: bool) -> _M:
+        fast = _fast(cls)
+        if fast is not None:
+            done: _M | None = fast[1](data, strict)
+            if done is not None:
+                return done
         name = cls.__name__
         if not isinstance(data, Mapping):
             raise problem(f"{name} must be a CBOR map")

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from sdcp_fast.protocol import cbor
+from sdcp_fast.protocol import cbor, message_codec
 from sdcp_fast.protocol.message_codec import UINT, UINTS, Bstr, Message, Nested, Prompt, UInt, opt, req
-from sdcp_fast.protocol.problems import BadContract, BadRequest
+from sdcp_fast.protocol.messages import Output, Proposal, Verdict
+from sdcp_fast.protocol.problems import BadContract, BadRequest, SdcpProblem
+from tests.protocol.message_strategies import BY_CLASS, EXAMPLES
 
 
 @dataclass(frozen=True)
@@ -64,3 +70,67 @@ def test_encoding_checks_values_too() -> None:
     with pytest.raises(BadRequest):
         Outer(tokens=(1,), from_=b"ab", inner=3).encode()  # type: ignore[arg-type]
     assert UINT.dump(7) == 7
+
+
+# -- the generated per-class pair against the table walk ---------------------------------------
+
+ODD = [None, -1, 0, 7, 2**64, True, False, 1.5, "x", "", b"", b"x" * 16, b"y" * 32, [], [1, 2], [True], [-1],
+       (3,), {}, {"n": 1}]
+
+
+def _outcome(call: Any) -> tuple[str, Any]:
+    try:
+        return "ok", call()
+    except SdcpProblem as exc:
+        return type(exc).__name__, exc.detail
+
+
+def _walked(call: Any) -> tuple[str, Any]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(message_codec, "_fast", lambda cls: None)
+        return _outcome(call)
+
+
+@pytest.mark.parametrize(("cls", "strategy", "rule"), BY_CLASS, ids=[c.__name__ for c, _, _ in BY_CLASS])
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_generated_pair_answers_as_the_table_walk(
+    cls: type[Any], strategy: st.SearchStrategy[Any], rule: str | None, data: st.DataObject
+) -> None:
+    msg = data.draw(strategy)
+    raw = msg.to_map()
+    assert message_codec._fast(cls) is not None
+    assert _walked(msg.to_map) == ("ok", raw)
+    # One member broken, dropped or added, here or one map down.
+    target = raw
+    nested = [k for k, v in raw.items() if isinstance(v, dict)]
+    if nested and data.draw(st.booleans()):
+        target = raw[data.draw(st.sampled_from(nested))]
+    key = data.draw(st.sampled_from([*target, "unknown"]))
+    if data.draw(st.booleans()) and key in target:
+        del target[key]
+    else:
+        target[key] = data.draw(st.sampled_from(ODD))
+    assert _outcome(lambda: cls.from_map(raw)) == _walked(lambda: cls.from_map(raw))
+
+
+@pytest.mark.parametrize("value", ODD)
+def test_encoding_a_broken_member_answers_as_the_table_walk(value: object) -> None:
+    for cls in (Proposal, Verdict, Output, Inner, Outer):
+        base = EXAMPLES.get(cls) or (Outer(tokens=(1,), from_=b"ab", inner=Inner(3)) if cls is Outer else Inner(3))
+        for member in cls._members:
+            broken = dataclasses.replace(base, **{member.attr: value})
+            assert _outcome(broken.to_map) == _walked(broken.to_map)
+
+
+def test_a_class_the_generator_cannot_follow_keeps_the_table_walk() -> None:
+    @dataclass(frozen=True)
+    class Defaulted(Message):
+        n: int | None = 3  # absent must read as 3, not None
+        _members = (opt("n", UINT),)
+
+    class Plain(Message):
+        _members = (req("n", UINT),)
+
+    assert message_codec._fast(Defaulted) is None and message_codec._fast(Plain) is None
+    assert Defaulted.from_map({}) == Defaulted(3)
