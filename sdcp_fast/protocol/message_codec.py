@@ -254,7 +254,12 @@ def _compile(cls: type[Message]) -> tuple[_Dumper, _Parser] | None:
                 parse += [f"        if not ({p_test[0]}): return None", f"        a{i} = {p_test[1]}"]
         args.append(f"{member.attr}=a{i}")
     dump.append("    return out")
-    parse.append(f"    return _cls({', '.join(args)})")
+    if set(fields) == {m.attr for m in cls._members} and not hasattr(cls, "__post_init__"):
+        # What the frozen dataclass's __init__ would do, one attribute at a time.
+        env["_new"] = object.__new__
+        parse += ["    o = _new(_cls)", f"    o.__dict__.update({', '.join(args)})", "    return o"]
+    else:
+        parse.append(f"    return _cls({', '.join(args)})")
     exec("\n".join(dump) + "\n" + "\n".join(parse), env)  # noqa: S102 - source built above from the table
     return env["dump"], env["parse"]
 
