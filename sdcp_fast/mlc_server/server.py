@@ -58,7 +58,7 @@ from sdcp_fast.mlc_server.server_requests import (
     entry_answer,
     release_body,
 )
-from sdcp_fast.mlc_server.server_shm import ASK, shm_tier, slot_headers, upload
+from sdcp_fast.mlc_server.server_shm import ASK, release_spent, shm_tier, slot_headers, spent_leases, upload
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
@@ -205,9 +205,12 @@ class MLCService:
         try:
             if token is not None:  # the bytes are an upload in shared memory: a slot adopts it
                 ttl = None if lease_ms is None else _ttl(lease_ms, "lease_ms")
+                spent = spent_leases(call.query.get("release"))
                 with upload(self.shm, token, len(body), ttl) as up:
                     stored = await run_on(mlc, lambda: mlc.put(uri, up, ttl, owner=policy.principal(peer),
                                                                check=check))
+                if spent:  # the writer's last rounds' leases, let go of with this put
+                    await run_on(mlc, lambda: release_spent(mlc, peer, spent))
                 return self._stored(stored)
             meta = None
             data: Any = body

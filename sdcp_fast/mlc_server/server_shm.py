@@ -4,6 +4,8 @@ answered with the slot's name instead of its bytes.
 
   GET /shm                              CBOR {folder, token, adopted}; 404 when the node keeps none
   PUT /objects/<name>?shm=<token>       empty body: the object is the upload ``up-<token>``
+      [&release=<lease>,<lease>...]     and, once it is stored, these leases of the caller's
+                                        released with drop (as ``DELETE /leases/<id>?drop=1``)
   GET /objects/<name>, MLC-Shm: 1       200, empty body, MLC-Shm-Slot and MLC-Shm-Serial when
                                         the object is a slot; its bytes as usual otherwise
 
@@ -14,14 +16,20 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from collections.abc import Iterator
 
+from sdcp_fast.cache import policy
 from sdcp_fast.cache.index import MLC, Head
 from sdcp_fast.cache.tiers.shm import ASK, SERIAL, SLOT, ShmTier, ShmUpload
-from sdcp_fast.protocol.problems import BadRequest
+from sdcp_fast.protocol.peer import Peer
+from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
 
-__all__ = ["ASK", "shm_tier", "slot_headers", "upload"]
+__all__ = ["ASK", "release_spent", "shm_tier", "slot_headers", "spent_leases", "upload"]
+
+MAX_SPENT = 64  # leases one put may release
+_SPENT = re.compile(rf"[0-9a-f]{{32}}(?:,[0-9a-f]{{32}}){{0,{MAX_SPENT - 1}}}")
 
 
 def shm_tier(mlc: MLC) -> ShmTier | None:
@@ -49,6 +57,25 @@ def upload(tier: ShmTier | None, token: str, body_size: int, ttl: float | None =
                 os.unlink(up.path)
             with contextlib.suppress(BufferError):
                 up.close()
+
+
+def spent_leases(spec: str | None) -> list[str]:
+    """The lease ids of a put's ``release`` query (checked before the put is made)."""
+    if spec is None:
+        return []
+    if not _SPENT.fullmatch(spec):
+        raise BadRequest(f"release is at most {MAX_SPENT} lease ids, comma-separated")
+    return spec.split(",")
+
+
+def release_spent(mlc: MLC, peer: Peer | None, leases: list[str]) -> None:
+    """``leases`` released with drop, as ``DELETE /leases/<id>?drop=1`` each would be; one
+    that is unknown (expired) or another holder's is left as it is: the put stands either way,
+    and an expired lease has freed its object already."""
+    check = policy.may_hold(peer)
+    for lease in leases:
+        with contextlib.suppress(SdcpProblem):
+            mlc.release(lease, drop=True, check=check)
 
 
 def slot_headers(tier: ShmTier | None, head: Head, view: memoryview) -> dict[str, str] | None:

@@ -17,6 +17,7 @@ from sdcp_fast.protocol.drafting import DrafterSession
 from sdcp_fast.roles.objects import Objects
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.store.nodes import located
+from sdcp_fast.store.shm_client import ShmClient
 
 LEASE_TTL = 30.0  # seconds a q-rows object is held for the verifier; released at the verdict
 
@@ -62,6 +63,10 @@ class QRows:
 
     async def release(self, lease: str) -> None:
         """The round's rows are spent once it is answered (§6.2): deleted, not left to fill the
-        MLC's host tier and be demoted to disk to make room."""
+        MLC's host tier and be demoted to disk to make room. Through the node's shared memory
+        the release rides on our next put there (within 50 ms): a request less a round."""
+        shm = getattr(self.objects.store, "shm", None)
+        if isinstance(shm, ShmClient) and shm.release_later(lease):
+            return
         with contextlib.suppress(Exception):
             await self.objects.release(lease, drop=True)

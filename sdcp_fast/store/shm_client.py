@@ -55,6 +55,10 @@ INLINE_WRITE = 4 << 20
 # The draft objects of a round: written once, read by the verifier, dropped at the verdict.
 # Other kinds (records rewritten in place, tokens) stay on the network path.
 KINDS = frozenset({"q_rows", "draft_kv"})
+# A lease let go of (release_later) rides on this client's next put to the node, or is
+# released on its own after SPENT_WAIT seconds if no put comes first.
+SPENT_WAIT = 0.05
+MAX_SPENT = 64  # the node's bound on the leases one put releases
 # Times a get asks again for an object whose slot was freed between the node's answer and the
 # mapping (an object rewritten that often meanwhile is reported missing).
 ASKS = 3
@@ -153,6 +157,9 @@ class ShmClient:
         self.transport = transport
         self.folder: str | None = None
         self._known = False  # whether the node was asked (and answered) where its folder is
+        self._spent: list[str] = []  # leases to release with drop, with the next put
+        self._flush: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
 
     async def _call(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                     query: dict[str, str] | None = None) -> Response:
@@ -183,6 +190,30 @@ class ShmClient:
         """The node lost our upload (restarted with another folder): ask it again next time."""
         self._known, self.folder = False, None
 
+    def release_later(self, lease: str) -> bool:
+        """Take ``lease`` to release with drop (as :meth:`RemoteStore.release`) with the next put
+        to the node, sparing a request a round; False when this client puts nothing through
+        the node's folder (the caller releases it itself). Released within ``SPENT_WAIT`` s."""
+        if self.folder is None:
+            return False
+        self._spent.append(lease)
+        if self._flush is None:
+            self._flush = asyncio.get_running_loop().call_later(SPENT_WAIT, self._flush_spent)
+        return True
+
+    def _flush_spent(self) -> None:
+        """The leases no put took in time, released one request each."""
+        self._flush = None
+        spent, self._spent = self._spent, []
+        for lease in spent:
+            task = asyncio.ensure_future(self._release(lease))
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _release(self, lease: str) -> None:
+        with contextlib.suppress(Exception):  # as a drafter's own release: expired or gone is done
+            await self._call("DELETE", "leases/" + lease, query={"drop": "1"})
+
     async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Stored | None:
         if hasattr(data, "untyped_storage") or not _drafted(uri):  # a tensor carries its dtype and shape
             return None
@@ -194,6 +225,10 @@ class ShmClient:
         query = {"shm": os.path.basename(upload)[3:]}
         if lease_ttl is not None:
             query["lease_ms"] = str(max(1, round(lease_ttl * 1000)))
+        spent, self._spent = self._spent[:MAX_SPENT], self._spent[MAX_SPENT:]
+        if spent:
+            query["release"] = ",".join(spent)
+        stored: Stored | None = None
         try:
             try:
                 if view.nbytes <= INLINE_WRITE:
@@ -208,10 +243,15 @@ class ShmClient:
             except BadRequest:
                 self.forget()  # it did not find the upload: the bytes go over the network
                 return None
-            return Stored(doc["etag"], doc["tier"], doc.get("lease"))
+            stored = Stored(doc["etag"], doc["tier"], doc.get("lease"))
+            return stored
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(upload)  # gone already when the node took it
+            if stored is None and spent:  # not taken: released on their own
+                self._spent[:0] = spent
+                if self._flush is None:
+                    self._flush = asyncio.get_running_loop().call_later(SPENT_WAIT, self._flush_spent)
 
     async def get(self, uri: str) -> memoryview | None:
         """The object, mapped in place if the node keeps it in a slot; its bytes as sent

@@ -246,3 +246,49 @@ def test_a_slot_linked_under_another_name_is_never_read_as_that_object(tmp_path)
         with pytest.raises(ObjectUnavailable):
             run(lambda s: s.get(uri(2)), base)
         assert bytes(run(lambda s: s.get(uri(1)), base)) == b"\1" * ROWS
+
+
+def test_a_lease_let_go_of_is_released_with_the_next_put_without_a_request_of_its_own(tmp_path, monkeypatch):
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            first = await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert first is not None and s.shm is not None
+            monkeypatch.setattr(shm_client, "SPENT_WAIT", 3600.0)  # no flush: only the put may take it
+
+            async def no_release(*_: Any) -> None:
+                raise AssertionError("released on its own")
+
+            monkeypatch.setattr(s.shm, "_release", no_release)
+            assert s.shm.release_later(first)
+            assert store.mlc.contains(uri(1))
+            await s.put(uri(2), b"\2" * ROWS, 30.0)
+            assert not store.mlc.contains(uri(1)) and store.mlc.contains(uri(2))
+            assert slots(store) == ["slot-2"]
+
+        run(scenario, base)
+
+
+def test_a_lease_no_put_takes_is_released_on_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(shm_client, "SPENT_WAIT", 0.01)
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            lease = await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert lease is not None and s.shm is not None and s.shm.release_later(lease)
+            deadline = time.monotonic() + 30
+            while store.mlc.contains(uri(1)) and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            assert not store.mlc.contains(uri(1)) and slots(store) == []
+
+        run(scenario, base)
+
+
+def test_a_put_with_a_malformed_release_list_is_refused_before_it_is_made(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            assert s.shm is not None and await s.shm.usable()
+            s.shm._spent = ["not-a-lease"]
+            # Refused as a bad request: the client falls back to the network path.
+            await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert tier(store).adopted == 0 and store.mlc.contains(uri(1))
+
+        run(scenario, base)
