@@ -56,6 +56,8 @@ class QRows:
         # be stored has no proposal to send, and giving up would leave it with a drafter that
         # never proposes again.
         data = q_row_object(rows)
+        if isinstance(shm := getattr(self.objects.store, "shm", None), ShmClient):
+            shm.keep = True  # one round's rows after another: written into the same pages
         lease = await retrying(lambda _: self.objects.put(uri, data, LEASE_TTL),
                                attempts=self._attempts, first_delay=self._first_delay,
                                on_retry=lambda *_: self._on_retry())

@@ -16,6 +16,7 @@ objects under ``MIN_BYTES`` or with metadata (tensors),
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import mmap
 import os
@@ -29,12 +30,17 @@ from sdcp_fast.cache.http_client import MLCUnreachable, problem_of
 from sdcp_fast.cache.index import Stored
 from sdcp_fast.cache.tiers.shm import (
     ASK,
+    HEAD_SIZE,
     HEADER,
+    KEPT_AT,
     LIVE,
     MAGIC,
+    NAMED_END,
     NAMES,
+    RECYCLABLE,
     SERIAL,
     SLOT,
+    STATE_AT,
     attach,
     name_digest,
     read_header,
@@ -59,6 +65,10 @@ KINDS = frozenset({"q_rows", "draft_kv"})
 # released on its own after SPENT_WAIT seconds if no put comes first.
 SPENT_WAIT = 0.05
 MAX_SPENT = 64  # the node's bound on the leases one put releases
+# Files a writer keeps to write its next objects into once the node has freed them (the pages
+# stay: none allocated or freed per round), and how many of the oldest a put looks at.
+KEEP = int(os.environ.get("SDCP_SHM_KEEP", 512))
+LOOK = 4
 # Times a get asks again for an object whose slot was freed between the node's answer and the
 # mapping (an object rewritten that often meanwhile is reported missing).
 ASKS = 3
@@ -73,17 +83,82 @@ def write_upload(path: str, data: memoryview) -> None:
     """``data`` after a header page in a new file ``path``: the one copy of its bytes."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     try:
-        done = 0
-        while done < data.nbytes:
-            done += os.pwrite(fd, data[done:], HEADER + done)
+        _write_at(fd, data)
     finally:
         os.close(fd)
 
 
+def _write_at(fd: int, data: memoryview) -> None:
+    done = 0
+    while done < data.nbytes:
+        done += os.pwrite(fd, data[done:], HEADER + done)
+
+
+class Kept:
+    """A file a writer keeps in the node's folder (``w-<pid>-<token>``), open for writing: the
+    upload of one object at a time, written again only once the node set it RECYCLABLE."""
+
+    __slots__ = ("fd", "path", "size")
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, f"w-{os.getpid()}-{secrets.token_hex(16)}")
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        self.size = 0
+
+    def recyclable(self) -> bool:
+        return os.pread(self.fd, 1, STATE_AT) == bytes([RECYCLABLE])
+
+    def write(self, data: memoryview) -> None:
+        if self.size != data.nbytes:
+            os.ftruncate(self.fd, HEADER + data.nbytes)
+            self.size = data.nbytes
+        _write_at(self.fd, data)
+
+    def close(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+        os.close(self.fd)
+
+
+def _read(fd: int, *, serial: int | None = None, size: int | None = None,
+          digest: bytes | None = None) -> memoryview | None:
+    """The bytes of the slot open as ``fd`` if its header says LIVE (and the ``serial``, ``size``
+    and name ``digest`` asked for, and a deadline not passed), else None. Mapped read-only and
+    populated, checked after the mapping; a KEPT slot (its writer may rewrite the file once it
+    is freed) is copied instead, and checked again after the copy."""
+    st = os.fstat(fd).st_size - HEADER
+    head = os.pread(fd, NAMED_END, 0)
+    if len(head) < NAMED_END:
+        return None
+    magic, got, stored, state = read_header(head)
+    named, deadline = read_named(head)
+    if (magic != MAGIC or state != LIVE or stored > st or (serial is not None and got != serial)
+            or (size is not None and stored != size) or (digest is not None and named != digest)
+            or (deadline and time.monotonic_ns() >= deadline)):
+        return None
+    if head[KEPT_AT]:
+        copy = bytearray(stored)
+        if os.preadv(fd, [copy], HEADER) != stored:
+            return None
+        after_map()
+        again = os.pread(fd, HEAD_SIZE, 0)
+        return memoryview(copy) if read_header(again) == (MAGIC, got, stored, LIVE) else None
+    # Populated now: a reader then touches no page fault. On a GPU host this mapping is what
+    # would be registered as pinned (cudaHostRegister) and copied to the device with
+    # non_blocking=True; this machine has no GPU, so the path stops at the host view.
+    mm = mmap.mmap(fd, HEADER + stored, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    after_map()
+    if read_header(mm) != (MAGIC, got, stored, LIVE):
+        mm.close()
+        return None
+    return memoryview(mm)[HEADER:]
+
+
 def map_slot(folder: str, name: str, serial: int, size: int) -> memoryview:
-    """The slot's bytes, mapped read-only; ObjectUnavailable if it was freed (or replaced)
+    """The slot's bytes (:func:`_read`); ObjectUnavailable if it was freed (or replaced)
     before the check that follows the mapping. Freed later, the view still shows these bytes:
-    the node never writes a slot's data, and a new object is a new file."""
+    the node never writes a slot's data, a new object is a new file, and a slot its writer may
+    rewrite is read as a copy."""
     gone = ObjectUnavailable(f"slot {name} of the node's shared memory was freed")
     if not _SLOT_NAME.fullmatch(name) or size < 1:
         raise BadRequest(f"the node named no slot: {name!r}, {size} bytes")
@@ -92,46 +167,29 @@ def map_slot(folder: str, name: str, serial: int, size: int) -> memoryview:
     except FileNotFoundError:
         raise gone from None
     try:
-        if os.fstat(fd).st_size < HEADER + size:
-            raise gone
-        # Populated now: a reader then touches no page fault. On a GPU host this mapping is what
-        # would be registered as pinned (cudaHostRegister) and copied to the device with
-        # non_blocking=True; this machine has no GPU, so the path stops at the host view.
-        mm = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+        view = _read(fd, serial=serial, size=size)
     finally:
         os.close(fd)
-    after_map()
-    if read_header(mm) != (MAGIC, serial, size, LIVE):
-        mm.close()
+    if view is None:
         raise gone
-    return memoryview(mm)[HEADER:]
+    return view
 
 
 def map_named(folder: str, uri: str) -> memoryview | None:
-    """The bytes of ``uri``'s slot found by its name, mapped read-only, if the header checked
-    after the mapping says it is that object's, LIVE and within its birth lease; None
-    otherwise (the caller asks the node, which knows whether the object is elsewhere or gone).
-    Never another object's bytes: a name's file is replaced, never rewritten, and the node
-    frees a slot (FREED) before it unlinks it."""
+    """The bytes of ``uri``'s slot found by its name (:func:`_read`), if the header says it is
+    that object's, LIVE and within its birth lease; None otherwise (the caller asks the node,
+    which knows whether the object is elsewhere or gone). Never another object's bytes: a
+    name's file is replaced, never rewritten, and the node frees a slot (FREED) before it
+    unlinks it."""
     digest = name_digest(uri)
     try:
         fd = os.open(os.path.join(folder + NAMES, digest.hex()), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        size = os.fstat(fd).st_size - HEADER
-        if size < 1:
-            return None
-        mm = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+        return _read(fd, digest=digest)
     finally:
         os.close(fd)
-    after_map()
-    magic, _, stored, state = read_header(mm)
-    named, deadline = read_named(mm)
-    if (magic, stored, state, named) != (MAGIC, size, LIVE, digest) or (deadline and time.monotonic_ns() >= deadline):
-        mm.close()
-        return None
-    return memoryview(mm)[HEADER:]
 
 
 def _drafted(uri: str) -> bool:
@@ -160,6 +218,11 @@ class ShmClient:
         self._spent: list[str] = []  # leases to release with drop, with the next put
         self._flush: asyncio.TimerHandle | None = None
         self._flushing: set[asyncio.Task[None]] = set()
+        # Whether puts keep their files to write later objects into (a writer of one object
+        # after another, e.g. a drafter's q rows); their readers then get copies, checked.
+        self.keep = False
+        self._kept: collections.deque[Kept] = collections.deque()  # oldest first
+        self._keeping = 0  # kept files, in the deque or in a put
 
     async def _call(self, method: str, path: str, *, headers: dict[str, str] | None = None,
                     query: dict[str, str] | None = None) -> Response:
@@ -189,6 +252,25 @@ class ShmClient:
     def forget(self) -> None:
         """The node lost our upload (restarted with another folder): ask it again next time."""
         self._known, self.folder = False, None
+        while self._kept:
+            self._drop(self._kept.popleft())
+
+    def _drop(self, kept: Kept) -> None:
+        self._keeping -= 1
+        kept.close()
+
+    def _take(self, folder: str) -> Kept | None:
+        """A kept file to write the next object into: one of the oldest ``LOOK`` that the node
+        has freed, else a new one while fewer than ``KEEP`` are kept; None past that."""
+        for _ in range(min(LOOK, len(self._kept))):
+            kept = self._kept.popleft()
+            if kept.recyclable():
+                return kept
+            self._kept.append(kept)  # still an object (or freed while a response viewed it)
+        if self._keeping >= KEEP:
+            return None
+        self._keeping += 1
+        return Kept(folder)
 
     def release_later(self, lease: str) -> bool:
         """Take ``lease`` to release with drop (as :meth:`RemoteStore.release`) with the next put
@@ -223,6 +305,7 @@ class ShmClient:
         assert self.folder is not None
         upload = os.path.join(self.folder, "up-" + secrets.token_hex(16))
         query = {"shm": os.path.basename(upload)[3:]}
+        kept = self._take(self.folder) if self.keep and view.nbytes <= INLINE_WRITE else None
         if lease_ttl is not None:
             query["lease_ms"] = str(max(1, round(lease_ttl * 1000)))
         spent, self._spent = self._spent[:MAX_SPENT], self._spent[MAX_SPENT:]
@@ -231,7 +314,10 @@ class ShmClient:
         stored: Stored | None = None
         try:
             try:
-                if view.nbytes <= INLINE_WRITE:
+                if kept is not None:
+                    kept.write(view)
+                    os.link(kept.path, upload)
+                elif view.nbytes <= INLINE_WRITE:
                     write_upload(upload, view)
                 else:
                     await asyncio.to_thread(write_upload, upload, view)
@@ -248,6 +334,12 @@ class ShmClient:
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(upload)  # gone already when the node took it
+            if kept is not None:
+                # Taken by the node, it is written again once the node frees it; else let go.
+                if stored is not None:
+                    self._kept.append(kept)
+                else:
+                    self._drop(kept)
             if stored is None and spent:  # not taken: released on their own
                 self._spent[:0] = spent
                 if self._flush is None:

@@ -91,3 +91,20 @@ def test_the_names_folder_of_a_dead_node_is_removed_with_its_folder(tmp_path):
         f.write(f"{tier.token} {dead.stdout.strip()}\n")
     ShmTier(1 << 20, base=str(tmp_path)).close()
     assert not os.path.exists(tier.folder) and not os.path.exists(tier.names)
+
+
+def test_kept_files_of_dead_writers_are_removed(tmp_path):
+    tier = ShmTier(1 << 20, base=str(tmp_path))
+    try:
+        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout.strip()
+        theirs = os.path.join(tier.folder, f"w-{dead}-{'a' * 32}")
+        mine = os.path.join(tier.folder, f"w-{os.getpid()}-{'b' * 32}")
+        for path in (theirs, mine):
+            with open(path, "wb") as f:
+                f.write(b"\0" * (HEADER + 1))
+        tier._swept -= ORPHAN_AGE  # the sweep is due
+        tier.write("mlc://s/a/q_rows/1", upload(tier, "c" * 32, b"\1" * 10))
+        assert not os.path.exists(theirs) and os.path.exists(mine)
+    finally:
+        tier.close()

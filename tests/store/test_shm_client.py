@@ -292,3 +292,69 @@ def test_a_put_with_a_malformed_release_list_is_refused_before_it_is_made(tmp_pa
             assert tier(store).adopted == 0 and store.mlc.contains(uri(1))
 
         run(scenario, base)
+
+
+def kept_files(store: Any) -> list[str]:
+    return sorted(n for n in os.listdir(tier(store).folder) if n.startswith("w-"))
+
+
+def test_a_kept_file_is_written_again_only_once_the_node_freed_its_object(tmp_path):
+    a, b, c = os.urandom(ROWS), os.urandom(ROWS), os.urandom(ROWS)
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            assert s.shm is not None
+            s.shm.keep = True
+            first = await s.put(uri(1), a, 30.0)
+            await s.put(uri(2), b, 30.0)
+            assert first is not None and len(kept_files(store)) == 2
+            await s.put(uri(3), c, 30.0)  # both still objects: a third file
+            assert len(kept_files(store)) == 3
+            await s.release(first, drop=True)
+            await s.put(uri(4), b"\4" * ROWS, 30.0)  # into the first one's pages
+            assert len(kept_files(store)) == 3
+            for n, data in ((2, b), (3, c), (4, b"\4" * ROWS)):
+                got = await s.get(uri(n))
+                assert bytes(got) == data and not isinstance(got.obj, __import__("mmap").mmap)  # a checked copy
+            with pytest.raises(ObjectUnavailable):
+                await s.get(uri(1))
+
+        run(scenario, base)
+
+
+def test_a_reader_of_a_kept_slot_rewritten_during_its_copy_gets_the_missing_objects_error(tmp_path, monkeypatch):
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            assert s.shm is not None
+            s.shm.keep = True
+            lease = await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert lease is not None
+
+            def free_and_rewrite() -> None:  # between the copy and its check: freed, then written again
+                store.mlc.release(lease, drop=True)
+                (kept,) = kept_files(store)
+                with open(os.path.join(tier(store).folder, kept), "r+b") as f:
+                    f.seek(4096)
+                    f.write(b"\2" * ROWS)
+
+            monkeypatch.setattr(shm_client, "after_map", free_and_rewrite)
+            with pytest.raises(ObjectUnavailable):
+                await s.get(uri(1))
+
+        run(scenario, base)
+
+
+def test_a_writer_keeps_no_file_a_response_still_viewed_when_it_was_freed(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(s: RemoteStore) -> None:
+            assert s.shm is not None
+            s.shm.keep = True
+            lease = await s.put(uri(1), b"\1" * ROWS, 30.0)
+            assert lease is not None
+            viewed = store.mlc.get(uri(1))  # as a response being sent over the network
+            await s.release(lease, drop=True)
+            (kept,) = s.shm._kept
+            assert not kept.recyclable() and bytes(viewed) == b"\1" * ROWS
+            await s.put(uri(2), b"\2" * ROWS, 30.0)  # a new file: the viewed one is never rewritten
+            assert len(kept_files(store)) == 2 and bytes(viewed) == b"\1" * ROWS
+
+        run(scenario, base)

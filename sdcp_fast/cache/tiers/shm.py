@@ -23,10 +23,16 @@ A slot's life (docs/mlc.md, "Same-host objects in shared memory"):
    its check. Either is the missing object's error (the name path then asks the node, which
    says whether the object is elsewhere or gone).
 
-Slots are never reused: a new object is a new file (a new inode), so a mapping made before a
-free keeps showing the bytes of its own object, never another round's. The node writes a
-slot's header only, never its bytes. Other objects (network puts) are kept by
-:class:`~sdcp_fast.cache.tiers.host.HostTier` as before.
+The node never reuses a slot and writes a slot's header only, never its bytes: a new object is
+a new file (a new inode), so a mapping made before a free keeps showing the bytes of its own
+object, never another round's. The one exception is a writer's kept file: a writer may keep a
+link of its own to an upload (``w-<pid>-<token>``) so that, once the slot is freed, it writes
+its next object into the same pages instead of new ones (no page allocated, none freed, per
+round). The node marks such a slot KEPT when it adopts it, and sets RECYCLABLE at its free only
+when no response of its own still views the bytes; the writer rewrites only a RECYCLABLE file.
+A reader of a KEPT slot copies its bytes and checks the header after the copy (serial and
+LIVE unchanged), so it never returns bytes written after the free. Other objects (network
+puts) are kept by :class:`~sdcp_fast.cache.tiers.host.HostTier` as before.
 
 The folder is ``0700``: only processes of the node's user can write or map it, and they are
 trusted with each other's slots as they are with each other's memory.
@@ -55,12 +61,15 @@ HEADER = mmap.PAGESIZE  # the data starts on a page: a view of it is aligned for
 MAGIC = b"SDCPSHM1"
 # magic, serial, size, state: the header's first 25 bytes
 _HEAD = struct.Struct("<8sQQB")
-LIVE, FREED = 1, 2
+LIVE, FREED, RECYCLABLE = 1, 2, 3  # RECYCLABLE: freed, and its writer may write it again
 STATE_AT = 24
+KEPT_AT = 25  # 1: its writer keeps a link to the file and may reuse it once RECYCLABLE
 # After it: the object name's digest and the birth lease's deadline (monotonic ns, 0: none),
 # what a reader that found the slot by name checks.
 _NAMED = struct.Struct("<16sQ")
 NAMED_AT = 32
+NAMED_END = NAMED_AT + _NAMED.size
+HEAD_SIZE = _HEAD.size
 NAMES = ".names"  # the sibling folder of slots linked by name: <folder>.names/<digest>
 ID_FILE = "node.id"  # "<token> <pid>": a client is on this host when it reads the same token
 UPLOAD = re.compile(r"[0-9a-f]{32}")
@@ -124,11 +133,12 @@ class ShmUpload(mmap.mmap):
 class Slot:
     """An object kept in a file of the shared folder: its data mapping and its header."""
 
-    __slots__ = ("data", "head", "inode", "link", "name", "path", "serial", "size")
+    __slots__ = ("data", "head", "inode", "kept", "link", "name", "path", "serial", "size")
 
     def __init__(self, data: ShmUpload, head: mmap.mmap, path: str, serial: int, link: str, inode: int) -> None:
         self.data, self.head, self.path, self.serial = data, head, path, serial
         self.link, self.inode = link, inode
+        self.kept = bool(head[KEPT_AT])
         self.name = os.path.basename(path)
         self.size = len(data)
 
@@ -141,9 +151,14 @@ class Slot:
         with contextlib.suppress(FileNotFoundError):
             if os.stat(self.link, follow_symlinks=False).st_ino == self.inode:
                 os.unlink(self.link)
-        self.head.close()
-        with contextlib.suppress(BufferError):  # a response being sent still views it: unmapped with it
+        try:
             self.data.close()
+        except BufferError:  # a response being sent still views it: unmapped with it, never rewritten
+            pass
+        else:
+            if self.kept:
+                self.head[STATE_AT] = RECYCLABLE
+        self.head.close()
 
 
 def _dead(pid: int) -> bool:
@@ -170,6 +185,14 @@ def sweep_dead_nodes(base: str) -> None:
             if entry.stat(follow_symlinks=False).st_uid == os.getuid() and _dead(pid):
                 shutil.rmtree(entry.path, ignore_errors=True)
                 shutil.rmtree(entry.path + NAMES, ignore_errors=True)
+
+
+def _writer_gone(name: str) -> bool:
+    """Whether the writer whose kept file is ``w-<pid>-<token>`` is dead."""
+    try:
+        return _dead(int(name.split("-")[1]))
+    except (IndexError, ValueError):
+        return True
 
 
 class ShmTier(HostTier):
@@ -201,12 +224,15 @@ class ShmTier(HostTier):
             raise BadRequest("the upload was taken by another put") from None
         fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            os.fchmod(fd, 0o400)  # its writer's bytes are final
+            st = os.fstat(fd)
+            if st.st_nlink == 1:
+                os.fchmod(fd, 0o400)  # its writer's bytes are final
             head = mmap.mmap(fd, HEADER, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
         finally:
             os.close(fd)
         digest = name_digest(key)
         head[NAMED_AT: NAMED_AT + _NAMED.size] = _NAMED.pack(digest, data.deadline)
+        head[KEPT_AT] = st.st_nlink > 1  # another link: its writer's, kept to write again once freed
         head[: _HEAD.size] = header(serial, len(data), LIVE)
         link = os.path.join(self.names, digest.hex())
         # A name left by a slot not yet freed (the index drops the old object before the new
@@ -217,7 +243,7 @@ class ShmTier(HostTier):
         data.path, data.serial = path, serial
         self.adopted += 1
         self._sweep_orphans()
-        return Slot(data, head, path, serial, link, os.stat(path).st_ino)
+        return Slot(data, head, path, serial, link, st.st_ino)
 
     def slot_of(self, view: memoryview) -> tuple[str, int] | None:
         """The slot's file name and serial if ``view`` (from :meth:`read`) shows a whole slot."""
@@ -274,6 +300,9 @@ class ShmTier(HostTier):
                 if entry.name.startswith("up-") and entry.stat(follow_symlinks=False).st_mtime < cutoff:
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(entry.path)
+                elif entry.name.startswith("w-") and _writer_gone(entry.name):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(entry.path)
 
     def close(self) -> None:
         super().close()
@@ -292,5 +321,5 @@ def attach(folder: str, token: str) -> bool:
         return False
 
 
-__all__ = ["ASK", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "NAMES", "ShmTier", "ShmUpload", "Slot", "attach",
+__all__ = ["ASK", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "HEAD_SIZE", "KEPT_AT", "NAMED_END", "NAMES", "RECYCLABLE", "STATE_AT", "ShmTier", "ShmUpload", "Slot", "attach",
            "header", "name_digest", "read_header", "read_named"]
