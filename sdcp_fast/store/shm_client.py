@@ -67,7 +67,7 @@ SPENT_WAIT = 0.05
 MAX_SPENT = 64  # the node's bound on the leases one put releases
 # Files a writer keeps to write its next objects into once the node has freed them (the pages
 # stay: none allocated or freed per round), and how many of the oldest a put looks at.
-KEEP = int(os.environ.get("SDCP_SHM_KEEP", 512))
+KEEP = int(os.environ.get("SDCP_SHM_KEEP", 256))
 LOOK = 4
 # Times a get asks again for an object whose slot was freed between the node's answer and the
 # mapping (an object rewritten that often meanwhile is reported missing).
