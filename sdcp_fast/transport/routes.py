@@ -20,17 +20,41 @@ class NoRoute(LookupError):
         self.method, self.path, self.allowed = method, path, allowed
 
 
+# Answers kept per (method, path): a verifier's rounds ask for the same few paths (its
+# proposals, each session's output) over and over; the patterns are tried once per path.
+MEMO_SIZE = 4096
+
+
 class RouteTable(Generic[E]):
     def __init__(self) -> None:
         self._routes: list[tuple[str, re.Pattern[str], E]] = []
+        # The endpoint and its groups, or None and the methods a NoRoute lists.
+        self._memo: dict[tuple[str, str], tuple[tuple[E, dict[str, str]] | None, tuple[str, ...]]] = {}
 
     def add(self, method: str, pattern: str, endpoint: E) -> None:
         """``pattern`` must match the whole path (relative to the server's root, no leading
         slash); its named groups are handed to the endpoint."""
         self._routes.append((method, re.compile(pattern), endpoint))
+        self._memo.clear()
 
     def match(self, method: str, path: str) -> tuple[E, dict[str, str]]:
         """The endpoint for ``method path`` and the path's named groups (NoRoute if none)."""
+        key = (method, path)
+        known = self._memo.get(key)
+        if known is None:
+            if len(self._memo) >= MEMO_SIZE:
+                self._memo.clear()  # paths are the peers' to choose: the memo stays bounded
+            try:
+                known = self._memo[key] = (self._match(method, path), ())
+            except NoRoute as none:
+                self._memo[key] = (None, none.allowed)
+                raise
+        found, allowed = known
+        if found is None:
+            raise NoRoute(method, path, allowed)
+        return found[0], dict(found[1])  # the caller's own copy
+
+    def _match(self, method: str, path: str) -> tuple[E, dict[str, str]]:
         allowed: list[str] = []
         for m, pattern, endpoint in self._routes:
             found = pattern.fullmatch(path)

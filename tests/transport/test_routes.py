@@ -27,3 +27,24 @@ def test_a_path_no_pattern_takes_has_no_allowed_methods_and_a_wrong_method_lists
     with pytest.raises(NoRoute) as wrong:
         table().match("DELETE", "objects/a")
     assert wrong.value.allowed == ("GET", "PUT")
+
+
+def test_answers_are_the_same_when_asked_again_and_after_a_route_is_added():
+    t = table()
+    for _ in range(2):
+        endpoint, groups = t.match("GET", "objects/a")
+        assert (endpoint, groups) == ("get", {"name": "a"})
+        groups["name"] = "changed"  # the caller's own copy
+        with pytest.raises(NoRoute) as wrong:
+            t.match("DELETE", "objects/a")
+        assert wrong.value.allowed == ("GET", "PUT")
+    t.add("DELETE", r"objects/(?P<name>.+)", "delete")
+    assert t.match("DELETE", "objects/a") == ("delete", {"name": "a"})
+
+
+def test_the_memo_of_answers_stays_bounded(monkeypatch):
+    monkeypatch.setattr("sdcp_fast.transport.routes.MEMO_SIZE", 8)
+    t = table()
+    for i in range(20):
+        assert t.match("GET", f"objects/{i}") == ("get", {"name": str(i)})
+        assert len(t._memo) <= 8
