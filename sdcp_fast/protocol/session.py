@@ -106,6 +106,10 @@ class State(enum.Enum):
     FAILED = "failed"
     FENCED = "fenced"  # our append hit a fence: a newer epoch owns the session (§6.3)
 
+    # Members are singletons compared by identity: the C slot hashes them as well as Enum's
+    # Python-level hash of the name does, which every (state, input) lookup paid for.
+    __hash__ = object.__hash__
+
 
 class Input(enum.Enum):
     """What the adapter feeds a session. Where the outcome of a call decides the next state
@@ -131,6 +135,8 @@ class Input(enum.Enum):
     APPEND_FAILED_SELF = "append-failed-self"  # of a self-decoded round: decoded again
     APPEND_FENCED = "append-fenced"
     SUPERSEDE = "supersede"
+
+    __hash__ = object.__hash__  # as State's
 
 
 _S, _I = State, Input
@@ -165,6 +171,8 @@ TRANSITIONS: dict[tuple[State, Input], State] = {
 """``(state, input) -> next state``; a missing pair is refused (see ``_refuse``)."""
 
 _ENGINE_INPUTS = frozenset(set(Input) - {_I.ASSIGN, _I.POLICY, _I.PROPOSAL})
+_MARKERS = {_S.FINISHED: Action.FINISH, _S.FAILED: Action.FAIL, _S.SELF_DECODING: Action.SELF_DECODE}
+"""The session-state's ``state`` member of each state that has one."""
 
 ROUND_LIMIT = 0xFFFFFFFF
 """The last round whose uniforms can be drawn: §6.4 packs the round as uint32."""
@@ -371,8 +379,7 @@ class VerifierSession:
         return self.state in (State.FINISHED, State.FAILED, State.FENCED)
 
     def session_state(self) -> SessionState:
-        marker = {State.FINISHED: Action.FINISH, State.FAILED: Action.FAIL,
-                  State.SELF_DECODING: Action.SELF_DECODE}.get(self.state)
+        marker = _MARKERS.get(self.state)
         current = self._current
         if marker is None and current is not None and current.proposal is None and not self._self_stop:
             marker = Action.SELF_DECODE  # a self-decoded round in progress, with more to follow

@@ -208,6 +208,27 @@ class Batcher:
                                      prefill.chunks_failed, state in _OPEN, self_decoding, owes))
         return lives, needs
 
+    def _pending(self) -> bool:
+        """``pending(self._survey()[1], ...)``, self-decoding started alike, without building
+        the need of every session that owes a proposal: a prefilled session is pending only
+        when it self-decodes. Asked before each idle wait, at hundreds of sessions."""
+        idle = self.self_decode_idle
+        now = self.clock() if idle is not None else 0.0
+        found = False
+        for live in self.sessions.records():
+            s = live.session
+            state = s.state
+            if state is State.READY and s.drafter is None and self_decode_due(live.opened, now, idle):
+                s.begin_self_decoding(load=self.load.percent())
+                state = s.state
+            if found:
+                continue  # the walk goes on: every session due is started, as _survey does
+            if state is State.SELF_DECODING:
+                found = True
+            elif not live.prefill.done:
+                found = pending((_need(live),), self.prefill_chunk)
+        return found
+
     def _compose(self) -> tuple[list[Round], list[tuple[LiveSession, int]], Plan]:
         """The next pass as planned: its rounds (queued ones, then self-decoded ones) and its
         prefill chunks ``(session, context end)``; the rounds it leaves stay queued in order."""
@@ -226,7 +247,7 @@ class Batcher:
     async def run(self) -> None:
         """Form and score batches until cancelled."""
         while True:
-            if not self._queue and not pending(self._survey()[1], self.prefill_chunk):
+            if not self._queue and not self._pending():
                 self.wake.clear()
                 # Unassigned sessions are looked at again while self-decoding them is enabled.
                 idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)

@@ -166,6 +166,25 @@ def test_chunked_prefill_decodes_what_one_pass_does(tmp_path, ngram):
     assert _decode(tmp_path, 7, ngram, solo=20)[0] == whole  # bigger passes where no round shares them
 
 
+def test_the_check_before_an_idle_wait_answers_as_the_plans_survey(tmp_path, monkeypatch):
+    """``Batcher._pending`` walks the sessions without building their needs: over chunked
+    prefill, self-decoded and drafted sessions it answers what ``pending`` over ``_survey``
+    does, asked right after it."""
+    answers: list[tuple[bool, bool]] = []
+    walk = verifier_batch.Batcher._pending
+
+    def both(self: verifier_batch.Batcher) -> bool:
+        found = walk(self)
+        answers.append((found, verifier_batch.pending(self._survey()[1], self.prefill_chunk)))
+        return found
+
+    monkeypatch.setattr(verifier_batch.Batcher, "_pending", both)
+    for ngram in (False, True):
+        _decode(tmp_path, 7, ngram)
+    assert all(fast == surveyed for fast, surveyed in answers)
+    assert {fast for fast, _ in answers} == {True, False}
+
+
 def test_a_pass_no_decoding_round_shares_feeds_the_solo_budget(tmp_path, monkeypatch):
     """Alone, the 45-token prompt goes in passes of up to 16 tokens (``prefill_solo``); beside a
     decoding session, in chunks of 4 (``prefill_chunk``, not grown here); the output is one
