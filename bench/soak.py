@@ -1,7 +1,8 @@
 """Soak: N concurrent sessions through ``sdcp-fast up``'s processes (toy model) for a fixed
-time, with a fault injected every few seconds, in turn: the busiest verifier killed with -9,
-a verifier stopped (SIGSTOP) past its status expiry then continued, a drafter killed with -9,
-and a burst of cut and delayed connections to the verifiers (tests/faults/faultkit.py).
+time, with a fault injected every few seconds, in turn: the verifier holding most of its
+sessions killed with -9, the one holding most stopped (SIGSTOP) past its status expiry then
+continued, a drafter killed with -9, and a burst of cut and delayed connections to the
+verifiers (tests/faults/faultkit.py).
 Dead processes are restarted as ``sdcp-fast up`` does.
 
 It reports sessions completed and failed, tokens committed, tokens lost (committed but not
@@ -39,7 +40,7 @@ from tests.faults.faultkit import (  # noqa: E402
     FaultUp,
     Seen,
     audit,
-    busiest_verifier,
+    holder,
     jobs,
     proc_stats,
     stop_until_failed_over,
@@ -130,12 +131,15 @@ def leases(up: FaultUp) -> int | None:
         return None
 
 
-async def fault(up: FaultUp, kind: str, rng: random.Random) -> None:
+async def fault(up: FaultUp, kind: str, rng: random.Random, live: set[bytes]) -> None:
+    """One fault; a verifier's lands on the one that holds most of the soak's sessions in flight
+    (``live``), not on the busiest: sessions of others can keep a verifier busy that holds none."""
     ttl = up.status_ttl_ms / 1000
     if kind == "kill-verifier":
-        up.kill(await busiest_verifier(up))
+        up.kill((await holder(up, lambda: list(live)))[0])
     elif kind == "stop-verifier":  # past its status expiry, until the router failed a session over
-        await stop_until_failed_over(up, await busiest_verifier(up), least=3 * ttl, deadline=60.0)
+        name, held = await holder(up, lambda: list(live))
+        await stop_until_failed_over(up, name, least=3 * ttl, deadline=60.0, sessions=held or None)
     elif kind == "kill-drafter":
         up.kill(rng.choice([n for n, s in up.services.items() if s.role == "drafter"]))
     elif kind == "cut-connections":
@@ -156,6 +160,7 @@ async def soak(up: FaultUp, *, duration: float, sessions: int, fault_every: floa
     t0 = time.monotonic()
     stop_at = t0 + duration
     finished: list[Seen] = []
+    live: set[bytes] = set()  # sessions in flight
     injected = asyncio.Event()
 
     async def worker(i: int) -> None:
@@ -165,12 +170,15 @@ async def soak(up: FaultUp, *, duration: float, sessions: int, fault_every: floa
             if local.random() < 0.5:  # seeded rule 2 for half of them
                 job = type(job)(job.prompt, job.max_tokens, job.session, local.randrange(1 << 32))
             seen = Seen(job)
+            live.add(job.session)
             try:
                 finished.append(await asyncio.wait_for(client.stream(seen), stuck_after))
             except TimeoutError:
                 seen.error = f"stuck: no end after {stuck_after:.0f} s"
                 report.stuck += 1
                 finished.append(seen)
+            finally:
+                live.discard(job.session)
 
     async def injector() -> None:
         k = 0
@@ -179,7 +187,7 @@ async def soak(up: FaultUp, *, duration: float, sessions: int, fault_every: floa
                 await asyncio.sleep(fault_every)
                 kind = faults[k % len(faults)]
                 k += 1
-                await fault(up, kind, rng)
+                await fault(up, kind, rng, live)
                 report.faults[kind] += 1
         finally:
             injected.set()

@@ -524,16 +524,16 @@ async def busiest_verifier(up: FaultUp) -> str:
     return await busiest(up, "verifier", "sdcp_rounds_total")
 
 
-async def holding(up: FaultUp, sessions: Sequence[bytes]) -> dict[str, int]:
-    """Per verifier (its service name), how many of ``sessions`` the router's routing records
-    give it that have not ended: where a kill now lands on these sessions mid-stream."""
+async def holding(up: FaultUp, sessions: Sequence[bytes]) -> dict[str, list[bytes]]:
+    """Per verifier (its service name), those of ``sessions`` the router's routing records give
+    it that have not ended: where a kill now lands on these sessions mid-stream."""
     from sdcp_fast.cache.http_client import AsyncMLC, mlc_transport
     from sdcp_fast.protocol import SdcpProblem
     from sdcp_fast.protocol.routing_records import decode_record
     from sdcp_fast.transport.tls import client_context
 
     names = {svc.uri.rstrip("/"): name for name, svc in up.services.items() if svc.role == "verifier"}
-    count = dict.fromkeys(names.values(), 0)
+    held: dict[str, list[bytes]] = {name: [] for name in names.values()}
     transport = mlc_transport(client_context(*up.role_cert("router")))
     mlc = AsyncMLC(up.mlc_url(), transport)
     try:
@@ -544,21 +544,23 @@ async def holding(up: FaultUp, sessions: Sequence[bytes]) -> dict[str, int]:
                 continue  # not routed yet
             name = names.get(routed.verifier.rstrip("/"))
             if name is not None and not routed.done:
-                count[name] += 1
+                held[name].append(session)
     finally:
         await transport.close()
-    return count
+    return held
 
 
-async def holder(up: FaultUp, sessions: Sequence[bytes], deadline: float = 60.0) -> tuple[str, int]:
-    """The verifier that holds most of ``sessions`` not yet ended, and how many, once one holds
-    any (or at the deadline: then the count says none)."""
+async def holder(up: FaultUp, sessions: Callable[[], Sequence[bytes]] | Sequence[bytes],
+                 deadline: float = 60.0) -> tuple[str, list[bytes]]:
+    """The verifier that holds most of ``sessions`` (or of what ``sessions()`` gives each time
+    it looks) not yet ended, and those it holds, once one holds any (or at the deadline: then
+    none)."""
     t0 = time.monotonic()
     while True:
-        count = await holding(up, sessions)
-        name = max(count, key=lambda n: count[n])
-        if count[name] > 0 or time.monotonic() - t0 > deadline:
-            return name, count[name]
+        held = await holding(up, sessions() if callable(sessions) else sessions)
+        name = max(held, key=lambda n: len(held[n]))
+        if held[name] or time.monotonic() - t0 > deadline:
+            return name, held[name]
         await asyncio.sleep(0.05)
 
 

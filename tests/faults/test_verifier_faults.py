@@ -43,10 +43,10 @@ def test_kill_9_of_verifiers_at_random_points_changes_no_committed_token(whole: 
         sessions = [job.session for job in batch]
         for _ in range(2):
             await asyncio.sleep(rng.uniform(0.2, 1.5) if killed else rng.uniform(0.0, 0.3))
-            name, n = await holder(up, sessions, deadline=60.0 if not killed else 0.0)
-            if n == 0 and killed:
+            name, hers = await holder(up, sessions, deadline=60.0 if not killed else 0.0)
+            if not hers and killed:
                 break  # the batch ended before the second kill: the first one landed
-            held[name] = held.get(name, 0) + n
+            held[name] = held.get(name, 0) + len(hers)
             up.kill(name)
             killed.append(name)
             await asyncio.to_thread(up.restart)
