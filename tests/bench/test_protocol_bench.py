@@ -30,7 +30,12 @@ def test_shortest_run_reports_every_level_rule_and_window(tmp_path: Path) -> Non
     for (rule, _), row in windows.items():
         assert row["rounds"] > 0
         assert row["kinds"]["POST proposals"][0] == 1.0  # one proposal per round, the others counted per round
-        assert ("GET q_rows" in row["kinds"]) == (rule == 2)
+        assert ("PUT q_rows" in row["kinds"]) == (rule == 2)
+        # Through the MLC node's shared memory (the default) the verifier finds the rows' slot by
+        # name, with no request (sdcp_fast/store/shm_client.py); it asks the MLC only where that
+        # fails (a slot replaced meanwhile), and over the network it GETs them every round.
+        assert row["kinds"].get("GET q_rows", [0.0])[0] < 0.5
+    assert got["q_rows"] == "shm"
     assert [e["concurrency"] for e in got["echo"]] == [1, 4] and all(e["rps"] > 0 for e in got["echo"])
     assert got["core_us_per_round"] > 0
     assert "rounds/s" in done.stdout and "exchanges/round" in done.stdout and "echo concurrency" in done.stdout
