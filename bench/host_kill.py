@@ -18,7 +18,6 @@ hears from it.
 from __future__ import annotations
 
 import argparse
-import base64
 import json
 import os
 import statistics
@@ -28,36 +27,10 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 from sdcp_fast.cluster import simulate
-from sdcp_fast.cluster.etcd_client import EtcdClient, b64
-from sdcp_fast.cluster.membership import ROOT, range_end
+from sdcp_fast.cluster.etcd_records import new_session, routed_sessions
 from sdcp_fast.cluster.spec import ClusterSpec, load
-from sdcp_fast.protocol.routing import RoutedSession
-from sdcp_fast.protocol.routing_records import decode_record
-
-
-def routed_sessions(spec: ClusterSpec) -> list[RoutedSession]:
-    """The routing records etcd holds."""
-    etcd = EtcdClient(spec.etcd_clients())
-    start = f"{ROOT}{spec.token}/records/"
-    try:
-        out = etcd.call("/v3/kv/range", {"key": b64(start), "range_end": b64(range_end(start))})
-    finally:
-        etcd.close()
-    found = []
-    for kv in out.get("kvs", []):
-        try:
-            found.append(decode_record(base64.b64decode(kv["value"])))
-        except ValueError:
-            continue  # not a session's record
-    return found
-
-
-def host_of(spec: ClusterSpec, uri: str) -> str:
-    address = urlsplit(uri).hostname
-    return next(h.name for h in spec.hosts if h.address == address)
 
 
 def stream(endpoints: dict[str, Any], model: str, prompt: str, max_tokens: int,
@@ -85,13 +58,9 @@ def one_kill(directory: Path, spec: ClusterSpec, prompt: str, max_tokens: int, a
     killed: dict[str, Any] = {}
 
     def kill() -> None:
-        deadline = time.monotonic() + 30
-        while not (mine := [s for s in routed_sessions(spec) if s.session not in before and not s.done]):
-            if time.monotonic() > deadline:
-                raise TimeoutError("the session's routing record never showed in etcd")
-            time.sleep(0.05)
-        host = host_of(spec, mine[0].verifier)
-        killed["drafter_host"] = host_of(spec, mine[0].drafter) if mine[0].drafter else None
+        mine = new_session(spec, before)
+        host = spec.host_at(mine.verifier)
+        killed["drafter_host"] = spec.host_at(mine.drafter) if mine.drafter else None
         killed["host"], killed["at"] = host, time.monotonic()
         net.kill(host)
 

@@ -16,12 +16,17 @@ import json
 import time
 import urllib.request
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sdcp_fast.cache.failures import ObjectUnavailable
 from sdcp_fast.cluster.etcd_client import EtcdClient, b64
-from sdcp_fast.cluster.membership import ROOT
+from sdcp_fast.cluster.membership import ROOT, range_end
 from sdcp_fast.protocol.messages import session_path_id
+from sdcp_fast.protocol.routing import RoutedSession
+from sdcp_fast.protocol.routing_records import decode_record
+
+if TYPE_CHECKING:
+    from sdcp_fast.cluster.spec import ClusterSpec
 
 # A member asked whether the cluster takes writes answers within this, or is taken for lost: a
 # stopped one takes the connection and never answers.
@@ -33,6 +38,35 @@ HEALTH_KEPT_S = 1.0
 def commit_log_ref(cluster: str, port: int, scope: bytes, session: bytes) -> str:
     """The commit log of ``session`` (of the routers' ``scope``) in ``cluster``'s etcd."""
     return f"etcd://127.0.0.1:{port}{ROOT}{cluster}/logs/{scope.hex()}/{session_path_id(session)}"
+
+
+def routed_sessions(spec: ClusterSpec) -> list[RoutedSession]:
+    """The sessions whose routing records ``spec``'s etcd holds (the routers' indexes left out):
+    what the fault tests and benches across hosts look sessions up in."""
+    etcd = EtcdClient(spec.etcd_clients())
+    start = f"{ROOT}{spec.token}/records/"
+    try:
+        out = etcd.call("/v3/kv/range", {"key": b64(start), "range_end": b64(range_end(start))})
+    finally:
+        etcd.close()
+    found = []
+    for kv in out.get("kvs", []):
+        try:
+            found.append(decode_record(base64.b64decode(kv["value"])))
+        except ValueError:
+            continue  # a router's index, not a session's record
+    return found
+
+
+def new_session(spec: ClusterSpec, before: set[bytes], timeout: float = 30.0) -> RoutedSession:
+    """The first session not in ``before`` and not ended whose routing record etcd holds, once
+    it shows (a router writes it after the session opened)."""
+    deadline = time.monotonic() + timeout
+    while not (mine := [s for s in routed_sessions(spec) if s.session not in before and not s.done]):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the session's routing record never showed in etcd")
+        time.sleep(0.05)
+    return mine[0]
 
 
 class EtcdRecords:

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROLES = ("etcd", "mlc", "router", "verifier", "drafter", "mooncake-master")
 # The processes that speak no SDCP: no certificate, no registration in the membership registry.
@@ -95,6 +96,11 @@ class ClusterSpec:
             if h.name == name:
                 return h
         raise ValueError(f"no host {name!r} in the spec (hosts: {', '.join(h.name for h in self.hosts)})")
+
+    def host_at(self, uri: str) -> str:
+        """The name of the host whose address ``uri`` names."""
+        address = urlsplit(uri).hostname
+        return next(h.name for h in self.hosts if h.address == address)
 
     def instances(self, role: str | None = None) -> list[Instance]:
         """Every instance, host by host; ``role``'s only if given."""

@@ -9,7 +9,6 @@ through h1's front end (h1 holds no verifier)."""
 
 from __future__ import annotations
 
-import base64
 import json
 import os
 import signal
@@ -19,45 +18,20 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from sdcp_fast.cluster import simulate
-from sdcp_fast.cluster.etcd_client import EtcdClient, b64
-from sdcp_fast.cluster.membership import ROOT, range_end
+from sdcp_fast.cluster.etcd_records import new_session, routed_sessions
 from sdcp_fast.cluster.spec import ClusterSpec, load
 from sdcp_fast.commitlog.etcd import EtcdCommitLog, EtcdError
 from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.routing import RoutedSession
-from sdcp_fast.protocol.routing_records import decode_record
 from tests.deploy.test_up import greedy_text
 
 pytestmark = pytest.mark.services
 
 N = 160  # tokens per stream: long enough that a fault lands while it runs
-
-
-def sessions(spec: ClusterSpec) -> list[RoutedSession]:
-    """The routed sessions whose routing records etcd holds (the routers' indexes left out)."""
-    etcd = EtcdClient(spec.etcd_clients())
-    start = f"{ROOT}{spec.token}/records/"
-    try:
-        out = etcd.call("/v3/kv/range", {"key": b64(start), "range_end": b64(range_end(start))})
-    finally:
-        etcd.close()
-    found = []
-    for kv in out.get("kvs", []):
-        try:
-            found.append(decode_record(base64.b64decode(kv["value"])))
-        except ValueError:
-            continue
-    return found
-
-
-def host_of(spec: ClusterSpec, uri: str) -> str:
-    address = urlsplit(uri).hostname
-    return next(h.name for h in spec.hosts if h.address == address)
 
 
 def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None],
@@ -67,7 +41,7 @@ def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None],
     and the session as it was when the fault came."""
     endpoints = json.loads((directory / "endpoints.json").read_text())
     spec = load(directory / "cluster.toml")
-    before = {r.session for r in sessions(spec)}
+    before = {r.session for r in routed_sessions(spec)}
     request = urllib.request.Request(endpoints["frontends"][0] + "completions", data=json.dumps(
         {"model": "toy", "prompt": prompt, "max_tokens": max_tokens, "stream": True, "temperature": 0}).encode(), headers={
         "Authorization": f"Bearer {endpoints['api_key']}", "Content-Type": "application/json"})
@@ -79,11 +53,7 @@ def stream(directory: Path, prompt: str, fault: Callable[[RoutedSession], None],
                 continue
             text.append(json.loads(line[6:])["choices"][0]["text"])
             if faulted is None and "".join(text):
-                deadline = time.monotonic() + 30
-                while not (mine := [s for s in sessions(spec) if s.session not in before and not s.done]):
-                    assert time.monotonic() < deadline, "the session's routing record never showed in etcd"
-                    time.sleep(0.1)
-                faulted = mine[0]
+                faulted = new_session(spec, before)
                 fault(faulted)
     assert faulted is not None, "the stream ended before any text"
     return "".join(text), faulted
@@ -103,7 +73,7 @@ def opened(request: urllib.request.Request) -> Any:
 
 
 def after(spec: ClusterSpec, session: bytes) -> RoutedSession:
-    return next(s for s in sessions(spec) if s.session == session)
+    return next(s for s in routed_sessions(spec) if s.session == session)
 
 
 def test_losing_one_etcd_member_mid_stream_changes_nothing(cluster: tuple[Path, ClusterSpec]) -> None:
@@ -111,7 +81,7 @@ def test_losing_one_etcd_member_mid_stream_changes_nothing(cluster: tuple[Path, 
     state = json.loads((directory / "cluster.json").read_text())
 
     def kill_member(routed: RoutedSession) -> None:  # the member on the active verifier's host
-        host = host_of(spec, routed.verifier)
+        host = spec.host_at(routed.verifier)
         [pid] = [p["pid"] for h in state["hosts"] if h["name"] == host for p in h["processes"] if p["role"] == "etcd"]
         os.kill(pid, signal.SIGKILL)
 
@@ -127,7 +97,7 @@ def test_a_cut_off_verifier_host_is_fenced_and_commits_nothing_after_the_fence(c
     cut: list[str] = []
 
     def cut_off(routed: RoutedSession) -> None:
-        cut.append(host_of(spec, routed.verifier))
+        cut.append(spec.host_at(routed.verifier))
         net.cut_off(cut[0])
 
     prompt = "the router verifies each epoch"
@@ -143,7 +113,7 @@ def test_a_cut_off_verifier_host_is_fenced_and_commits_nothing_after_the_fence(c
         for host in cut:
             net.restore(host)
     assert text == greedy_text(prompt, N)
-    assert moved.epoch > routed.epoch and host_of(spec, moved.verifier) != cut[0]
+    assert moved.epoch > routed.epoch and spec.host_at(moved.verifier) != cut[0]
     fence = next(i for i, r in enumerate(records) if isinstance(r, FenceRecord) and r.epoch == moved.epoch)
     assert not any(isinstance(r, CommitRecord) and r.epoch < moved.epoch for r in records[fence:]), \
         "the old verifier committed after the fence"
@@ -169,14 +139,14 @@ def test_kill_9_of_the_active_verifier_s_host_moves_the_session(cluster: tuple[P
     killed: list[str] = []
 
     def kill_host(routed: RoutedSession) -> None:
-        killed.append(host_of(spec, routed.verifier))
+        killed.append(spec.host_at(routed.verifier))
         net.kill(killed[0])
 
     prompt = "a drafter proposes many tokens"
     text, routed = stream(directory, prompt, kill_host)
     assert text == greedy_text(prompt, N)
     moved = after(spec, routed.session)
-    assert moved.epoch > routed.epoch and host_of(spec, moved.verifier) != killed[0]
+    assert moved.epoch > routed.epoch and spec.host_at(moved.verifier) != killed[0]
 
 
 def test_a_stream_survives_its_verifier_s_host_killed_then_the_next_one_cut_off(
@@ -203,22 +173,22 @@ def test_a_stream_survives_its_verifier_s_host_killed_then_the_next_one_cut_off(
                 now = after(spec, session)
             except (OSError, EtcdError):
                 now = None  # no quorum while two members are away: ask again
-            if now is not None and now.epoch > epoch and host_of(spec, now.verifier) != host:
+            if now is not None and now.epoch > epoch and spec.host_at(now.verifier) != host:
                 return now
             assert time.monotonic() < deadline, f"the session never left {host} (epoch {epoch})"
             time.sleep(0.05)
 
     def chain(routed: RoutedSession) -> None:
         try:
-            first = host_of(spec, routed.verifier)
+            first = spec.host_at(routed.verifier)
             net.kill(first)
             moved = moved_from(routed.session, first, routed.epoch, time.monotonic() + 120)
-            order.append((host_of(spec, moved.verifier), moved.epoch))
+            order.append((spec.host_at(moved.verifier), moved.epoch))
             cut.append(order[0][0])
             net.cut_off(cut[0])
             simulate.restart(directory, first, wait_routers=False)
             back = moved_from(routed.session, cut[0], moved.epoch, time.monotonic() + 180)
-            order.append((host_of(spec, back.verifier), back.epoch))
+            order.append((spec.host_at(back.verifier), back.epoch))
         except BaseException as exc:  # noqa: BLE001 - the test asserts on it
             failed.append(exc)
         finally:
@@ -236,6 +206,6 @@ def test_a_stream_survives_its_verifier_s_host_killed_then_the_next_one_cut_off(
     threads[0].join(240)
     assert not failed, failed
     assert text == greedy_text(prompt, 400)
-    first = host_of(spec, routed.verifier)
+    first = spec.host_at(routed.verifier)
     assert [h for h, _ in order] == [cut[0], first], order
     assert order[0][1] > routed.epoch and order[1][1] > order[0][1]

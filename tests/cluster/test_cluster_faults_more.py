@@ -24,11 +24,12 @@ from typing import Any
 import pytest
 
 from sdcp_fast.cluster import simulate
+from sdcp_fast.cluster.etcd_records import new_session, routed_sessions
 from sdcp_fast.cluster.spec import ClusterSpec, load
 from sdcp_fast.commitlog.etcd import EtcdCommitLog
 from sdcp_fast.protocol.commitlog import CommitRecord, LogRecord
 from sdcp_fast.protocol.routing import RoutedSession
-from tests.cluster.test_cluster_faults import N, after, host_of, opened, sessions, stream
+from tests.cluster.test_cluster_faults import N, after, opened, stream
 from tests.deploy.test_up import greedy_text
 
 pytestmark = pytest.mark.services
@@ -162,7 +163,7 @@ def test_losing_a_drafter_s_host_leaves_the_session_to_the_other_drafter_or_its_
 
     def kill_drafter_host(routed: RoutedSession) -> None:
         assert routed.drafter is not None, "the session had no drafter to lose"
-        killed.append(host_of(spec, routed.drafter))
+        killed.append(spec.host_at(routed.drafter))
         net.kill(killed[0])
 
     prompt = "the router verifies each epoch"
@@ -170,7 +171,7 @@ def test_losing_a_drafter_s_host_leaves_the_session_to_the_other_drafter_or_its_
         text, routed = stream_at(directory, 1, prompt, kill_drafter_host)
         assert text == greedy_text(prompt, N)
         moved = after(spec, routed.session)
-        assert moved.drafter is None or host_of(spec, moved.drafter) != killed[0]
+        assert moved.drafter is None or spec.host_at(moved.drafter) != killed[0]
         assert committed(log_of(spec, moved)) == N
     finally:
         for host in killed:
@@ -197,7 +198,7 @@ def stream_at(directory: Path, frontend: int, prompt: str, fault: Callable[[Rout
     that ends without [DONE] is resumed there with ``Last-Event-ID`` (the last id read). The
     whole text and the session as it was at the fault."""
     spec = load(directory / "cluster.toml")
-    before = {r.session for r in sessions(spec)}
+    before = {r.session for r in routed_sessions(spec)}
     text: list[str] = []
     last, faulted, finished = None, None, False
     try:
@@ -209,11 +210,7 @@ def stream_at(directory: Path, frontend: int, prompt: str, fault: Callable[[Rout
                 text.append(piece)
                 last = ident or last
                 if faulted is None and "".join(text):
-                    deadline = time.monotonic() + 30
-                    while not (mine := [s for s in sessions(spec) if s.session not in before and not s.done]):
-                        assert time.monotonic() < deadline, "the session's routing record never showed in etcd"
-                        time.sleep(0.1)
-                    faulted = mine[0]
+                    faulted = new_session(spec, before)
                     fault(faulted)
     except (OSError, http.client.HTTPException):  # the front end's host died under the stream
         if resume_at is None:

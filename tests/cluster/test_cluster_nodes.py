@@ -11,15 +11,15 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 
 from sdcp_fast.cache.http_client import RemoteMLC
+from sdcp_fast.cluster.etcd_records import routed_sessions
 from sdcp_fast.cluster.spec import ClusterSpec
 from sdcp_fast.transport.certs import instance_files
 from sdcp_fast.transport.tls import client_context
-from tests.cluster.test_cluster_faults import opened, sessions
+from tests.cluster.test_cluster_faults import opened
 from tests.cluster.test_cluster_toy import complete
 from tests.deploy.test_up import greedy_text
 
@@ -58,11 +58,6 @@ class Nodes:
             client.close()
 
 
-def host_of(spec: ClusterSpec, uri: str) -> str:
-    address = urlsplit(uri).hostname
-    return next(h.name for h in spec.hosts if h.address == address)
-
-
 def sampled(directory: Path, url: str, seed: int) -> str:
     """A rule-2 completion (temperature 1): its proposals carry q rows."""
     import urllib.request
@@ -83,11 +78,11 @@ def test_q_rows_are_held_at_their_drafter_s_node_and_verifier_objects_at_the_ver
     used: dict[str, tuple[str, str]] = {}  # session -> (its drafter's host, its verifier's host)
     with Nodes(directory, spec) as nodes:
         for n, url in enumerate([*endpoints["frontends"], *endpoints["frontends"]]):
-            before = {s.session for s in sessions(spec)}
+            before = {s.session for s in routed_sessions(spec)}
             assert sampled(directory, url, seed=n + 1)
-            for s in sessions(spec):
+            for s in routed_sessions(spec):
                 if s.session not in before and s.drafter:
-                    used[s.session.hex()] = (host_of(spec, s.drafter), host_of(spec, s.verifier))
+                    used[s.session.hex()] = (spec.host_at(s.drafter), spec.host_at(s.verifier))
             if {d for d, _ in used.values()} == drafter_hosts:
                 break
         time.sleep(0.5)  # a last poll after the last verdict
