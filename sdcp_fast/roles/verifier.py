@@ -22,7 +22,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 from sdcp_fast.model.interfaces import TargetKV, TargetScorer
@@ -47,7 +47,7 @@ from sdcp_fast.protocol.messages import ROLE_VERIFIER
 from sdcp_fast.protocol.peer import Peer, PeerRole, require_role, same_instance
 from sdcp_fast.protocol.problems import Busy, Forbidden
 from sdcp_fast.protocol.registry import SessionRegistry
-from sdcp_fast.protocol.session import Pending, State
+from sdcp_fast.protocol.session import Pending, ScoreNeeded, State
 from sdcp_fast.roles.load import VerifierLoad
 from sdcp_fast.roles.metrics import VerifierMetrics
 from sdcp_fast.roles.objects import Objects
@@ -61,6 +61,7 @@ from sdcp_fast.roles.wire import (
     Routes,
     SdcpClient,
     decode_body,
+    decode_message,
     report_status_forever,
     routers_of,
     to_every_router,
@@ -103,8 +104,9 @@ class VerifierRole:
         self.batcher = Batcher(scorer, self.sessions, config, context, committer=self.committer)
         self.routes.add("POST", r"sessions", self._post_session)
         self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
-        self.routes.add("POST", r"proposals", self._post_proposal)
-        self.routes.add("GET", r"sessions/(?P<sid>[^/]+)/output", self._get_output)
+        # The two requests of every round: answered in a plain call where the server can.
+        self.routes.add_direct("POST", r"proposals", self._propose)
+        self.routes.add_direct("GET", r"sessions/(?P<sid>[^/]+)/output", self._output)
         self.routes.add("POST", r"sessions/(?P<sid>[^/]+)/policy", self._post_policy)
         self.routes.add("DELETE", r"sessions/(?P<sid>[^/]+)", self._delete_session)  # an extension
         self.routes.add("DELETE", r"sessions/(?P<sid>[^/]+)/drafter", self._delete_drafter)  # an extension
@@ -254,45 +256,79 @@ class VerifierRole:
             self.batcher.wake.set()
         return session.session_state()
 
-    async def _get_output(self, request: Request, sid: str) -> Output:
+    def _output(self, peer: Peer | None, headers: Mapping[str, str], body: bytes, query: Mapping[str, str],
+                groups: dict[str, str]) -> Output | asyncio.Future[Output]:
+        """``GET sessions/{id}/output?from=n``: the output from ``n`` at once when there is
+        some, or a future answered by the commit that releases tokens, the session's end or
+        ``output_wait`` seconds, whichever is first."""
         # The router's only (docs/security.md, "Who reads a session's output"): it hands the
         # output to the front end that opened the session; no other peer has a reason to read it.
-        require_role(request.peer, PeerRole.ROUTER)
-        live = self.live(sid)
-        raw = request.query.get("from", "0")
+        require_role(peer, PeerRole.ROUTER)
+        live = self.live(groups["sid"])
+        raw = query.get("from", "0")
         if not raw.isdigit():
             raise BadRequest("from must be a uint")
         start = int(raw)
-        deadline = self.clock() + self.config.output_wait
-        while True:
-            if live.gone is not None:
-                raise live.gone
-            out = live.session.output(start)
-            remaining = deadline - self.clock()
-            if out.tokens or out.final or remaining <= 0:
-                return out
-            await live.waiters.reader(self._deadlines, remaining)
+        if live.gone is not None:
+            raise live.gone
+        out = live.session.output(start)
+        if out.tokens or out.final or self.config.output_wait <= 0:
+            return out
+        answer: asyncio.Future[Output] = asyncio.get_running_loop().create_future()
+        self._poll(live, start, self.clock() + self.config.output_wait, answer)
+        return answer
 
-    async def _post_proposal(self, request: Request) -> Verdict:
-        peer = request.peer
+    def _poll(self, live: LiveSession, start: int, deadline: float, answer: asyncio.Future[Output],
+              _woken: object = None) -> None:
+        """Answer a waiting output read, or wait again (a reader woken by the session's end, a
+        commit or its deadline; a commit of other tokens leaves nothing from ``start`` yet)."""
+        if answer.done():
+            return
+        if live.gone is not None:
+            answer.set_exception(live.gone)
+            return
+        out = live.session.output(start)
+        remaining = deadline - self.clock()
+        if out.tokens or out.final or remaining <= 0:
+            answer.set_result(out)
+            return
+        reader = live.waiters.reader(self._deadlines, remaining)
+        reader.add_done_callback(functools.partial(self._poll, live, start, deadline, answer))
+
+    def _propose(self, peer: Peer | None, headers: Mapping[str, str], body: bytes, query: Mapping[str, str],
+                 groups: dict[str, str]) -> Verdict | asyncio.Future[Verdict]:
+        """``POST proposals``: a recorded verdict at once; else the future of the round's verdict,
+        settled by the pass that commits it (a rule-2 round's rows, an identical request being
+        verified and a problem that publishes the output first take a task)."""
         if peer is not None and not peer.is_(PeerRole.DRAFTER):
             # §6.3 Authorization: a client that is not the assigned drafter (a router's or any
             # other role's certificate included) is "403 with problem type sdcp-not-assigned".
             raise NotAssigned("only the drafter named in the latest assignment may propose")
-        proposal = decode_body(Proposal, request)
+        proposal = decode_message(Proposal, headers, body)
         live = self.live(proposal.session)
         client: Peer | str = peer if peer is not None else ""
-        while True:
-            try:
-                work = live.session.receive_proposal(proposal, client=client, now=self.clock())
-            except SdcpProblem as problem:
-                if "session_state" in problem.extra:  # the drafter will learn the tokens behind it
-                    await self.committer.publish_output(live)
+        try:
+            work = live.session.receive_proposal(proposal, client=client, now=self.clock())
+        except SdcpProblem as problem:
+            if "session_state" not in problem.extra:
                 raise
-            if isinstance(work, Verdict):
-                return work
-            if not isinstance(work, Pending):
-                break
+            return self.context.background.spawn(self._published(live, problem))
+        if isinstance(work, Verdict):
+            return work
+        if isinstance(work, Pending) or work.needs_q:
+            return self.context.background.spawn(self._propose_later(client, proposal, live, work))
+        round_ = Round(work, live=live, future=asyncio.get_running_loop().create_future(),
+                       drafter=live.session.drafter)
+        return self.batcher.enqueue(round_)
+
+    async def _published(self, live: LiveSession, problem: SdcpProblem) -> Verdict:
+        """``problem``, once the drafter can learn the tokens behind it (its session_state)."""
+        await self.committer.publish_output(live)
+        raise problem
+
+    async def _propose_later(self, client: Peer | str, proposal: Proposal, live: LiveSession,
+                             work: ScoreNeeded | Pending) -> Verdict:
+        while isinstance(work, Pending):
             # An identical request is being verified: its verdict answers this one too (§6.3).
             waiter = live.waiters.verdicts.get(work.round)
             if waiter is None:
@@ -300,5 +336,14 @@ class VerifierRole:
             else:
                 with contextlib.suppress(SdcpProblem, asyncio.CancelledError):
                     await asyncio.shield(waiter)
+            try:
+                again = live.session.receive_proposal(proposal, client=client, now=self.clock())
+            except SdcpProblem as problem:
+                if "session_state" in problem.extra:  # the drafter will learn the tokens behind it
+                    await self.committer.publish_output(live)
+                raise
+            if isinstance(again, Verdict):
+                return again
+            work = again
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         return await self.batcher.submit(Round(work, live=live, future=future, drafter=live.session.drafter), proposal)

@@ -107,6 +107,22 @@ class Batcher:
         """A pass's prefill tokens beside decoding rounds, at most (learnt: ``_adapt``)."""
         return self.budget.value
 
+    def enqueue(self, item: Round) -> asyncio.Future[Verdict]:
+        """Queue a drafter's round that needs no q rows; its future, settled by the pass that
+        commits it (or drops it). A retry of the same request waits on that future
+        (``live.waiters``), which :meth:`Round.settle` forgets when it answers."""
+        future = item.future
+        assert future is not None
+        item.live.waiters.verdicts[item.work.round] = future
+        self._queued(item)
+        return future
+
+    def _queued(self, item: Round) -> None:
+        self._queue.append(item)
+        self._expected -= 1
+        if self._expected <= 0 or len(self._queue) >= self.max_batch:
+            self.wake.set()
+
     async def submit(self, item: Round, proposal: Proposal) -> Verdict:
         """Queue a drafter's round (after its q rows, under rule 2) and wait for its verdict.
 
@@ -123,10 +139,7 @@ class Batcher:
             except BaseException:
                 verdicts.pop(round_, None)
                 raise
-        self._queue.append(item)
-        self._expected -= 1
-        if self._expected <= 0 or len(self._queue) >= self.max_batch:
-            self.wake.set()
+        self._queued(item)
         try:
             return await future
         except asyncio.CancelledError:
@@ -386,5 +399,4 @@ def _drop(item: Round) -> None:
     """A round the pass could not score: nothing committed; the drafter sends it again."""
     if item.live.session.state is State.SCORING:
         item.live.session.abandon()
-    if item.future is not None and not item.future.done():
-        item.future.set_exception(InternalError("the round could not be scored"))  # a 5xx (§6.9)
+    item.settle(InternalError("the round could not be scored"))  # a 5xx (§6.9)

@@ -15,13 +15,15 @@ import heapq
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from sdcp_fast.protocol import Action, SdcpProblem, Verdict
 from sdcp_fast.protocol.registry import SessionRegistry
 from sdcp_fast.protocol.session import VerifierSession
 from sdcp_fast.roles.scoring import Scored
 from sdcp_fast.store.interface import Log
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -226,10 +228,11 @@ class Background:
     def __init__(self) -> None:
         self._tasks: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def cancel(self) -> None:
         tasks = list(self._tasks)

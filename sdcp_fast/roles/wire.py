@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 from sdcp_fast.protocol import (
@@ -31,6 +32,7 @@ from sdcp_fast.protocol import (
     session_path_id,
 )
 from sdcp_fast.protocol.messages import instance_path_id
+from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import InternalError, problem_from_response
 from sdcp_fast.roles.retry import retrying
 from sdcp_fast.transport.base import Request, Response, Transport
@@ -42,6 +44,9 @@ log = logging.getLogger("sdcp_fast.roles")
 
 M = TypeVar("M")
 Endpoint = Callable[..., Awaitable[Any]]
+# A route's answer in a plain call: (peer, headers, body, query, path groups) -> a message,
+# None, a Response, or a future of one of those (roles answer their hot routes so).
+DirectEndpoint = Callable[[Peer | None, Mapping[str, str], bytes, Mapping[str, str], dict[str, str]], Any]
 
 
 class NotFound(SdcpProblem):
@@ -56,15 +61,42 @@ class MethodNotAllowed(SdcpProblem):
     title = "Method not allowed on this resource"
 
 
+# One mapping for every message answer: read-only, so a server may keep the fields it makes of it.
+_MESSAGE_HEADERS: Mapping[str, str] = MappingProxyType({"content-type": MEDIA_TYPE})
+_NO_CONTENT = Response(204)
+
+
 def message_response(message: Any, status: int = 200) -> Response:
     if message is None:
-        return Response(204)
-    return Response(status, message.encode(), {"content-type": MEDIA_TYPE})
+        return _NO_CONTENT
+    return Response(status, message.encode(), _MESSAGE_HEADERS)
+
+
+class _Direct:
+    """A route with an answer in a plain call (:meth:`Routes.add_direct`); awaited, it is the
+    route's endpoint for every other server and transport."""
+
+    __slots__ = ("answer",)
+
+    def __init__(self, answer: DirectEndpoint) -> None:
+        self.answer = answer
+
+    async def __call__(self, request: Request, **groups: str) -> Any:
+        result = self.answer(request.peer, request.headers, request.body, request.query, groups)
+        if isinstance(result, asyncio.Future):
+            # The caller's cancellation (its client went away) leaves the work to finish: a
+            # retry of the same request is answered by its outcome (a drafter's round, say).
+            return await asyncio.shield(result)
+        return result
 
 
 class Routes:
     """``(method, path pattern) -> endpoint``; the endpoint gets the request and the path's
-    named groups and returns a message (200), None (204) or a :class:`Response`."""
+    named groups and returns a message (200), None (204) or a :class:`Response`.
+
+    Routes added with :meth:`add_direct` are answered in a plain call as well
+    (:meth:`answer_now`, a :class:`~sdcp_fast.transport.base.DirectHandler`): the native
+    server builds no request, task or coroutine for them."""
 
     def __init__(self) -> None:
         self._table = RouteTable[Endpoint]()
@@ -73,6 +105,40 @@ class Routes:
 
     def add(self, method: str, pattern: str, endpoint: Endpoint) -> None:
         self._table.add(method, pattern, endpoint)
+
+    def add_direct(self, method: str, pattern: str, answer: DirectEndpoint) -> None:
+        """A route whose ``answer(peer, headers, body, query, groups)`` returns what an
+        endpoint returns, or a future of it; it raises problems as an endpoint does."""
+        self._table.add(method, pattern, _Direct(answer))
+
+    def answer_now(self, method: str, path: str, query: Mapping[str, str], body: bytes, headers: Mapping[str, str],
+                   peer: Peer | None) -> Response | asyncio.Future[Any] | None:
+        try:
+            endpoint, groups = self._table.match(method, path)
+        except NoRoute:
+            return None  # the problem is the general path's to answer
+        if type(endpoint) is not _Direct:
+            return None
+        try:
+            result = endpoint.answer(peer, headers, body, query, groups)
+        except SdcpProblem as problem:
+            return self._problem(problem)
+        except Exception:  # a bug: logged here, never a traceback on the wire
+            log.exception("%s %s failed", method, path)
+            return self._problem(InternalError())
+        if isinstance(result, asyncio.Future):
+            return result
+        return result if isinstance(result, Response) else message_response(result)
+
+    def settled(self, future: asyncio.Future[Any]) -> Response:
+        error = future.exception()  # CancelledError when it was cancelled
+        if error is None:
+            result = future.result()
+            return result if isinstance(result, Response) else message_response(result)
+        if isinstance(error, SdcpProblem):
+            return self._problem(error)
+        log.error("a request failed", exc_info=error)
+        return self._problem(InternalError())
 
     async def __call__(self, request: Request) -> Response:
         try:
@@ -133,9 +199,15 @@ async def _healthy(request: Request) -> None:
 
 
 def decode_body(cls: type[M], request: Request) -> M:
-    if request.headers.get("content-type", MEDIA_TYPE).split(";")[0].strip() != MEDIA_TYPE:
+    return decode_message(cls, request.headers, request.body)
+
+
+def decode_message(cls: type[M], headers: Mapping[str, str], body: bytes) -> M:
+    """``body`` as a ``cls`` message (BadRequest unless its content type is SDCP's, or none)."""
+    kind = headers.get("content-type")
+    if kind is not None and kind != MEDIA_TYPE and kind.split(";")[0].strip() != MEDIA_TYPE:
         raise BadRequest(f"body must be {MEDIA_TYPE}")
-    return cls.decode(request.body)  # type: ignore[attr-defined,no-any-return]
+    return cls.decode(body)  # type: ignore[attr-defined,no-any-return]
 
 
 class SdcpClient:

@@ -2,14 +2,17 @@
 
 Servers build a :class:`Request` per HTTP request (method, path without the base URI's
 path, decoded query, body bytes, the peer from the client certificate) and hand it to a
-:data:`Handler`; clients send one through :meth:`Transport.request` to a base URI.
+:data:`Handler`; clients send one through :meth:`Transport.request` to a base URI. A handler
+that is also a :class:`DirectHandler` answers its hot routes without either: the native
+server (nativeserver.py) asks it first.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from sdcp_fast.protocol.peer import Peer
 
@@ -41,6 +44,27 @@ class Response:
 
 Handler = Callable[[Request], Awaitable[Response]]
 """A role's request handler: every transport calls the same one."""
+
+
+@runtime_checkable
+class DirectHandler(Protocol):
+    """A :data:`Handler` whose hot routes are also answered in a plain call, with no
+    :class:`Request`, task or coroutine per request: a server calls :meth:`answer_now` from its
+    loop callback and falls back to ``__call__`` when it returns None."""
+
+    def __call__(self, request: Request) -> Awaitable[Response]:
+        ...
+
+    def answer_now(self, method: str, path: str, query: Mapping[str, str], body: bytes, headers: Mapping[str, str],
+                   peer: Peer | None) -> Response | asyncio.Future[Any] | None:
+        """The answer to a request (``path`` relative and unquoted, as in :class:`Request`), or a
+        future whose outcome :meth:`settled` turns into it, or None: not a route answered here."""
+        ...
+
+    def settled(self, future: asyncio.Future[Any]) -> Response:
+        """The answer a done future of :meth:`answer_now` stands for (CancelledError if it was
+        cancelled: no answer, as for a cancelled handler)."""
+        ...
 
 
 class Transport(Protocol):

@@ -6,7 +6,10 @@ stream bounds. It queues a request once its stream ends and wakes this loop thro
 eventfd per batch; :class:`NativeServer` takes the whole batch, runs the same
 :data:`~sdcp_fast.transport.base.Handler` the pure-Python server runs (h2server.py), one
 task per request, and hands the responses back in one call per loop iteration, to be framed
-and encrypted off the GIL. Python never sees a TLS record or an HTTP/2 frame here.
+and encrypted off the GIL. Python never sees a TLS record or an HTTP/2 frame here. A
+handler that is a :class:`~sdcp_fast.transport.base.DirectHandler` is asked first, in the
+batch's own callback: a route it answers costs no request object, task or coroutine (an
+answer still to come is a future, answered from its done-callback).
 
 What a handler sees and what a client gets are those of h2server.py: the peer from the
 client certificate's URI SANs, the path relative to the base path (404 outside it), the
@@ -31,13 +34,13 @@ import importlib
 import logging
 import os
 import ssl as ssl_module
-from collections.abc import Coroutine
-from types import ModuleType
+from collections.abc import Coroutine, Mapping
+from types import MappingProxyType, ModuleType
 from typing import Any
 from urllib.parse import parse_qsl, unquote
 
 from sdcp_fast.protocol.peer import Peer, peer_from_uris
-from sdcp_fast.transport.base import Handler, Request, Response
+from sdcp_fast.transport.base import DirectHandler, Handler, Request, Response
 from sdcp_fast.transport.fields import outbound_fields
 from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.problem import INTERNAL_ERROR_DETAIL, http_problem
@@ -127,12 +130,29 @@ def _peer(uris: tuple[str, ...]) -> Peer:
     return peer_from_uris(uris)
 
 
+def _query(raw: str) -> dict[str, str]:
+    """``parse_qsl(raw, keep_blank_values=True)`` as a dict; one plain ``name=value`` (a
+    long-poll's ``from=n``) without the parser."""
+    if not raw:
+        return {}
+    if "&" in raw or "%" in raw or "+" in raw:
+        return dict(parse_qsl(raw, keep_blank_values=True))
+    name, _, value = raw.partition("=")
+    return {name: value} if name or value else {}
+
+
+_EMPTY: Mapping[str, str] = MappingProxyType({})
+
+
 class NativeServer:
     """A listening server whose connections live in the native thread; :func:`serve` makes one."""
 
     def __init__(self, core: Any, handler: Handler, limits: Limits, base_path: str) -> None:
         self._core = core
         self.handler = handler
+        self._direct = handler if isinstance(handler, DirectHandler) else None
+        # The fields of read-only header mappings (a role's message answers share one).
+        self._fields: dict[int, tuple[Mapping[str, str], list[tuple[str, str]]]] = {}
         self.limits = limits
         self.base_path = "/" + base_path.strip("/") + "/" if base_path.strip("/") else "/"
         self.closing = False
@@ -179,7 +199,15 @@ class NativeServer:
     # -- from the native thread ------------------------------------------------------------
     def _ready(self) -> None:
         requests, events = self._core.take()
+        direct, base = self._direct, self.base_path
         for conn, sid, method, path, headers, body, uris in requests:
+            if direct is not None:
+                raw_path, _, raw_query = path.partition("?")
+                if raw_path.startswith(base) and "%" not in raw_path:
+                    answer = self._answer_now(direct, conn, sid, method, raw_path[len(base):], raw_query, headers,
+                                              body, uris)
+                    if answer:
+                        continue
             self._spawn(self._respond(conn, sid, method, path, headers, body, uris))
         for kind, conn, sid, code in events:
             if kind == _REFUSED:
@@ -191,6 +219,44 @@ class NativeServer:
                 self._wake_drained((conn, sid))
             elif kind == _DRAINED:
                 self._wake_drained((conn, sid))
+
+    def _answer_now(self, direct: DirectHandler, conn: int, sid: int, method: str, path: str, raw_query: str,
+                    headers: dict[str, str], body: bytes, uris: tuple[str, ...] | None) -> bool:
+        """Whether ``direct`` took the request: answered now, or when its future is done."""
+        try:
+            answer = direct.answer_now(method, path, _query(raw_query) if raw_query else _EMPTY, body, headers,
+                                       _peer(uris) if uris is not None else None)
+        except Exception:
+            log.exception("handler failed: %s /%s", method, path)
+            answer = http_problem(500, INTERNAL_ERROR_DETAIL)
+        if answer is None:
+            return False
+        if isinstance(answer, Response):
+            self._send(conn, sid, answer)
+        else:
+            answer.add_done_callback(functools.partial(self._settled, direct, conn, sid))
+        return True
+
+    def _settled(self, direct: DirectHandler, conn: int, sid: int, future: asyncio.Future[Any]) -> None:
+        try:
+            response = direct.settled(future)
+        except asyncio.CancelledError:  # no answer will come: reset the stream, which frees it
+            self._push((_RESET, conn, sid, None, None, _INTERNAL_ERROR))
+            return
+        except Exception:
+            log.exception("handler failed on stream %d", sid)
+            response = http_problem(500, INTERNAL_ERROR_DETAIL)
+        self._send(conn, sid, response)
+
+    def _send(self, conn: int, sid: int, response: Response) -> None:
+        """Answer with ``response`` (not streamed), or reset the stream if it cannot be sent."""
+        try:
+            if response.stream is not None:
+                raise TypeError("a streamed response is not a direct answer")
+            self._answer(conn, sid, response)
+        except Exception:
+            log.exception("cannot answer stream %d", sid)
+            self._push((_RESET, conn, sid, None, None, _INTERNAL_ERROR))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = self._loop.create_task(coro)
@@ -217,8 +283,7 @@ class NativeServer:
             return
         peer = _peer(uris) if uris is not None else None
         request = Request(method=method, path=unquote(raw_path[len(self.base_path):]),
-                          query=dict(parse_qsl(raw_query, keep_blank_values=True)) if raw_query else {},
-                          body=body, headers=headers, peer=peer)
+                          query=_query(raw_query) if raw_query else {}, body=body, headers=headers, peer=peer)
         try:
             response = await self.handler(request)
         except Exception:
@@ -261,10 +326,20 @@ class NativeServer:
             body = memoryview(body)
             if not body.c_contiguous:
                 body = body.tobytes()
-        fields = [(":status", str(response.status))]
-        fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
-        fields.append(("content-length", str(body.nbytes if isinstance(body, memoryview) else len(body))))
+        fields = [(":status", str(response.status)), *self._header_fields(response.headers),
+                  ("content-length", str(body.nbytes if isinstance(body, memoryview) else len(body)))]
         self._push((_RESPOND, conn, sid, fields, body, 0))
+
+    def _header_fields(self, headers: Mapping[str, str]) -> list[tuple[str, str]]:
+        if type(headers) is not MappingProxyType:
+            return [f for f in outbound_fields(dict(headers)) if f[0] != "content-length"]
+        kept = self._fields.get(id(headers))
+        if kept is None or kept[0] is not headers:
+            if len(self._fields) >= 64:
+                self._fields.clear()
+            kept = self._fields[id(headers)] = (headers, [f for f in outbound_fields(dict(headers))
+                                                         if f[0] != "content-length"])
+        return kept[1]
 
     async def _pump(self, conn: int, sid: int, response: Response) -> None:
         assert response.stream is not None

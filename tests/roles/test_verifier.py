@@ -31,7 +31,10 @@ from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE
 from sdcp_fast.roles.objects import pack_tokens, unpack_tokens
+from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.wire import Routes
 from sdcp_fast.store.logs import ThreadedLog
+from sdcp_fast.transport.base import Request, Response
 
 from .rolekit import (
     DRAFTER,
@@ -51,6 +54,34 @@ from .rolekit import (
 )
 
 S = sid(1)
+
+
+class AnsweredNow:
+    """The verifier's handler as the native server calls it: a route answered directly
+    (``Routes.answer_now``, a future settled later) takes no request through ``Routes``."""
+
+    def __init__(self, routes: Routes) -> None:
+        self.routes = routes
+        self.general: list[str] = []
+
+    async def __call__(self, request: Request) -> Response:
+        answer = self.routes.answer_now(request.method, request.path, request.query, request.body,
+                                        request.headers, request.peer)
+        if answer is None:
+            self.general.append(f"{request.method} {request.path.split('/')[-1]}")
+            return await self.routes(request)
+        if isinstance(answer, Response):
+            return answer
+        await asyncio.wait([answer])
+        return self.routes.settled(answer)
+
+
+@pytest.fixture(autouse=True, params=["general", "direct"])
+def answered(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Every test here runs through the route table's coroutines and through its direct answers."""
+    if request.param == "direct":
+        monkeypatch.setattr(VerifierRole, "handler", property(lambda role: AnsweredNow(role.routes)))
+    return str(request.param)
 
 
 def suffix_status(exc: pytest.ExceptionInfo[SdcpProblem]) -> tuple[str, int]:
@@ -358,6 +389,34 @@ def test_output_long_poll_by_index_with_many_readers(tmp_path):
     results, output = run(scenario())
     assert len(output) == 12
     assert results == [output[s:] for s in (0, 0, 1, 2, 5, 7, 11)]
+
+
+def test_a_rounds_proposal_and_output_are_answered_directly(tmp_path, answered):
+    """The round's two requests (its proposal, its output poll) are answered in plain calls
+    with futures: the poll waiting on the session is woken by the commit, and the handler's
+    coroutines serve only the other routes."""
+    if answered != "direct":
+        pytest.skip("the direct answers' own path")
+
+    async def scenario():
+        async with Rig(str(tmp_path), output_wait=30.0) as rig:
+            _, state = await rig.open(S)
+            handler = rig.network.handler(VERIFIER)
+            assert isinstance(handler, AnsweredNow)
+            polls = [asyncio.create_task(rig.router.output(VERIFIER, S, start)) for start in (0, 1, 5)]
+            await asyncio.sleep(0.05)
+            assert not any(poll.done() for poll in polls)
+            verdict = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 3)))
+            woken = await asyncio.wait_for(asyncio.gather(*polls[:2]), 5.0)
+            assert not polls[2].done()  # the commit released fewer tokens than it waits for
+            polls[2].cancel()
+            again = await rig.drafter.propose(VERIFIER, proposal(state, rig.greedy_after(state, 3)))
+            return verdict, woken, again, handler.general
+
+    verdict, woken, again, general = run(scenario())
+    assert [out.tokens for out in woken] == [verdict.emitted, verdict.emitted[1:]]
+    assert again == verdict  # the recorded verdict, answered at once
+    assert general == ["POST sessions", "PUT drafter"]
 
 
 def test_output_waits_then_answers_empty_not_final(tmp_path):

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import ssl
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Mapping
+from types import MappingProxyType
+from typing import Any
 
 import pytest
 
+from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.transport import nativeserver
-from sdcp_fast.transport.base import Request, Response
+from sdcp_fast.transport.base import DirectHandler, Request, Response
 from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2server import H2Server, serve
@@ -204,6 +207,91 @@ def test_a_response_that_cannot_be_sent_resets_its_stream_alone(certs: Certs, se
     good, bad = run(scenario())
     assert good == b"good"
     assert isinstance(bad, TransportError) and not isinstance(bad, TransportTimeout), bad
+
+
+class _Direct:
+    """A handler with direct routes ("now/<x>", "later/<x>", "cancelled", "failed") counting
+    the requests that took the general path."""
+
+    def __init__(self) -> None:
+        self.general: list[str] = []
+        self.pending: list[asyncio.Future[Any]] = []
+
+    async def __call__(self, request: Request) -> Response:
+        self.general.append(request.path)
+        answer = self.answer_now(request.method, request.path, request.query, request.body, request.headers,
+                                 request.peer)
+        if answer is None:
+            return Response(200, b"general " + request.path.encode())
+        if isinstance(answer, Response):
+            return answer
+        await asyncio.wait([answer])
+        return self.settled(answer)
+
+    def answer_now(self, method: str, path: str, query: Mapping[str, str], body: bytes, headers: Mapping[str, str],
+                   peer: Peer | None) -> Response | asyncio.Future[Any] | None:
+        kind, _, rest = path.partition("/")
+        text = f"{rest} {query.get('from', '-')} {getattr(peer, 'uri', None)} ".encode() + body
+        if kind == "now":
+            return Response(200, text, MappingProxyType({"content-type": "text/plain"}))
+        if kind not in ("later", "cancelled", "failed"):
+            return None
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.pending.append(future)
+        loop = asyncio.get_running_loop()
+        if kind == "later":
+            loop.call_later(0.05, future.set_result, Response(201, text))
+        elif kind == "cancelled":
+            loop.call_later(0.05, future.cancel)
+        else:
+            loop.call_later(0.05, future.set_exception, ValueError("a bug"))
+        return future
+
+    def settled(self, future: asyncio.Future[Any]) -> Response:
+        error = future.exception()
+        return Response(500, b"failed") if error is not None else future.result()  # type: ignore[no-any-return]
+
+
+def test_a_direct_handler_answers_alike_on_both_servers_and_without_a_task_on_the_native_one(
+        certs: Certs, server_impl: str) -> None:
+    handler = _Direct()
+    assert isinstance(handler, DirectHandler)
+
+    async def scenario() -> tuple[list[object], int]:
+        ctx = server_context(*certs.pair("server"), certs.ca)
+        async with await serve(handler, "127.0.0.1", 0, ssl=ctx) as server, \
+                H2Transport(client_context(*certs.pair("client"), certs.ca)) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            spawned = 0
+            if isinstance(server, nativeserver.NativeServer):
+                spawn = server._spawn
+
+                def counting(coro: Coroutine[Any, Any, None]) -> None:
+                    nonlocal spawned
+                    spawned += 1
+                    spawn(coro)
+
+                server._spawn = counting  # type: ignore[method-assign]
+            calls = [client.request(base, "POST", "now/a", body=b"x", query={"from": "3"}, timeout=20),
+                     client.request(base, "GET", "later/b", timeout=20),
+                     client.request(base, "GET", "failed", timeout=20),
+                     client.request(base, "GET", "other", timeout=20),
+                     client.request(base, "GET", "now/a b", timeout=20)]
+            answers = await asyncio.gather(*calls)
+            with pytest.raises(TransportError):
+                await client.request(base, "GET", "cancelled", timeout=20)
+            return [(a.status, a.body, a.headers.get("content-type")) for a in answers], spawned
+
+    answers, spawned = run(scenario())
+    assert answers == [(200, b"a 3 " + CLIENT_URI.encode() + b" x", "text/plain"),
+                       (201, b"b - " + CLIENT_URI.encode() + b" ", None), (500, b"failed", None),
+                       (200, b"general other", None),
+                       (200, b"a b - " + CLIENT_URI.encode() + b" ", "text/plain")]
+    if server_impl == nativeserver.NATIVE:
+        # Only what the handler does not answer directly, or whose path is escaped, takes a task.
+        assert handler.general == ["other", "now/a b"] and spawned == 2
+    else:
+        assert set(handler.general) == {"now/a", "later/b", "failed", "other", "now/a b", "cancelled"}
 
 
 async def _ok(request: Request) -> Response:
