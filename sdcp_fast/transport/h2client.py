@@ -20,7 +20,7 @@ import contextlib
 import ssl as ssl_module
 from collections import deque
 from collections.abc import AsyncIterator, Mapping
-from urllib.parse import quote, urlencode, urlsplit
+from urllib.parse import quote, urlsplit
 
 import h2.events
 import h2.exceptions
@@ -29,7 +29,7 @@ from h2.errors import ErrorCodes
 from sdcp_fast.transport.base import Response
 from sdcp_fast.transport.binding import check_insecure
 from sdcp_fast.transport.errors import TransportError, TransportTimeout
-from sdcp_fast.transport.fields import header_dict, outbound_fields
+from sdcp_fast.transport.fields import NOT_SENT, query_string, response_fields
 from sdcp_fast.transport.h2conn import H2Protocol, Limits, StreamGone, ack
 from sdcp_fast.transport.h2native import WholeMessage
 
@@ -37,10 +37,12 @@ CLIENT_LIMITS = Limits(max_body=256 * (1 << 20), idle_timeout=60.0)
 
 
 class _Pending:
-    __slots__ = ("future", "status", "headers", "chunks", "size", "queue", "acked")
+    __slots__ = ("future", "status", "headers", "chunks", "size", "queue", "acked", "stream_id", "deadline",
+                 "shape", "limit", "over")
 
-    def __init__(self, future: asyncio.Future[Response], streamed: bool = False) -> None:
+    def __init__(self, future: asyncio.Future[Response], stream_id: int, streamed: bool = False) -> None:
         self.future = future
+        self.stream_id = stream_id
         self.status = 0
         self.headers: dict[str, str] = {}
         self.chunks: list[bytes] = []
@@ -48,6 +50,26 @@ class _Pending:
         # Streamed: DATA frames, then None at the end or the error that ended the stream.
         self.queue: asyncio.Queue[bytes | TransportError | None] | None = asyncio.Queue() if streamed else None
         self.acked = 0  # streamed bytes queued that were returned to the server's windows on arrival
+        self.deadline = 0.0  # loop time by which the response (its headers, if streamed) is due
+        self.shape: _Shape | None = None  # names the request in a timeout's message
+        self.limit = 0.0
+        self.over = False  # the exchange has ended
+
+
+class _Shape:
+    """What a request to one base URI, method and path always sends: built once per shape."""
+
+    __slots__ = ("key", "head", "target", "what")
+
+    def __init__(self, key: tuple[str, str, int], head: list[tuple[str, str]], target: str, what: str) -> None:
+        self.key = key  # (scheme, host, port): the connection
+        self.head = head  # :method, :scheme, :authority
+        self.target = target  # :path without the query
+        self.what = what  # "METHOD base-uri path", for errors
+
+
+def _timeout(shape: _Shape | None, limit: float) -> TransportTimeout:
+    return TransportTimeout(f"{shape.what if shape else 'request'}: no response within {limit} s")
 
 
 class _ClientProtocol(H2Protocol):
@@ -58,6 +80,11 @@ class _ClientProtocol(H2Protocol):
         self.pending: dict[int, _Pending] = {}
         self._slot_waiters: deque[asyncio.Future[None]] = deque()
         self.lost: Exception | None = None
+        # Requests' deadlines without a timer each: per time limit, the exchanges in the order
+        # they started (so in deadline order), and one timer at the earliest deadline due.
+        self._deadlines: dict[float, deque[_Pending]] = {}
+        self._deadline_timer: asyncio.TimerHandle | None = None
+        self._deadline_at = 0.0
 
     @property
     def usable(self) -> bool:
@@ -115,10 +142,7 @@ class _ClientProtocol(H2Protocol):
                 self._final_close()
 
     def _headers(self, pending: _Pending, headers: list[tuple[bytes, bytes]]) -> None:
-        for name, value in headers:
-            if name == b":status":
-                pending.status = int(value)
-        pending.headers = header_dict(headers)
+        pending.status, pending.headers = response_fields(headers)
         if pending.queue is not None and not pending.future.done() and pending.status >= 200:
             pending.future.set_result(Response(pending.status, b"", pending.headers))
 
@@ -146,6 +170,10 @@ class _ClientProtocol(H2Protocol):
 
     def on_lost(self, exc: Exception | None) -> None:
         self.lost = exc
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._deadlines.clear()
         reason = f": {exc}" if exc else ""
         for stream_id in list(self.pending):
             self._fail(stream_id, TransportError(f"connection closed before the response{reason}"))
@@ -166,18 +194,89 @@ class _ClientProtocol(H2Protocol):
                 if not all_:
                     return
 
-    async def exchange(self, fields: list[tuple[str, str]], body: bytes, streamed: bool = False) -> Response:
-        while self.active_streams >= self.conn.remote_settings.max_concurrent_streams:
+    # -- deadlines -------------------------------------------------------------------------
+    def _watch(self, pending: _Pending) -> None:
+        """Fail ``pending`` with a timeout at its deadline unless its response (headers, if
+        streamed) came first."""
+        queue = self._deadlines.get(pending.limit)
+        if queue is None:
+            queue = self._deadlines[pending.limit] = deque()
+        else:
+            while queue and (queue[0].over or queue[0].future.done()):
+                queue.popleft()
+        queue.append(pending)
+        if self._deadline_timer is None or pending.deadline < self._deadline_at:
+            self._arm(pending.deadline)
+
+    def _arm(self, at: float) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+        self._deadline_at = at
+        self._deadline_timer = self.loop.call_at(at, self._expire)
+
+    def _expire(self) -> None:
+        self._deadline_timer = None
+        now = self.loop.time()
+        earliest: float | None = None
+        for limit, queue in list(self._deadlines.items()):
+            while queue:
+                head = queue[0]
+                if not (head.over or head.future.done()):
+                    if head.deadline > now:
+                        break
+                    self._time_out(head)
+                queue.popleft()
+            if queue:
+                earliest = queue[0].deadline if earliest is None else min(earliest, queue[0].deadline)
+            else:
+                del self._deadlines[limit]
+        if earliest is not None:
+            self._arm(earliest)
+
+    def _time_out(self, pending: _Pending) -> None:
+        self._fail(pending.stream_id, _timeout(pending.shape, pending.limit))
+        if self.transport is not None:
+            self._reset(pending.stream_id, ErrorCodes.CANCEL)
+        # A body still being sent waits for a window or the socket: it stops when woken.
+        self._wake_windows(pending.stream_id)
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        waiters, self._write_waiters = self._write_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    # -- requests ----------------------------------------------------------------------------
+    @property
+    def has_stream(self) -> bool:
+        """A new stream may start now."""
+        return self.active_streams < self.conn.remote_settings.max_concurrent_streams
+
+    async def wait_stream(self) -> None:
+        """Until a new stream may start (retryable :class:`TransportError` if the connection
+        ends meanwhile)."""
+        while not self.has_stream:
             waiter = self.loop.create_future()
             self._slot_waiters.append(waiter)
             await waiter
             if not self.usable:
                 raise TransportError("connection closed while waiting for a stream", retryable=True)
+
+    async def exchange(self, fields: list[tuple[str, str]], body: bytes, streamed: bool = False,
+                       deadline: float | None = None, shape: _Shape | None = None, limit: float = 0.0) -> Response:
+        """One request on a new stream; ``deadline`` (loop time) bounds the wait for the
+        response (its headers, if ``streamed``): then :class:`TransportTimeout`."""
+        if not self.has_stream:
+            await self.wait_stream()
         if not self.usable:
             raise TransportError("connection closed", retryable=True)
         stream_id = self.conn.get_next_available_stream_id()
-        pending = _Pending(self.loop.create_future(), streamed)
+        pending = _Pending(self.loop.create_future(), stream_id, streamed)
         self.pending[stream_id] = pending
+        if deadline is not None:
+            pending.deadline, pending.shape, pending.limit = deadline, shape, limit
+            self._watch(pending)
         self.stream_started()
         handed_off = False
         try:
@@ -186,7 +285,7 @@ class _ClientProtocol(H2Protocol):
             else:
                 try:
                     # A streamed response's future is done at its headers, not at its end.
-                    await self.send_body(stream_id, body, abandon=None if streamed else pending.future)
+                    await self.send_body(stream_id, body, abandon=pending.future, failed_only=streamed)
                 except StreamGone:
                     # Reset, or answered early (e.g. 413): the future says which.
                     if not pending.future.done():
@@ -208,6 +307,8 @@ class _ClientProtocol(H2Protocol):
                 self._end_exchange(stream_id, pending)
 
     def _end_exchange(self, stream_id: int, pending: _Pending) -> None:
+        pending.over = True
+        pending.chunks = []  # a deadline queue may hold the exchange until its deadline
         self.pending.pop(stream_id, None)
         if not pending.future.done():
             pending.future.cancel()
@@ -262,6 +363,7 @@ class H2Transport:
         self._connections: dict[tuple[str, str, int], _ClientProtocol] = {}
         self._connecting: dict[tuple[str, str, int], asyncio.Future[_ClientProtocol]] = {}
         self._bases: dict[str, tuple[tuple[str, str, int], str, str]] = {}
+        self._shapes: dict[tuple[str, str, str], _Shape] = {}
         self._closed = False
 
     def _base(self, base_uri: str) -> tuple[tuple[str, str, int], str, str]:
@@ -298,22 +400,57 @@ class H2Transport:
         ``timeout`` bounds the wait for the headers only: a stream may last."""
         return await self._request(base_uri, method, path, body, query, headers, timeout, streamed=True)
 
+    def _shape(self, base_uri: str, method: str, path: str) -> _Shape:
+        key, authority, base_path = self._base(base_uri)
+        shape = _Shape(key, [(":method", method), (":scheme", key[0]), (":authority", authority)],
+                       base_path + quote(path.lstrip("/"), safe="/:@!$&'()*+,;=~"), f"{method} {base_uri}{path}")
+        if len(self._shapes) >= 4096:  # e.g. a path per session: keep the recent ones
+            self._shapes.clear()
+        self._shapes[base_uri, method, path] = shape
+        return shape
+
     async def _request(self, base_uri: str, method: str, path: str, body: bytes,
                        query: Mapping[str, str] | None, headers: Mapping[str, str] | None,
                        timeout: float | None, *, streamed: bool) -> Response:
         if self._closed:
             raise TransportError("transport is closed")
-        key, authority, base_path = self._base(base_uri)
-        target = base_path + quote(path.lstrip("/"), safe="/:@!$&'()*+,;=~")
-        if query:
-            target += "?" + urlencode(query)
-        fields = [(":method", method), (":scheme", key[0]), (":authority", authority), (":path", target)]
+        shape = self._shapes.get((base_uri, method, path)) or self._shape(base_uri, method, path)
+        fields = shape.head + [(":path", shape.target + "?" + query_string(query) if query else shape.target)]
         if body:
             fields.append(("content-length", str(len(body))))
-        fields += [f for f in outbound_fields(dict(headers or {})) if f[0] not in ("content-length", "host")]
+        if headers:
+            for name, value in headers.items():
+                name = name.lower()
+                if name not in NOT_SENT:
+                    fields.append((name, value))
         limit = timeout if timeout is not None else self.timeout
-        if limit is None:
-            return await self._send(key, fields, body, streamed)
+        key = shape.key
+        for attempt in (1, 2):
+            connection = self._connections.get(key)
+            try:
+                if limit is None:
+                    if connection is None or not connection.usable:
+                        connection = await self._connection(key)
+                    return await connection.exchange(fields, body, streamed)
+                if connection is not None and connection.usable and connection.has_stream:
+                    # The common case: the exchange times out on its own (no task to cancel).
+                    if attempt == 1:
+                        deadline = connection.loop.time() + limit
+                    elif connection.loop.time() >= deadline:
+                        raise _timeout(shape, limit)
+                    return await connection.exchange(fields, body, streamed, deadline, shape, limit)
+                if attempt == 1:
+                    deadline = asyncio.get_running_loop().time() + limit
+                return await self._connect_and_send(key, fields, body, streamed, deadline, shape, limit)
+            except TransportError as exc:
+                if not exc.retryable or attempt == 2:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def _connect_and_send(self, key: tuple[str, str, int], fields: list[tuple[str, str]], body: bytes,
+                                streamed: bool, deadline: float, shape: _Shape, limit: float) -> Response:
+        """Connect (or wait for a stream) and send, all before ``deadline``: this part may
+        wait on anything, so the task is cancelled when it passes."""
         task = asyncio.current_task()
         assert task is not None
         expired = False
@@ -323,28 +460,18 @@ class H2Transport:
             expired = True
             task.cancel()
 
-        timer = asyncio.get_running_loop().call_later(limit, expire)
+        timer = asyncio.get_running_loop().call_at(deadline, expire)
         try:
-            return await self._send(key, fields, body, streamed)
+            connection = await self._connection(key)
+            return await connection.exchange(fields, body, streamed)
         except asyncio.CancelledError:
             if not expired:
                 raise
             if hasattr(task, "uncancel"):
                 task.uncancel()
-            raise TransportTimeout(f"{method} {base_uri}{path}: no response within {limit} s") from None
+            raise _timeout(shape, limit) from None
         finally:
             timer.cancel()
-
-    async def _send(self, key: tuple[str, str, int], fields: list[tuple[str, str]], body: bytes,
-                    streamed: bool = False) -> Response:
-        for attempt in (1, 2):
-            connection = await self._connection(key)
-            try:
-                return await connection.exchange(fields, body, streamed)
-            except TransportError as exc:
-                if not exc.retryable or attempt == 2:
-                    raise
-        raise AssertionError("unreachable")
 
     async def _connection(self, key: tuple[str, str, int]) -> _ClientProtocol:
         connection = self._connections.get(key)

@@ -299,18 +299,21 @@ class H2Protocol(asyncio.Protocol):
         self.conn.send_headers(stream_id, fields, end_stream=not body)
         return not body
 
-    async def send_body(self, stream_id: int, body: bytes, abandon: asyncio.Future[Any] | None = None) -> None:
+    async def send_body(self, stream_id: int, body: bytes, abandon: asyncio.Future[Any] | None = None,
+                        failed_only: bool = False) -> None:
         """Send ``body`` and end the stream, in frames that fit the peer's windows.
 
         Raises :class:`StreamGone` if the stream is reset or the connection ends first, or
         (after resetting the stream) once ``abandon`` is done: a client stops sending a
-        request whose response is already complete."""
+        request whose response is already complete. With ``failed_only``, once ``abandon``
+        failed: a streamed response is done at its headers while its request goes on."""
         view = memoryview(body)
         offset, size = 0, len(body)
         while True:
             if self.transport is None:
                 raise StreamGone(stream_id)
-            if abandon is not None and abandon.done():
+            if abandon is not None and abandon.done() and \
+                    (not failed_only or abandon.cancelled() or abandon.exception() is not None):
                 try:
                     self.conn.reset_stream(stream_id, ErrorCodes.CANCEL)
                     self.flush_soon()

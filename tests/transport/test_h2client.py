@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 
 import pytest
@@ -176,3 +177,41 @@ def test_https_needs_a_context_and_http_needs_insecure() -> None:
                 await client.request("http://127.0.0.1:1/", "GET", "x")
 
     run(scenario())
+
+
+def test_a_shorter_timeout_after_a_longer_one_fires_on_time(certs: Certs) -> None:
+    async def held(request: Request) -> Response:
+        await asyncio.sleep(60 if request.path == "long" else 30)
+        return Response(200, b"late")
+
+    async def scenario() -> None:
+        async with await _serve(held, certs) as server, _client(certs) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            long = asyncio.ensure_future(client.request(base, "GET", "long", timeout=50))
+            await asyncio.sleep(0.05)
+            # Shorter than the first request's limit, on the same connection: fails at its own.
+            with pytest.raises(TransportTimeout, match="GET .*short: no response within 0.2 s"):
+                await asyncio.wait_for(client.request(base, "GET", "short", timeout=0.2), 20)
+            assert not long.done()
+            long.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await long
+
+    run(scenario())
+
+
+def test_repeated_paths_and_queries_reach_the_server_as_sent(certs: Certs) -> None:
+    async def scenario() -> list[tuple[str, dict[str, str], str | None]]:
+        async with await _serve(echo, certs) as server, _client(certs) as client:
+            base = f"https://127.0.0.1:{server.port}/"
+            seen = []
+            for query, headers in (({"from": "3"}, {"X-Seq": "1"}), ({"from": "4"}, None),
+                                   ({"x": "a b/c", "y": "é"}, {"host": "evil", "Content-Length": "9"}), (None, {})):
+                response = await client.request(base, "GET", "whoami", query=query, headers=headers)
+                info = json.loads(response.body)
+                seen.append((info["path"], info["query"], info["headers"].get("x-seq")))
+                assert "evil" not in response.body.decode()
+            return seen
+
+    assert run(scenario()) == [("whoami", {"from": "3"}, "1"), ("whoami", {"from": "4"}, None),
+                               ("whoami", {"x": "a b/c", "y": "é"}, None), ("whoami", {}, None)]

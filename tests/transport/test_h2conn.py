@@ -7,9 +7,11 @@ import asyncio
 import h2.config
 import h2.connection
 import h2.events
+import pytest
 from hyperframe.frame import GoAwayFrame
 
 from sdcp_fast.transport.base import Response
+from sdcp_fast.transport.errors import TransportTimeout
 from sdcp_fast.transport.h2client import _ClientProtocol
 from sdcp_fast.transport.h2conn import Limits, _Connection
 from sdcp_fast.transport.h2server import H2Server, _ServerProtocol
@@ -206,3 +208,19 @@ def test_client_marks_streams_above_goaway_retryable_and_finishes_the_rest() -> 
     assert first.status == 200 and first.body == b"one"
     assert error is not None and getattr(error, "retryable", False)
     assert not usable
+
+
+def test_client_exchange_times_out_while_its_body_waits_for_a_window() -> None:
+    async def scenario(streamed: bool) -> None:
+        protocol, wire = _ClientProtocol(Limits()), FakeTransport()
+        protocol.connection_made(wire)  # type: ignore[arg-type]
+        fields = [(":method", "POST"), (":scheme", "https"), (":authority", "x"), (":path", "/proposals")]
+        deadline = asyncio.get_running_loop().time() + 0.1
+        # 200 kB against the initial 64 KiB window, which no peer ever opens.
+        exchange = protocol.exchange(fields, b"q" * 200_000, streamed, deadline=deadline, limit=0.1)
+        with pytest.raises(TransportTimeout, match="no response within 0.1 s"):
+            await asyncio.wait_for(exchange, 30)
+        assert not protocol.pending and protocol.active_streams == 0
+
+    run(scenario(False))
+    run(scenario(True))
