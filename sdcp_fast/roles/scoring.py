@@ -26,6 +26,9 @@ from sdcp_fast.protocol.messages import RULE_GREEDY
 STAGING_BYTES = 512 << 20
 _staging = threading.local()
 
+# A rule's kernel results: accepted [B], emitted [B, M_max + 1] and, for rule 2, bad [B].
+Outcome = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
+
 
 @dataclass
 class Scored:
@@ -57,47 +60,54 @@ def verify_batch(items: Sequence[Scored], logits: torch.Tensor | Sequence[torch.
         raise ValueError(f"the pass returned {flat.shape[0]} logit rows for {cu_rows[-1]}")
     greedy = [i for i, item in enumerate(items) if item.work.rule == RULE_GREEDY]
     sampled = [i for i, item in enumerate(items) if item.work.rule != RULE_GREEDY]
-    parts: list[torch.Tensor] = []  # [B_rule, 3]: accepted, next token, bad
+    parts: list[Outcome] = []
     if greedy:
         parts.append(_greedy([items[i] for i in greedy], _rows(flat, greedy, cu_rows, len(items)), backend))
     if sampled:
         parts.append(_sampled([items[i] for i in sampled], _rows(flat, sampled, cu_rows, len(items)), backend))
-    device = parts[0].device
-    rows: list[list[int]] = (parts[0] if len(parts) == 1 else torch.cat([p.to(device) for p in parts])).tolist()
     out: list[tuple[int, int]] = [(0, 0)] * len(items)
-    for i, (accepted, token, bad) in zip([*greedy, *sampled], rows, strict=True):
+    for i, (accepted, token, bad) in zip([*greedy, *sampled], _on_host(parts), strict=True):
         if bad:  # the core checked q(x) > 0 already; this would be a kernel bug
             raise RuntimeError("kernel flagged a proposal the core accepted")
         out[i] = (accepted, token)
     return out
 
 
+def _on_host(parts: list[Outcome]) -> list[tuple[int, int, int]]:
+    """``(accepted a_b, emitted[b, a_b], bad)`` of each rule's sessions in turn, from one
+    read of one tensor (the rules' results side by side, flat): a device is waited on once,
+    and a small batch on the host costs one torch op, not one per member."""
+    values: list[int] = torch.cat([t.reshape(-1) for part in parts for t in part if t is not None]).tolist()
+    rows: list[tuple[int, int, int]] = []
+    at = 0
+    for _, emitted, bad in parts:
+        batch, width = emitted.shape
+        firsts, at = values[at : at + batch], at + batch
+        emits, at = values[at : at + batch * width], at + batch * width
+        flags = [0] * batch if bad is None else values[at : at + batch]
+        at += 0 if bad is None else batch
+        rows += [(a, emits[b * width + max(a, 0)], flag) for b, (a, flag) in enumerate(zip(firsts, flags, strict=True))]
+    return rows
+
+
 def _rows(flat: torch.Tensor, chosen: list[int], cu_rows: list[int], batch: int) -> torch.Tensor:
     """The logit rows of the ``chosen`` items: a view when they are all of them (one rule),
     else one gather of just their rows."""
     if len(chosen) == batch:
-        rows = flat[: cu_rows[-1]]
+        rows = flat if flat.shape[0] == cu_rows[-1] else flat[: cu_rows[-1]]
     else:
         index = [r for i in chosen for r in range(cu_rows[i], cu_rows[i + 1])]
         rows = flat.index_select(0, torch.tensor(index, dtype=torch.int64, device=flat.device))
     return rows if rows.dtype in (torch.float32, torch.bfloat16) else rows.float()
 
 
-def _results(accepted: torch.Tensor, emitted: torch.Tensor, bad: torch.Tensor | None) -> torch.Tensor:
-    """``[B, 3]`` int64 on the kernels' device: accepted a_b, emitted[b, a_b], bad."""
-    a = accepted.long()
-    token = emitted.long().gather(1, a.clamp(min=0).unsqueeze(1)).squeeze(1)
-    flag = torch.zeros_like(a) if bad is None else bad.long()
-    return torch.stack([a, token, flag], dim=1)
-
-
-def _greedy(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Tensor:
+def _greedy(items: list[Scored], rows: torch.Tensor, backend: str) -> Outcome:
     tokens, cu = _layout([item.work for item in items])
     accepted, emitted = kernels.verify_greedy(rows, tokens, cu, backend=backend)
-    return _results(accepted, emitted, None)
+    return accepted, emitted, None
 
 
-def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Tensor:
+def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> Outcome:
     works = [item.work for item in items]
     tokens, cu = _layout(works)
     vocab, dev = rows.shape[1], rows.device
@@ -118,7 +128,7 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> torch.Ten
     top_p = torch.tensor([s.top_p_milli or 0 for s in profile])
     accepted, emitted, bad = kernels.verify_speculative(
         rows, temperature, top_k, top_p, q, tokens, cu, uniforms.to(dev), backend=backend)
-    return _results(accepted, emitted, bad)
+    return accepted, emitted, bad
 
 
 def _draft_rows(items: list[Scored], vocab: int) -> torch.Tensor:
@@ -140,7 +150,8 @@ def _draft_rows(items: list[Scored], vocab: int) -> torch.Tensor:
 
 
 def _layout(works: list[ScoreNeeded]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The proposed tokens ``[D]`` and their offsets ``[B + 1]``, built on the host."""
-    cu = torch.tensor([0, *accumulate(len(w.proposed) for w in works)], dtype=torch.int64)
-    tokens = torch.tensor([t for w in works for t in w.proposed], dtype=torch.int64)
-    return tokens, cu
+    """The proposed tokens ``[D]`` and their offsets ``[B + 1]``, built on the host as views
+    of one tensor."""
+    cu = [0, *accumulate(len(w.proposed) for w in works)]
+    both = torch.tensor(cu + [t for w in works for t in w.proposed], dtype=torch.int64)
+    return both[len(cu):], both[: len(cu)]
