@@ -10,12 +10,12 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import ClassVar
 
 from sdcp_fast.commitlog.backend import LogView, PreconditionFailed, UnknownLog, etag_of, length_of
-from sdcp_fast.commitlog.file import FileCommitLog, append_group, frame, log_path
+from sdcp_fast.commitlog.file import FileCommitLog, append_group, frame, frame_body, log_path
 from sdcp_fast.protocol.commitlog import LogRecord
 
 MAX_OPEN = 64
@@ -62,11 +62,16 @@ class LogDirectory:
         try:
             yield log
         finally:
-            with self._lock:
+            self._release([name])
+
+    def _release(self, names: Iterable[str]) -> None:
+        """The end of one use of each of ``names`` (:meth:`_acquire`'s), under one lock."""
+        with self._lock:
+            for name in names:
                 self._users[name] -= 1
                 if not self._users[name]:
                     del self._users[name]
-                self._trim()
+            self._trim()
 
     def _acquire(self, name: str, create: bool) -> FileCommitLog:
         while True:
@@ -114,31 +119,40 @@ class LogDirectory:
         for name in idle:
             self._open.pop(name).close()
 
-    def append_many(self, entries: Sequence[tuple[str, LogRecord, str | None]]) -> list[str | Exception]:
+    def append_many(self, entries: Sequence[tuple[str, LogRecord, str | None]],
+                    bodies: Sequence[bytes | None] | None = None) -> list[str | Exception]:
         """Group commit over the logs named in ``entries`` (``(name, record, if_match)``): each
         answered on its own, as :meth:`DirectoryLog.append` would answer it (the new tag, or
-        its exception), with one flush for all (:func:`~sdcp_fast.commitlog.file.append_group`)."""
+        its exception), with one flush for all (:func:`~sdcp_fast.commitlog.file.append_group`).
+        ``bodies``: each record as ``encode_record`` encodes it, where the caller has that
+        already (None where not), so it is not encoded again."""
         results: list[str | Exception] = [ValueError("not appended")] * len(entries)
         framed: dict[int, bytes] = {}
         taken: set[str] = set()  # names an earlier entry goes on to append to
         for i, (name, record, if_match) in enumerate(entries):
             try:
-                framed[i] = frame(record) if name in taken else _checked_frame(self, name, record, if_match)
+                body = None if bodies is None else bodies[i]
+                blob = frame(record) if body is None else frame_body(body)
+                if name not in taken:
+                    _check_unwritten(self, name, if_match)
+                framed[i] = blob
                 taken.add(name)
             except Exception as exc:
                 results[i] = exc
-        with ExitStack() as using:
-            opened: dict[str, FileCommitLog | Exception] = {}
+        # Each log is taken for the group and let go of at its end, all under one lock (not a
+        # context manager and a lock round per log: a pass's records are on as many logs).
+        opened: dict[str, FileCommitLog | Exception] = {}
+        try:
             group: list[tuple[FileCommitLog, LogRecord, str | None, bytes]] = []
             where: list[int] = []
             for i, blob in framed.items():
                 name, record, if_match = entries[i]
-                if name not in opened:
+                log = opened.get(name)
+                if log is None:
                     try:
-                        opened[name] = using.enter_context(self.using(name, create=True))
+                        log = opened[name] = self._acquire(name, True)
                     except Exception as exc:  # e.g. a corrupt log: its entries fail, the others go on
-                        opened[name] = exc
-                log = opened[name]
+                        log = opened[name] = exc
                 if isinstance(log, Exception):
                     results[i] = log
                     continue
@@ -146,6 +160,8 @@ class LogDirectory:
                 where.append(i)
             for i, result in zip(where, append_group(group), strict=True):
                 results[i] = result
+        finally:
+            self._release([name for name, log in opened.items() if not isinstance(log, Exception)])
         return results
 
     def close(self) -> None:
@@ -159,9 +175,13 @@ def _checked_frame(directory: LogDirectory, name: str, record: LogRecord, if_mat
     """The record's frame, refusing what cannot be stored before a file exists for it, and a
     tag no log that was never written can match (it holds no fence either: create nothing)."""
     framed = frame(record)
+    _check_unwritten(directory, name, if_match)
+    return framed
+
+
+def _check_unwritten(directory: LogDirectory, name: str, if_match: str | None) -> None:
     if if_match is not None and not directory.exists(name) and length_of(if_match) != 0:
         raise PreconditionFailed(f"log has 0 records, not {if_match}")
-    return framed
 
 
 class DirectoryLog:

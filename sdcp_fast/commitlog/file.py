@@ -34,8 +34,7 @@ import struct
 import threading
 import zlib
 from array import array
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Sequence
 from typing import ClassVar, cast
 
 from sdcp_fast.commitlog.backend import (
@@ -67,7 +66,11 @@ def log_path(root: str, name: str) -> str:
 
 
 def frame(record: LogRecord) -> bytes:
-    body = encode_record(record)
+    return frame_body(encode_record(record))
+
+
+def frame_body(body: bytes) -> bytes:
+    """The frame of a record encoded as ``encode_record`` encodes it (RecordTooLarge past the limit)."""
     if len(body) > MAX_RECORD:
         raise RecordTooLarge(f"record of {len(body)} bytes; a file log holds records up to {MAX_RECORD}",
                              extra={"limit": MAX_RECORD})
@@ -119,14 +122,15 @@ class FileCommitLog:
         created = not os.path.exists(path)
         if created and not create:
             raise UnknownLog(f"no commit log at {path}")
-        os.makedirs(directory, exist_ok=True)
+        if created:
+            os.makedirs(directory, exist_ok=True)
         self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-        if created and sync:
-            dfd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dfd)  # the file's name must survive a crash too
-            finally:
-                os.close(dfd)
+        # The file's name must survive a crash too, before any record in it is acknowledged. The
+        # flush of the first record makes it so (a syncfs covers it, else the folder is fsync'd
+        # once for all the group's new logs): no folder fsync per log created. Until a record is
+        # in the file, whoever created it, its folder is still to be flushed.
+        self._folder: str | None = directory if sync else None
+        self._dev = os.fstat(self._fd).st_dev
         self._lock = threading.Lock()
         # Where each record's frame starts: records are read back from the file when asked
         # for, never held decoded (a 16 MiB record decodes to ~225 MB of Python objects).
@@ -139,6 +143,8 @@ class FileCommitLog:
         except BaseException:
             self.close()
             raise
+        if self._offsets:
+            self._folder = None  # a record was flushed in it, so its name was made durable then
 
     # The in-memory copy is refreshed from the file under flock, so appends by other
     # processes (or other FileCommitLog objects) are seen before every check.
@@ -211,28 +217,34 @@ class FileCommitLog:
             raise result
         return result
 
-    @contextmanager
-    def _exclusive(self) -> Iterator[None]:
+    def _hold(self) -> None:
         """This log held against every other writer, in this process (its lock) and in others
-        (``flock``)."""
-        with self._lock:
+        (``flock``), until :meth:`_let_go`."""
+        self._lock.acquire()
+        try:
             if self._fd < 0:
                 raise ValueError(f"{self.path} is closed")
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def _let_go(self) -> None:
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+        finally:
+            self._lock.release()
 
     def _write(self, record: LogRecord, if_match: str | None, blob: bytes) -> str:
-        """Check ``record`` against the log as it is now (under :meth:`_exclusive`) and write
+        """Check ``record`` against the log as it is now (held: :meth:`_hold`) and write
         its frame, not yet flushed: the caller flushes before anyone learns of it."""
         self._refresh(truncate=True)
         # Fencing first: a fenced writer must stop, not re-read and retry.
         if record.epoch < self._fence:
             raise fence_error(self._fence, record)
         count = len(self._offsets)
-        if if_match is not None and length_of(if_match) != count:
+        # The tag as this log writes it is the common case: a string compare, not a parse.
+        if if_match is not None and if_match != etag_of(count) and length_of(if_match) != count:
             raise PreconditionFailed(f"log has {count} records, not {if_match}")
         if count >= MAX_RECORDS or self._end + len(blob) > MAX_LOG_BYTES:
             raise LogFull(f"{self.path} holds {count} records in {self._end} bytes; at most "
@@ -308,7 +320,7 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
     Each entry is answered on its own: its log's new tag, or the exception its append would
     raise (a fence, a stale tag, a full log), whatever the other entries got. Entries on one
     log are applied in their order (the second sees the first). Every log of the group is held
-    (:meth:`FileCommitLog._exclusive`, taken in path order so two groups cannot deadlock) from
+    (:meth:`FileCommitLog._hold`, taken in path order so two groups cannot deadlock) from
     its check until its frames are flushed, so no reader sees a record that is not durable.
     The flush is a ``fdatasync`` per log, or from ``SYNCFS_FROM`` logs on one file system a
     single ``syncfs``; a log whose flush fails has its frames of this group cut back and its
@@ -319,17 +331,19 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
         if by_path.setdefault(log.ref, log) is not log:  # ref: the absolute path
             # A second handle's flock would wait for the first one's, in this same thread.
             results[i] = ValueError(f"two handles on {log.path} in one group commit")
-    logs = [log for _, log in sorted(by_path.items())]
-    with ExitStack() as held:
-        marks: dict[int, tuple[int, int, int]] = {}
-        for log in logs:
+    held: list[FileCommitLog] = []
+    marks: dict[int, tuple[int, int, int]] = {}
+    try:
+        for _, log in sorted(by_path.items()):
             try:
-                held.enter_context(log._exclusive())
-                marks[id(log)] = log._mark()
+                log._hold()
             except Exception as exc:  # closed: its entries fail, the others go on
                 for i, (other, *_) in enumerate(entries):
                     if other is log:
                         results[i] = exc
+                continue
+            held.append(log)
+            marks[id(log)] = log._mark()
         written: list[int] = []
         for i, (log, record, if_match, blob) in enumerate(entries):
             if id(log) not in marks:
@@ -339,22 +353,28 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
                 written.append(i)
             except Exception as exc:
                 results[i] = exc
-        failed = _flush([log for log in logs if id(log) in marks and log._mark() != marks[id(log)]])
+        failed = _flush([log for log in held if log._mark() != marks[id(log)]])
         for log in failed:
             log._undo(marks[id(log)])
         for i in written:
             if entries[i][0] in failed:
                 results[i] = failed[entries[i][0]]
+    finally:
+        for log in reversed(held):
+            log._let_go()
     return results
 
 
 def _flush(logs: list[FileCommitLog]) -> dict[FileCommitLog, Exception]:
-    """Make the frames written to ``logs`` durable; the logs whose flush failed, with why."""
+    """Make the frames written to ``logs`` durable, and the names of the logs among them that
+    held no record before; the logs whose flush failed, with why."""
     synced = [log for log in logs if log._sync]
     if not synced:
         return {}
     if _SYNCFS is not None and len(synced) >= SYNCFS_FROM:
-        if len({os.fstat(log._fd).st_dev for log in synced}) == 1 and _SYNCFS(synced[0]._fd) == 0:
+        if len({log._dev for log in synced}) == 1 and _SYNCFS(synced[0]._fd) == 0:
+            for log in synced:
+                log._folder = None  # the whole file system is durable, names included
             return {}
         # Another file system among them, or syncfs failed: flush each, so that each log
         # learns its own outcome.
@@ -364,4 +384,25 @@ def _flush(logs: list[FileCommitLog]) -> dict[FileCommitLog, Exception]:
             os.fdatasync(log._fd)
         except OSError as exc:
             failed[log] = log._write_error(exc, "the frames just written to")
+    named: dict[str, list[FileCommitLog]] = {}
+    for log in synced:
+        if log._folder is not None and log not in failed:
+            named.setdefault(log._folder, []).append(log)
+    for folder, new in named.items():  # one fsync per folder, however many logs it gained
+        try:
+            _fsync_folder(folder)
+        except OSError as exc:
+            for log in new:
+                failed[log] = log._write_error(exc, "the folder of")
+            continue
+        for log in new:
+            log._folder = None
     return failed
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

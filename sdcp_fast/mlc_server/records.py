@@ -16,6 +16,15 @@ MAX_ITEMS = 1 << 24
 
 def decode_stored_record(data: bytes, *, max_items: int = MAX_ITEMS) -> LogRecord:
     """One record from ``data`` (BadRequest for anything else), as ``decode_record`` reads it."""
+    return decode_to_store(data, max_items=max_items)[0]
+
+
+def decode_to_store(data: bytes, *, max_items: int = MAX_ITEMS) -> tuple[LogRecord, bytes]:
+    """:func:`decode_stored_record`'s record and the bytes the log stores for it, which are
+    ``encode_record``'s of that record: the members it was read from, once they pass the
+    format's checks, encoded deterministically (no record encoded again member by member)."""
     members = cbor.decode_members(data, RECORD_KEYS, max_items)
     # Only the known members are left: the format's own checks read them, as decode_record's.
-    return record_from_map(members if members is not None else [])
+    record = record_from_map(members if members is not None else [])
+    assert members is not None  # record_from_map refuses anything but a map
+    return record, cbor.deterministic_cbor(members)

@@ -47,7 +47,7 @@ from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.commitlog.http import MAX_BATCH_BODY
-from sdcp_fast.mlc_server.records import decode_stored_record
+from sdcp_fast.mlc_server.records import decode_stored_record, decode_to_store
 from sdcp_fast.mlc_server.server_metrics import prometheus_text
 from sdcp_fast.mlc_server.server_requests import (
     BodyTooLarge,
@@ -60,6 +60,7 @@ from sdcp_fast.mlc_server.server_requests import (
 )
 from sdcp_fast.mlc_server.server_shm import ASK, release_spent, shm_tier, slot_headers, spent_leases, upload
 from sdcp_fast.protocol import cbor
+from sdcp_fast.protocol.commitlog import LogRecord
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.transport.base import Request, Response
@@ -376,17 +377,21 @@ class MLCService:
             # Decoding untrusted CBOR and the flush both run here, off the event loop.
             entries = batch_appends(cbor.decode(bytes(body)))
             results: list[str | Exception] = [ValueError("not appended")] * len(entries)
-            todo: list[tuple[int, str, Any, str | None]] = []
+            where: list[int] = []
+            todo: list[tuple[str, LogRecord, str | None]] = []
+            stored: list[bytes | None] = []
             for i, (name, raw, if_match) in enumerate(entries):
                 try:
                     uri = _log_uri(name)
-                    record = decode_stored_record(bytes(raw))
+                    record, encoded = decode_to_store(raw)
                     policy.may_append(peer, record)
-                    todo.append((i, uri, record, if_match))
                 except Exception as exc:
                     results[i] = exc
-            done = logs.append_many([(uri, record, if_match) for _, uri, record, if_match in todo])
-            for (i, *_), result in zip(todo, done, strict=True):
+                    continue
+                where.append(i)
+                todo.append((uri, record, if_match))
+                stored.append(encoded)
+            for i, result in zip(where, logs.append_many(todo, stored), strict=True):
                 results[i] = result
             return [entry_answer(result) for result in results]
 

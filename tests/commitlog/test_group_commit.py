@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import itertools
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack
@@ -297,3 +298,83 @@ def test_two_handles_on_one_file_in_a_group_fail_the_second_not_the_thread(tmp_p
     assert results[0] == '"1"' and isinstance(results[1], ValueError) and results[2] == '"1"'
     assert again.read().records == [commit(1, 1)]
     again.close()
+
+
+# -- file logs: a new log's name is durable before its first record is answered -----------------
+
+
+class _FolderSyncs:
+    """The folders fsync'd (a log's name is durable once its folder is), counted by path."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, fail: bool = False) -> None:
+        self.folders: list[str] = []
+        self.fail = fail
+        real = os.fsync
+
+        def fsync(fd: int) -> None:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                self.folders.append(os.readlink(f"/proc/self/fd/{fd}"))
+                if self.fail:
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+            real(fd)
+
+        monkeypatch.setattr(file_log.os, "fsync", fsync)
+
+
+def _new_names(n: int) -> list[str]:
+    return [f"mlc://{bytes(16).hex()}/{next(_names):022d}/commit_log" for _ in range(n)]
+
+
+def test_a_group_creating_logs_flushes_their_folder_once(tmp_path, monkeypatch):
+    """Two new logs in one group below the syncfs threshold: their frames are fdatasync'd and
+    their folder fsync'd once for both, with the group's flush, not once per log created."""
+    from sdcp_fast.commitlog.directory import LogDirectory
+
+    flushes, folders = _Flushes(monkeypatch), _FolderSyncs(monkeypatch)
+    directory = LogDirectory(str(tmp_path))
+    names = _new_names(2)
+    assert directory.append_many([(name, commit(1, 1), '"0"') for name in names]) == ['"1"', '"1"']
+    assert folders.folders == [str(tmp_path / "logs")] and len(flushes.fdatasync) == 2
+    assert directory.append_many([(name, commit(1, 2), '"1"') for name in names]) == ['"2"', '"2"']
+    assert folders.folders == [str(tmp_path / "logs")], "a log holding records has a durable name"
+    directory.close()
+
+
+def test_a_syncfs_group_needs_no_folder_fsync(tmp_path, monkeypatch):
+    from sdcp_fast.commitlog.directory import LogDirectory
+
+    flushes, folders = _Flushes(monkeypatch), _FolderSyncs(monkeypatch)
+    directory = LogDirectory(str(tmp_path))
+    names = _new_names(file_log.SYNCFS_FROM)
+    assert directory.append_many([(name, commit(1, 1), '"0"') for name in names]) == ['"1"'] * len(names)
+    assert (len(flushes.syncfs), flushes.fdatasync, folders.folders) == (1, [], [])
+    directory.close()
+
+
+def test_an_empty_log_someone_else_created_gets_its_folder_flushed(tmp_path, monkeypatch):
+    """A log file that holds no record may have a name nobody made durable (its creator died
+    or never appended): the first record flushed in it flushes the folder, whoever appends."""
+    path = tmp_path / "logs" / "a.log"
+    path.parent.mkdir()
+    path.touch()
+    folders = _FolderSyncs(monkeypatch)
+    log = FileCommitLog(str(path))
+    assert log.append(commit(1, 1), '"0"') == '"1"'
+    assert folders.folders == [str(path.parent)]
+    log.close()
+    again = FileCommitLog(str(path))
+    assert again.append(commit(1, 2), '"1"') == '"2"'
+    assert folders.folders == [str(path.parent)]
+    again.close()
+
+
+def test_a_failed_folder_flush_fails_the_new_logs_entries(tmp_path, monkeypatch):
+    a, b = _logs(tmp_path, 2)
+    a.append(commit(1, 1), '"0"')
+    folders = _FolderSyncs(monkeypatch, fail=True)
+    results = _group([(a, commit(1, 2), '"1"'), (b, commit(1, 1), '"0"')])
+    assert results[0] == '"2"' and type(results[1]) is OSError
+    assert b.read().records == [] and os.path.getsize(b.path) == 0, "no frame of an unanswered entry stays"
+    folders.fail = False
+    assert b.append(commit(1, 1), '"0"') == '"1"', "the next flush makes the name durable"
+    assert len(folders.folders) == 2

@@ -88,6 +88,27 @@ def test_the_record_keeps_its_meaning() -> None:
     assert decode_stored_record(encode_record(commit)) == decode_record(encode_record(commit)) == commit
 
 
+_COMMIT = {"epoch": 2, "round": 3, "emitted": [5, 6, 7], "committed": 9, "digest": b"\x11" * 32}
+
+
+@pytest.mark.parametrize("data", [
+    encode_record(CommitRecord(epoch=2, round=3, emitted=(5, 6, 7), committed=9, digest=b"\x11" * 32)),
+    encode_record(FenceRecord(1 << 40)),
+    cbor.deterministic_cbor({**_COMMIT, "x": [{}, "y"], "emitted": list(range(300))}),  # an ignored member
+    b"\xa1\x65epoch\x1b" + (7).to_bytes(8, "big"),  # a fence whose epoch head is not the shortest
+    b"\xbf" + b"".join(cbor.deterministic_cbor(k) + cbor.deterministic_cbor(v) for k, v in reversed(_COMMIT.items()))
+    + b"\xff",  # an indefinite map, members out of the deterministic order
+])
+def test_the_bytes_stored_are_the_records_own_encoding(data: bytes) -> None:
+    """What a group commit stores for a record read from a peer is ``encode_record`` of that
+    record, whatever form the peer sent it in."""
+    from sdcp_fast.mlc_server.records import decode_to_store
+    from sdcp_fast.protocol.commitlog import decode_record
+
+    record, stored = decode_to_store(data)
+    assert record == decode_record(data) and stored == encode_record(record)
+
+
 @pytest.mark.parametrize("codec", ["py", "c"])
 def test_known_members_too_big_to_build_are_refused(codec: str) -> None:
     from sdcp_fast.mlc_server.records import decode_stored_record
