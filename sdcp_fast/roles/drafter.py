@@ -260,6 +260,7 @@ class DrafterRole:
             if current is assigned:
                 del self._sessions[session]
                 self.drafter.release(session)
+                self.q_rows.end(assigned.record)
 
     async def _join(self, assigned: _Assigned) -> None:
         """Learn the committed prefix the assignment names; the object may not be written yet

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
@@ -49,6 +49,7 @@ from sdcp_fast.roles.verifier_plan import (
     self_decode_due,
 )
 from sdcp_fast.roles.verifier_state import LiveSession, Round, retire_ended
+from sdcp_fast.store.shm_client import rows_guard
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -92,6 +93,9 @@ class Batcher:
         self.wake = asyncio.Event()  # set on anything that may let a batch close sooner
         self._queue: list[Round] = []
         self._fetching = 0
+        # Rounds whose q rows are read in place from a slot their writer rewrites: the check,
+        # after the kernels read them, that they held still (store/shm_client.py).
+        self._q_guards: dict[int, tuple[Round, Callable[[], bool]]] = {}
         # Proposals a gathering batch waits for before it counts the sessions that owe one again
         # (0 when none gathers: each proposal wakes the batcher), so that it does not walk every
         # session on each proposal's arrival.
@@ -183,10 +187,33 @@ class Batcher:
         if raw is not None and len(raw) != 4 * vocab * len(proposal.tokens):
             session.provide_q(q_rows=None, vocab=vocab)  # raises QUnavailable, round dropped
             raise QUnavailable("draft rows object has the wrong size")  # pragma: no cover
+        # Taken before anything else runs on the loop: the rows' sequence number as read.
+        guard = rows_guard(raw) if raw is not None else None
         uniforms = session.provide_q(q_rows=raw, vocab=vocab)
         assert raw is not None
         item.q = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
         item.work = replace(item.work, uniforms=uniforms)
+        if guard is not None:
+            if len(self._q_guards) > 4 * self.max_batch:  # withdrawn rounds' checks: forgotten
+                queued = {id(queued) for queued in self._queue}
+                self._q_guards = {k: v for k, v in self._q_guards.items() if k in queued}
+            self._q_guards[id(item)] = (item, guard)
+
+    def _rows_held(self, scored: list[tuple[Round, int, int]]) -> list[tuple[Round, int, int]]:
+        """The scored rounds less those whose rows, read in place, were rewritten or freed
+        before the kernels were done with them: those commit nothing and are answered
+        sdcp-q-unavailable, whatever the kernels made of mixed bytes (§6.3). Whether rows
+        changed does not depend on the round's draws, so dropping it biases nothing."""
+        held = []
+        for entry in scored:
+            item = entry[0]
+            guard = self._q_guards.pop(id(item), None)
+            if guard is not None and guard[0] is item and not guard[1]():
+                item.live.session.abandon()
+                item.settle(QUnavailable("the draft rows were rewritten while they were read"))
+                continue
+            held.append(entry)
+        return held
 
     def _owed(self) -> int:
         """Sessions whose drafter may send a proposal now, plus rounds fetching their rows."""
@@ -359,6 +386,8 @@ class Batcher:
         results = verify_batch(batch, logits, backend=self.backend)  # the rounds come first; prefill chunks after
         # One group commit for the pass; each round answered by its own append's outcome.
         scored = [(item, accepted, token) for item, (accepted, token) in zip(batch, results, strict=True)]
+        if self._q_guards:
+            scored = self._rows_held(scored)
         if any(await self.committer.commit_batch(scored, len(batch))):
             self.progress = self.clock()
 

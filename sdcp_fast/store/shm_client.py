@@ -23,6 +23,7 @@ import os
 import re
 import secrets
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sdcp_fast.cache.failures import ObjectUnavailable
@@ -30,6 +31,7 @@ from sdcp_fast.cache.http_client import MLCUnreachable, problem_of
 from sdcp_fast.cache.index import Stored
 from sdcp_fast.cache.tiers.shm import (
     ASK,
+    DEADLINE_AT,
     HEAD_SIZE,
     HEADER,
     KEPT_AT,
@@ -45,11 +47,17 @@ from sdcp_fast.cache.tiers.shm import (
     name_digest,
     read_header,
     read_named,
+    read_round,
+    read_seq,
+    rows_round,
+    rows_slot,
+    write_round,
+    write_seq,
 )
 from sdcp_fast.cache.tiers.tier import as_bytes_view
 from sdcp_fast.cache.uri import SCHEME, check_key, parse
-from sdcp_fast.protocol.cbor import decode
-from sdcp_fast.protocol.problems import BadRequest
+from sdcp_fast.protocol.cbor import decode, deterministic_cbor
+from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
 from sdcp_fast.transport.base import Response, Transport
 from sdcp_fast.transport.errors import TransportError
 
@@ -73,6 +81,14 @@ LOOK = 4
 # mapping (an object rewritten that often meanwhile is reported missing).
 ASKS = 3
 _SLOT_NAME = re.compile(r"slot-\d{1,20}")
+# A writer's rewritten slot (:class:`Rolling`) is renewed once this share of its lease has
+# passed, and given up (a new one leased) this many seconds before the lease ends.
+RENEW_AT = 0.5
+EXPIRY_MARGIN = 1.0
+# Rewritten slots a reader keeps mapped; every SWEEP reads it drops those freed meanwhile (a
+# mapping keeps an unlinked file's pages).
+MAPS = 4096
+SWEEP = 256
 
 
 def after_map() -> None:
@@ -118,6 +134,106 @@ class Kept:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
         os.close(self.fd)
+
+
+class Rolling:
+    """A slot a writer leased once for one session's q rows (named by :func:`rows_slot`) and
+    rewrites in place each round, mapped writable; its lease is renewed as rounds go on and
+    released when the session ends, so a steady round sends the node nothing."""
+
+    __slots__ = ("expires", "lease", "mm", "renew_at", "seq", "size")
+
+    def __init__(self, mm: mmap.mmap, size: int) -> None:
+        self.mm, self.size = mm, size
+        self.seq = 0
+        self.lease = ""
+        self.renew_at = self.expires = 0.0
+
+    def leased(self, lease: str, since: float, ttl: float) -> None:
+        """Held under ``lease`` from ``since`` (the clock read before the request)."""
+        self.lease = lease
+        self.renew_at, self.expires = since + RENEW_AT * ttl, since + ttl - EXPIRY_MARGIN
+
+    def live(self) -> bool:
+        return self.mm[STATE_AT] == LIVE
+
+    def write(self, data: memoryview, round_: int, digest: bytes) -> None:
+        """The round's rows, under the seqlock: a reader that checks the sequence number
+        before and after it used them never takes bytes of two rounds (or of none)."""
+        mm, seq = self.mm, self.seq + 1
+        write_seq(mm, seq)  # odd: being written
+        mm[HEADER: HEADER + data.nbytes] = data
+        write_round(mm, round_, data.nbytes, digest)
+        self.seq = seq + 1
+        write_seq(mm, seq + 1)
+
+    def close(self) -> None:
+        self.mm.close()
+
+
+class RowsMap(mmap.mmap):
+    """A reader's mapping of a rewritten slot; ``seen``: the sequence number and name digest
+    of the round last read from it (:func:`rows_guard`)."""
+
+    seen: tuple[int, bytes] = (0, b"")
+
+    def round_view(self, digest: bytes) -> memoryview | None:
+        """The rows of the round whose object name has ``digest``, if the slot is LIVE, within
+        its lease's deadline and holds that round, written whole; else None."""
+        magic, _, size, state = read_header(self)
+        if magic != MAGIC or state != LIVE:
+            return None
+        deadline = read_named(self)[1]
+        if deadline and time.monotonic_ns() >= deadline:
+            return None
+        seq = read_seq(self)
+        _, length, held = read_round(self)
+        if seq & 1 or not seq or held != digest or not 0 < length <= size:
+            return None
+        self.seen = (seq, digest)
+        return memoryview(self)[HEADER: HEADER + length]
+
+    def holds(self, seq: int, digest: bytes) -> bool:
+        """Whether the slot is LIVE and still holds the round read under ``seq``."""
+        return self[STATE_AT] == LIVE and read_seq(self) == seq and read_round(self)[2] == digest
+
+
+def rows_guard(view: memoryview) -> Callable[[], bool] | None:
+    """For rows read in place from a rewritten slot: a check, to call once they have been used,
+    that they were not rewritten (nor freed) meanwhile; None for other views (their bytes are
+    final). Call it right after the read, before the event loop runs another."""
+    mm = view.obj
+    if type(mm) is not RowsMap:
+        return None
+    seq, digest = mm.seen
+    return lambda: mm.holds(seq, digest)
+
+
+def _map_rows(path: str) -> RowsMap | None:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size <= HEADER:
+            return None
+        # Populated now: a reader then touches no page fault. On a GPU host this mapping is
+        # what would be registered as pinned (cudaHostRegister) and copied to the device with
+        # non_blocking=True, the check after the copy.
+        return RowsMap(fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
+    finally:
+        os.close(fd)
+
+
+def _new_rolling(path: str, size: int) -> Rolling:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    try:
+        os.ftruncate(fd, HEADER + size)
+        mm = mmap.mmap(fd, HEADER + size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    return Rolling(mm, size)
 
 
 def _read(fd: int, *, serial: int | None = None, size: int | None = None,
@@ -223,11 +339,18 @@ class ShmClient:
         self.keep = False
         self._kept: collections.deque[Kept] = collections.deque()  # oldest first
         self._keeping = 0  # kept files, in the deque or in a put
+        # Whether q rows go into one slot per session rewritten each round (:class:`Rolling`),
+        # leased once: a drafter's. Its slots by name; a reader's mappings by the name's digest.
+        self.rolling = False
+        self._rolls: dict[str, Rolling] = {}
+        self._maps: dict[str, RowsMap] = {}
+        self._reads = 0
+        self._refused: dict[str, float] = {}  # slot names the node would not take, until when
 
     async def _call(self, method: str, path: str, *, headers: dict[str, str] | None = None,
-                    query: dict[str, str] | None = None) -> Response:
+                    query: dict[str, str] | None = None, body: bytes = b"") -> Response:
         try:
-            response = await self.transport.request(self.base_url, method, path, body=b"", query=query,
+            response = await self.transport.request(self.base_url, method, path, body=body, query=query,
                                                      headers=headers)
         except TransportError as exc:
             raise MLCUnreachable(str(exc)) from exc
@@ -254,6 +377,10 @@ class ShmClient:
         self._known, self.folder = False, None
         while self._kept:
             self._drop(self._kept.popleft())
+        for roll in self._rolls.values():
+            roll.close()
+        self._rolls.clear()
+        self._maps.clear()
 
     def _drop(self, kept: Kept) -> None:
         self._keeping -= 1
@@ -297,12 +424,17 @@ class ShmClient:
             await self._call("DELETE", "leases/" + lease, query={"drop": "1"})
 
     async def put(self, uri: str, data: Any, lease_ttl: float | None = None) -> Stored | None:
-        if hasattr(data, "untyped_storage") or not _drafted(uri):  # a tensor carries its dtype and shape
+        rows = rows_round(uri)
+        # A tensor carries its dtype and shape: not through here.
+        if hasattr(data, "untyped_storage") or (rows is None and not _drafted(uri)):
             return None
         view = as_bytes_view(data)
         if view.nbytes < max(1, MIN_BYTES) or not await self.usable():
             return None
         assert self.folder is not None
+        if self.rolling and rows is not None and lease_ttl is not None and view.nbytes <= INLINE_WRITE:
+            if (rolled := await self._roll(uri, *rows, view, lease_ttl)) is not None:
+                return rolled
         upload = os.path.join(self.folder, "up-" + secrets.token_hex(16))
         query = {"shm": os.path.basename(upload)[3:]}
         kept = self._take(self.folder) if self.keep and view.nbytes <= INLINE_WRITE else None
@@ -345,13 +477,123 @@ class ShmClient:
                 if self._flush is None:
                     self._flush = asyncio.get_running_loop().call_later(SPENT_WAIT, self._flush_spent)
 
+    async def _roll(self, uri: str, slot: str, round_: int, view: memoryview, ttl: float) -> Stored | None:
+        """``uri``'s rows written into the session's slot ``slot``: in place, with no request,
+        while the slot is LIVE, large enough and its lease not near its end (renewed past
+        ``RENEW_AT`` of it); else into a new slot, put under a lease of ``ttl`` s (the old one
+        let go of). The lease is the slot's, released by :meth:`end_rows`, not the round's:
+        the Stored has none. None when the node would not take the slot (the caller puts the
+        round as an object of its own)."""
+        roll = self._rolls.get(slot)
+        now_ns = time.monotonic_ns()
+        now = now_ns / 1e9
+        if self._refused and roll is None and self._refused.get(slot, 0.0) > now:
+            return None
+        if roll is not None and (roll.size < view.nbytes or now >= roll.expires or not roll.live()):
+            self.end_rows(uri)
+            roll = None
+        if roll is not None and now >= roll.renew_at:
+            try:
+                await self._call("PUT", "leases/" + roll.lease, body=deterministic_cbor({"ttl_ms": round(ttl * 1000)}),
+                                 headers={"content-type": "application/cbor"})
+            except Exception:  # expired or the node is gone: a new slot, or the network path
+                self.end_rows(uri)
+                roll = None
+            else:
+                roll.leased(roll.lease, now, ttl)
+                # Readers by name stop trusting the slot no later than the node's expiry: the
+                # deadline counts from before the renewal.
+                roll.mm[DEADLINE_AT: DEADLINE_AT + 8] = (now_ns + int(ttl * 1e9)).to_bytes(8, "little")
+        digest = name_digest(uri)
+        if roll is not None:
+            roll.write(view, round_, digest)
+            return Stored("", "host", None)
+        assert self.folder is not None
+        token = secrets.token_hex(16)
+        upload = os.path.join(self.folder, "up-" + token)
+        query = {"shm": token, "lease_ms": str(max(1, round(ttl * 1000)))}
+        spent, self._spent = self._spent[:MAX_SPENT], self._spent[MAX_SPENT:]
+        if spent:
+            query["release"] = ",".join(spent)
+        try:
+            roll = _new_rolling(upload, view.nbytes)
+            roll.write(view, round_, digest)
+        except OSError:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(upload)
+            self._spent[:0] = spent
+            self.forget()
+            return None
+        stored: Stored | None = None
+        try:
+            doc = decode((await self._call("PUT", _path(slot), query=query)).body)
+            stored = Stored(doc["etag"], doc["tier"], None)
+            roll.leased(doc["lease"], now, ttl)
+            self._rolls[slot] = roll
+            return stored
+        except BadRequest:
+            self.forget()  # it did not find the upload: the bytes go over the network
+            return None
+        except SdcpProblem:
+            # The name is held (a predecessor of ours under the same tag, dead or not, whose
+            # lease has not run out): its rounds go as objects of their own until that lease
+            # could have ended.
+            if len(self._refused) >= MAPS:
+                self._refused = {k: t for k, t in self._refused.items() if t > now}
+            self._refused[slot] = now + ttl
+            return None
+        finally:
+            if stored is None:
+                roll.close()
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(upload)
+                if spent:
+                    self._spent[:0] = spent
+                    if self._flush is None:
+                        self._flush = asyncio.get_running_loop().call_later(SPENT_WAIT, self._flush_spent)
+
+    def end_rows(self, uri: str) -> None:
+        """The session of the q rows ``uri`` names is over here: its slot's lease released
+        with drop (with the next put, :meth:`release_later`), the slot unmapped."""
+        slot = rows_slot(uri)
+        roll = self._rolls.pop(slot, None) if slot is not None else None
+        if roll is not None:
+            roll.close()
+            self.release_later(roll.lease)
+
+    def _in_place(self, uri: str, slot: str) -> memoryview | None:
+        """``uri``'s rows read in place from the writer's rewritten ``slot``, found by name
+        (no request) and kept mapped; None when it does not hold that round (or is gone)."""
+        folder = self.folder
+        assert folder is not None
+        key, digest = slot, name_digest(uri)
+        self._reads += 1
+        if self._reads % SWEEP == 0:
+            self._maps = {k: m for k, m in self._maps.items() if m[STATE_AT] == LIVE}
+        mm = self._maps.get(key)
+        if mm is not None and (view := mm.round_view(digest)) is not None:
+            return view
+        # Not mapped yet, or the mapping is of a slot freed since (the session's next lease
+        # is another file under the same name): mapped again.
+        self._maps.pop(key, None)
+        mm = _map_rows(os.path.join(folder + NAMES, name_digest(slot).hex()))
+        if mm is None:
+            return None
+        if len(self._maps) >= MAPS:
+            del self._maps[next(iter(self._maps))]
+        self._maps[key] = mm
+        return mm.round_view(digest)
+
     async def get(self, uri: str) -> memoryview | None:
         """The object, mapped in place if the node keeps it in a slot; its bytes as sent
         otherwise. None when the path does not apply (the caller sends an ordinary get)."""
-        if not _drafted(uri) or not await self.usable():
+        rows = rows_round(uri)
+        if (rows is None and not _drafted(uri)) or not await self.usable():
             return None
         folder = self.folder
         assert folder is not None
+        if rows is not None and (view := self._in_place(uri, rows[0])) is not None:
+            return view
         if (view := map_named(folder, uri)) is not None:
             return view
         for attempt in range(1, ASKS + 1):

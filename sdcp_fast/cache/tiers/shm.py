@@ -55,6 +55,7 @@ import time
 from typing import Any
 
 from sdcp_fast.cache.tiers.host import HostTier
+from sdcp_fast.cache.uri import local_name
 from sdcp_fast.protocol.problems import BadRequest
 
 HEADER = mmap.PAGESIZE  # the data starts on a page: a view of it is aligned for any dtype
@@ -70,6 +71,16 @@ _NAMED = struct.Struct("<16sQ")
 NAMED_AT = 32
 NAMED_END = NAMED_AT + _NAMED.size
 HEAD_SIZE = _HEAD.size
+DEADLINE_AT = NAMED_AT + 16
+# A slot its writer rewrites in place round after round (a drafter's q rows, leased once per
+# session: :func:`rows_slot`) says which round it holds after the writer's sequence number, a
+# seqlock: odd while the writer writes, made even (one aligned 8-byte store) only after the
+# rows and the round's fields. Round, length, and the digest of the round's object name
+# (scope, session, round and writer tag).
+ROUND_AT = 64
+_SEQ = struct.Struct("<Q")
+_ROUND = struct.Struct("<QQ16s")
+ROUND_END = ROUND_AT + _SEQ.size + _ROUND.size
 NAMES = ".names"  # the sibling folder of slots linked by name: <folder>.names/<digest>
 ID_FILE = "node.id"  # "<token> <pid>": a client is on this host when it reads the same token
 UPLOAD = re.compile(r"[0-9a-f]{32}")
@@ -98,6 +109,46 @@ def read_named(buf: Any) -> tuple[bytes, int]:
 
 def name_digest(uri: str) -> bytes:
     return hashlib.blake2b(uri.encode(), digest_size=16).digest()
+
+
+# A plain name of one round's q rows (cache/uri.py), matched in one step: a round's reader and
+# writer both ask, every round.
+_ROWS = re.compile(r"(mlc://[0-9a-f]{32}/[A-Za-z0-9_\-]{1,64}/q_rows/)([0-9]{1,19})((?:\.[A-Za-z0-9_\-]{1,32})?)")
+
+
+def rows_round(uri: str) -> tuple[str, int] | None:
+    """If ``uri`` is the plain name of one round's q rows: the name of the slot its writer
+    keeps for the session's rows (round 0, under the same writer tag) and the round."""
+    m = _ROWS.fullmatch(uri)
+    if m is None or m[2][0] == "0":  # round 0 is the slot's own; a round has one spelling
+        return None
+    return m[1] + "0" + m[3], int(m[2])
+
+
+def rows_slot(uri: str) -> str | None:
+    """:func:`rows_round`'s slot name, for a plain name or one naming its node."""
+    found = rows_round(local_name(uri))
+    return None if found is None else found[0]
+
+
+def read_seq(buf: Any) -> int:
+    seq: int = _SEQ.unpack_from(buf, ROUND_AT)[0]
+    return seq
+
+
+def write_seq(buf: Any, seq: int) -> None:
+    _SEQ.pack_into(buf, ROUND_AT, seq)
+
+
+def read_round(buf: Any) -> tuple[int, int, bytes]:
+    """The round a rewritten slot holds, its length in bytes and its object name's digest
+    (meaningful only under an even :func:`read_seq` that is the same before and after)."""
+    round_, length, digest = _ROUND.unpack_from(buf, ROUND_AT + _SEQ.size)
+    return round_, length, digest
+
+
+def write_round(buf: Any, round_: int, length: int, digest: bytes) -> None:
+    _ROUND.pack_into(buf, ROUND_AT + _SEQ.size, round_, length, digest)
 
 
 class ShmUpload(mmap.mmap):
@@ -321,5 +372,6 @@ def attach(folder: str, token: str) -> bool:
         return False
 
 
-__all__ = ["ASK", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "HEAD_SIZE", "KEPT_AT", "NAMED_END", "NAMES", "RECYCLABLE", "STATE_AT", "ShmTier", "ShmUpload", "Slot", "attach",
-           "header", "name_digest", "read_header", "read_named"]
+__all__ = ["ASK", "DEADLINE_AT", "SERIAL", "SLOT", "HEADER", "LIVE", "FREED", "HEAD_SIZE", "KEPT_AT", "NAMED_END", "NAMES",
+           "RECYCLABLE", "ROUND_AT", "ROUND_END", "STATE_AT", "ShmTier", "ShmUpload", "Slot", "attach", "header",
+           "name_digest", "read_header", "read_named", "read_round", "read_seq", "rows_round", "rows_slot", "write_round", "write_seq"]
