@@ -26,7 +26,7 @@ from h2.errors import ErrorCodes
 from hyperframe.frame import Frame, GoAwayFrame, HeadersFrame
 
 from sdcp_fast.transport.errors import TransportError
-from sdcp_fast.transport.h2native import native_connection
+from sdcp_fast.transport.h2native import WholeMessage, native_connection
 
 log = logging.getLogger("sdcp_fast.transport")
 
@@ -184,6 +184,9 @@ class H2Protocol(asyncio.Protocol):
                 self.transport.close()
             return
         for event in events:
+            if type(event) is WholeMessage:  # the common event, none of the cases below
+                self.on_event(event)
+                continue
             if isinstance(event, h2.events.ConnectionTerminated):
                 self.peer_goaway = True
             if isinstance(event, (h2.events.WindowUpdated, h2.events.RemoteSettingsChanged)):
