@@ -30,7 +30,10 @@ def test_shortest_run_reports_every_level_rule_and_window(tmp_path: Path) -> Non
     for (rule, _), row in windows.items():
         assert row["rounds"] > 0
         assert row["kinds"]["POST proposals"][0] == 1.0  # one proposal per round, the others counted per round
-        assert ("PUT q_rows" in row["kinds"]) == (rule == 2)
+        # Rule 2 through the node's shared memory (the default): a session's rows go into one
+        # slot, put at its first round and rewritten in place after (sdcp_fast/store/shm_client.py).
+        assert rule == 2 or "PUT q_rows" not in row["kinds"]
+        assert row["kinds"].get("PUT q_rows", [0.0])[0] < 0.5
         # Through the MLC node's shared memory (the default) the verifier finds the rows' slot by
         # name, with no request (sdcp_fast/store/shm_client.py); it asks the MLC only where that
         # fails (a slot replaced meanwhile), and over the network it GETs them every round.
