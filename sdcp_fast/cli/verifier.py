@@ -74,7 +74,7 @@ def _role(args: argparse.Namespace, target: Target, store: Store, transport: Tra
     from sdcp_fast.roles.verifier import VerifierConfig, VerifierRole
 
     config = VerifierConfig(uri=args.uri, target_digest=target.digest, router=args.router, backend=args.backend,
-                            max_batch=args.max_batch, batch_wait=args.batch_wait_ms / 1000, offload=True,
+                            max_batch=args.max_batch, batch_wait=args.batch_wait_ms / 1000, offload=not target.inline,
                             status_ttl_ms=args.status_ttl_ms, max_prompt=target.context,
                             prefill_chunk=args.prefill_chunk, prefill_solo=args.prefill_solo)
     return VerifierRole(target.scorer, config, mlc=store, transport=transport)

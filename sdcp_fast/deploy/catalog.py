@@ -36,6 +36,9 @@ class Target:
     stop: tuple[int, ...]
     describe: str
     loaded: Any = None  # the real model (loader.LoadedModel), for drafters that share it
+    # A pass costs less than handing it to a thread and back (the toy's: a few microseconds a
+    # round against tens for the hop and the GIL's hand-over): a verifier scores on its loop.
+    inline: bool = False
 
     @property
     def context(self) -> int:
@@ -96,7 +99,7 @@ def _load_target(spec: str, device: str, weights: str = "auto") -> Target:
         return Target(
             name="toy", scorer=ToyTarget(), vocab_size=len(WORDS), digest=model_digest("toy-target"),
             tokenizer_digest=model_digest("toy-words"), encode=encode, decode=decode, chat=None, stop=(),
-            describe=f"toy target ({len(WORDS)} words, no checkpoint)",
+            describe=f"toy target ({len(WORDS)} words, no checkpoint)", inline=True,
         )
     from sdcp_fast.model import quant_weights
 

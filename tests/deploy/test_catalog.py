@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
+from pathlib import Path
+
 import pytest
 
+from sdcp_fast.cli import verifier
 from sdcp_fast.deploy.catalog import load_drafter, load_target, target_of
 from sdcp_fast.model import loader
 from sdcp_fast.model.contract_digests import model_digest, weights_digest
+from sdcp_fast.protocol.peer import Peer, PeerRole
+from sdcp_fast.store import embedded
+from sdcp_fast.transport.inprocess import InProcessNetwork
 
 
 def test_every_spec_of_a_real_target() -> None:
@@ -38,3 +46,22 @@ def test_toy_specs() -> None:
     assert {load_drafter(spec, target)[0].name for spec in ("toy-good", "toy-weak")} == {"toy-good", "toy-weak"}
     with pytest.raises(ValueError, match="unknown toy drafter"):
         load_drafter("layerskip:2", target)
+
+
+@pytest.mark.parametrize(("model", "inline"), [("toy", True), ("tiny-target", False)])
+def test_a_verifier_service_scores_on_its_loop_only_where_a_pass_costs_less_than_a_thread_hop(
+        tmp_path: Path, model: str, inline: bool) -> None:
+    """The toy's pass (a few microseconds a round) runs on the verifier's loop: handing it to
+    the scoring thread and back cost the verifier more CPU than the pass. A real model's pass
+    stays off the loop."""
+    parser = argparse.ArgumentParser()
+    verifier.add_arguments(parser)
+    args = parser.parse_args(["--model", model, "--uri", "https://127.0.0.1:8501/", "--router", "https://127.0.0.1:8500/"])
+    target = load_target(model)
+    assert target.inline is inline
+    role = verifier._role(args, target, embedded(str(tmp_path)),
+                          InProcessNetwork().transport(Peer(args.uri, PeerRole.VERIFIER)))
+    try:
+        assert role.config.offload is not inline
+    finally:
+        asyncio.run(role.close())
