@@ -40,7 +40,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from sdcp_fast.cache import policy
-from sdcp_fast.cache.failures import BadRange
+from sdcp_fast.cache.failures import BadRange, ObjectUnavailable
 from sdcp_fast.cache.index import MAX_LEASE_TTL, MLC
 from sdcp_fast.cache.uri import SCHEME, ObjectName, served_name
 from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
@@ -58,7 +58,15 @@ from sdcp_fast.mlc_server.server_requests import (
     entry_answer,
     release_body,
 )
-from sdcp_fast.mlc_server.server_shm import ASK, release_spent, shm_tier, slot_headers, spent_leases, upload
+from sdcp_fast.mlc_server.server_shm import (
+    ASK,
+    release_spent,
+    round_in_slot,
+    shm_tier,
+    slot_headers,
+    spent_leases,
+    upload,
+)
 from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.commitlog import LogRecord
 from sdcp_fast.protocol.problems import BadRequest
@@ -250,7 +258,12 @@ class MLCService:
         span = None if spec is None else _span(spec)
         # Where to read: inline when the answer is a view of bytes in memory (the thread hop
         # would cost more), else on a worker thread. The answer's head comes with the bytes.
-        before = await run_on(mlc, lambda: mlc.head(uri))
+        try:
+            before = await run_on(mlc, lambda: mlc.head(uri))
+        except ObjectUnavailable:  # a round's q rows may be in their writer's slot (server_shm.py)
+            if span is not None or (rows := round_in_slot(mlc, self.shm, uri, check)) is None:
+                raise
+            return Response(200, rows[1], {"etag": rows[0].etag, "mlc-tier": rows[0].tier, "content-type": OCTETS})
         hint = 0 if mlc.reads_as_view(before) else before.size
         # One step: the entity tag sent is the one of the bytes sent, whatever puts race with us.
         head, view = await run_on(mlc, lambda: mlc.read(uri, span, check=check), hint)

@@ -8,6 +8,9 @@ answered with the slot's name instead of its bytes.
                                         released with drop (as ``DELETE /leases/<id>?drop=1``)
   GET /objects/<name>, MLC-Shm: 1       200, empty body, MLC-Shm-Slot and MLC-Shm-Serial when
                                         the object is a slot; its bytes as usual otherwise
+  GET /objects/<round's q rows>         when no such object is stored: the round as its writer
+                                        keeps it in its session's slot (rewritten in place
+                                        round after round), copied, for a reader on another host
 
 Everything else about these calls (authorization, leases, accounting) is the ordinary route's.
 """
@@ -21,12 +24,13 @@ import time
 from collections.abc import Iterator
 
 from sdcp_fast.cache import policy
-from sdcp_fast.cache.index import MLC, Head
-from sdcp_fast.cache.tiers.shm import ASK, SERIAL, SLOT, ShmTier, ShmUpload
+from sdcp_fast.cache.failures import ObjectUnavailable
+from sdcp_fast.cache.index import MLC, Head, ObjectCheck
+from sdcp_fast.cache.tiers.shm import ASK, SERIAL, SLOT, ShmTier, ShmUpload, name_digest, rows_round
 from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import BadRequest, SdcpProblem
 
-__all__ = ["ASK", "release_spent", "shm_tier", "slot_headers", "spent_leases", "upload"]
+__all__ = ["ASK", "release_spent", "round_in_slot", "shm_tier", "slot_headers", "spent_leases", "upload"]
 
 MAX_SPENT = 64  # leases one put may release
 _SPENT = re.compile(rf"[0-9a-f]{{32}}(?:,[0-9a-f]{{32}}){{0,{MAX_SPENT - 1}}}")
@@ -76,6 +80,22 @@ def release_spent(mlc: MLC, peer: Peer | None, leases: list[str]) -> None:
     for lease in leases:
         with contextlib.suppress(SdcpProblem):
             mlc.release(lease, drop=True, check=check)
+
+
+def round_in_slot(mlc: MLC, tier: ShmTier | None, uri: str, check: ObjectCheck | None) -> tuple[Head, bytes] | None:
+    """The q rows of the round ``uri`` names, if a same-host writer keeps them in its session's
+    slot (``rows_round``) and it holds that round, whole: a copy, checked after it was taken;
+    None otherwise (the object is missing). Read under the reader's ``check`` of that name."""
+    found = rows_round(uri)
+    if tier is None or found is None:
+        return None
+    try:
+        head, view = mlc.read(found[0], check=check)
+    except ObjectUnavailable:
+        return None
+    if head.tier != tier.name or (rows := tier.round_of(view, name_digest(uri))) is None:
+        return None
+    return head, rows
 
 
 def slot_headers(tier: ShmTier | None, head: Head, view: memoryview) -> dict[str, str] | None:

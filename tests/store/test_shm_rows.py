@@ -233,3 +233,20 @@ def test_a_writer_whose_slot_name_is_held_puts_each_round_as_an_object_of_its_ow
                 await again.aclose()
 
         run(scenario, base)
+
+
+def test_a_reader_on_another_host_gets_the_round_from_the_slot_over_the_network(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(w: RemoteStore, r: RemoteStore, _: Any) -> None:
+            far = RemoteStore(base, shm=False)  # no shared memory: as from another host
+            try:
+                await w.put(uri(1), rows(1), 30.0)
+                assert bytes(await far.get(uri(1))) == rows(1)
+                await w.put(uri(2), rows(2), 30.0)
+                with pytest.raises(ObjectUnavailable):  # the slot holds round 2 now
+                    await far.get(uri(1))
+                assert bytes(await far.get(uri(2))) == rows(2)
+            finally:
+                await far.aclose()
+
+        run(scenario, base)

@@ -303,6 +303,29 @@ class ShmTier(HostTier):
             return os.path.basename(up.path), up.serial
         return None
 
+    def round_of(self, view: memoryview, digest: bytes) -> bytes | None:
+        """A copy of the round whose object name has ``digest`` from the rewritten slot
+        ``view`` shows (:func:`rows_round`), if it holds that round written whole before and
+        after the copy (the writer's seqlock); None otherwise."""
+        up = view.obj
+        if not isinstance(up, ShmUpload) or not up.serial or view.nbytes != len(up):
+            return None
+        try:
+            fd = os.open(up.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None  # freed meanwhile
+        try:
+            before = os.pread(fd, ROUND_END, 0)
+            seq = read_seq(before)
+            _, length, held = read_round(before)
+            if seq & 1 or not seq or held != digest or not 0 < length <= view.nbytes:
+                return None
+            copy = bytes(view[:length])
+            after = os.pread(fd, ROUND_END, 0)
+        finally:
+            os.close(fd)
+        return copy if after == before else None
+
     def read(self, handle: Any) -> memoryview:
         if type(handle) is Slot:
             return memoryview(handle.data)
