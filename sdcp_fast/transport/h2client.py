@@ -103,6 +103,13 @@ class _ClientProtocol(H2Protocol):
     def on_event(self, event: h2.events.Event) -> None:
         if isinstance(event, WholeMessage):  # nghttp2: headers, body and end at once
             pending = self.pending.get(event.stream_id)
+            if pending is not None and pending.queue is None and not pending.future.done() \
+                    and len(event.data) <= self.limits.max_body:
+                # The common answer, what _headers, _received and _ended would make of it.
+                del self.pending[event.stream_id]
+                status, headers = response_fields(event.headers)
+                pending.future.set_result(Response(status, event.data, headers))
+                return
             if pending is not None:
                 self._headers(pending, event.headers)
                 if event.data:

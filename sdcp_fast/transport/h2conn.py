@@ -241,9 +241,10 @@ class H2Protocol(asyncio.Protocol):
 
     def stream_finished(self) -> None:
         self.active_streams -= 1
-        self._last_active = self.loop.time()
-        if self.active_streams == 0 and (self.draining or self.peer_goaway):
-            self._final_close()  # a GOAWAY went one way or the other and the last stream ended
+        if self.active_streams == 0:  # idle from now (the idle check reads it only then)
+            self._last_active = self.loop.time()
+            if self.draining or self.peer_goaway:
+                self._final_close()  # a GOAWAY went one way or the other and the last stream ended
 
     # -- writing -------------------------------------------------------------------------
     def flush(self) -> None:
