@@ -1,0 +1,96 @@
+"""The verifier reads a round's q rows in place from the drafter's session slot in the MLC
+node's shared memory (sdcp_fast/store/shm_client.py, sdcp_fast/roles/verifier_batch.py
+``_fetch_q``), and checks after the kernels read them that the writer did not rewrite them:
+rows that changed meanwhile are sdcp-q-unavailable, never a verdict from mixed bytes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+
+from sdcp_fast.cache import object_uri
+from sdcp_fast.cache.tiers.shm import name_digest
+from sdcp_fast.cache.uri import writer_tag
+from sdcp_fast.protocol.messages import RULE_SPECULATIVE
+from sdcp_fast.roles.verifier import VerifierRole
+from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.store import RemoteStore, shm_client
+from sdcp_fast.transport.inprocess import InProcessNetwork
+from tests.roles.rolekit import (
+    DRAFTER,
+    DRAFTER_PEER,
+    ROUTER_PEER,
+    SCOPE,
+    VERIFIER,
+    VERIFIER_PEER,
+    CountingScorer,
+    assignment,
+    contract,
+    problem_of,
+    proposal,
+    session_open,
+    sid,
+    verifier_config,
+)
+from tests.store.test_shm_client import node
+
+TAG = writer_tag(DRAFTER)
+
+
+def rows_uri(session: bytes, round_: int) -> str:
+    return object_uri(SCOPE, session, "q_rows", round_, tag=TAG)
+
+
+async def scenario(base: str, rewrite_during_pass: bool) -> Any:
+    """One rule-2 round whose rows a drafter-like writer put in its session slot; with
+    ``rewrite_during_pass`` the writer rewrites the slot (its next round) while the pass runs.
+    The verdict, or the problem's type; and the verifier's output."""
+    network = InProcessNetwork()
+    scorer = CountingScorer()
+    vocab = scorer.vocab_size
+    reader, writer = RemoteStore(base), RemoteStore(base)
+    assert writer.shm is not None
+    writer.shm.rolling = True
+    verifier = VerifierRole(scorer, verifier_config(), mlc=reader, transport=network.transport(VERIFIER_PEER))
+    network.register(VERIFIER, verifier.handler)
+    router, drafter = SdcpClient(network.transport(ROUTER_PEER)), SdcpClient(network.transport(DRAFTER_PEER))
+    await verifier.start()
+    try:
+        session = sid(7)
+        opened = session_open(session, contract(RULE_SPECULATIVE))
+        state = await router.open_session(VERIFIER, opened)
+        state = await router.put_drafter(VERIFIER, assignment(opened, state, drafter=DRAFTER, m_init=4))
+        rows = torch.full((2, vocab), 1.0 / vocab)
+        await writer.put(rows_uri(session, 1), memoryview(rows.numpy()).cast("B"), 30.0)
+        roll = next(iter(writer.shm._rolls.values()))
+
+        def rewrite(_: Any) -> None:
+            if rewrite_during_pass:  # the writer moves on while the kernels read round 1
+                other = torch.linspace(1.0, 2.0, vocab).repeat(2, 1)
+                other /= other.sum(dim=1, keepdim=True)
+                roll.write(memoryview(other.numpy()).cast("B"), 2, name_digest(rows_uri(session, 2)))
+
+        scorer.on_score = rewrite
+        try:
+            out: Any = await drafter.propose(VERIFIER, proposal(state, [4, 5], q_rows=rows_uri(session, 1)))
+        except Exception as exc:
+            out = problem_of(exc)[0]
+        return out, list(verifier.sessions.get(session).output(0).tokens)
+    finally:
+        await verifier.close()
+        await reader.aclose()
+        await writer.aclose()
+
+
+@pytest.mark.parametrize("rewritten", [False, True], ids=["held", "rewritten"])
+def test_rows_rewritten_while_the_kernels_read_them_are_q_unavailable(tmp_path, monkeypatch, rewritten):
+    monkeypatch.setattr(shm_client, "MIN_BYTES", 1)  # the toy's rows are small
+    with node(tmp_path) as (_, base):
+        out, output = asyncio.run(scenario(base, rewritten))
+    if rewritten:
+        assert out == "sdcp-q-unavailable" and output == []  # nothing committed
+    else:
+        assert out.committed == len(out.emitted) > 0 and output == list(out.emitted)
