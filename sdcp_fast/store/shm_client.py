@@ -22,7 +22,9 @@ import mmap
 import os
 import re
 import secrets
+import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -209,7 +211,24 @@ def rows_guard(view: memoryview) -> Callable[[], bool] | None:
     return lambda: mm.holds(seq, digest)
 
 
+def _quiet_torch() -> None:
+    """torch warns, once a process, that a tensor over a read-only buffer would not protect
+    it; these rows' readers only read them (the verifier's kernels): spent quietly here, once."""
+    global _QUIET
+    torch = sys.modules.get("torch")
+    if _QUIET or torch is None:
+        return
+    _QUIET = True
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        torch.frombuffer(b"\0", dtype=torch.uint8)
+
+
+_QUIET = False
+
+
 def _map_rows(path: str) -> RowsMap | None:
+    _quiet_torch()
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
