@@ -34,6 +34,12 @@ A reader of a KEPT slot copies its bytes and checks the header after the copy (s
 LIVE unchanged), so it never returns bytes written after the free. Other objects (network
 puts) are kept by :class:`~sdcp_fast.cache.tiers.host.HostTier` as before.
 
+A drafter's q rows take a slot per session instead (:func:`rows_round`): put once under a
+lease, then rewritten in place by its writer each round under a seqlock in the header
+(``ROUND_AT``), so a round needs no request. Its readers check the sequence number and the
+round's name digest before and after they use the rows
+(:class:`~sdcp_fast.store.shm_client.RowsMap`); the node frees it as any slot.
+
 The folder is ``0700``: only processes of the node's user can write or map it, and they are
 trusted with each other's slots as they are with each other's memory.
 """
