@@ -24,6 +24,7 @@ import logging
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from sdcp_fast.model.interfaces import TargetKV, TargetScorer
 from sdcp_fast.model.kv_transfer import target_kv_of
@@ -72,6 +73,7 @@ from sdcp_fast.transport.base import Request, Transport
 __all__ = ["RoundInfo", "VerifierConfig", "VerifierRole"]
 
 log = logging.getLogger("sdcp_fast.verifier")
+T = TypeVar("T")
 
 CANCEL_WAIT = 30.0  # seconds a cancel waits for a round already in a scoring pass
 # A session's id in a request path, decoded: each output long-poll names its session again,
@@ -103,7 +105,7 @@ class VerifierRole:
         self.committer = Committer(config, context, kv=self.kv, client=self.client, on_round=on_round)
         self.batcher = Batcher(scorer, self.sessions, config, context, committer=self.committer)
         self.routes.add("POST", r"sessions", self._post_session)
-        self.routes.add("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
+        self.routes.add_direct("PUT", r"sessions/(?P<sid>[^/]+)/drafter", self._put_drafter)
         # The two requests of every round: answered in a plain call where the server can.
         self.routes.add_direct("POST", r"proposals", self._propose)
         self.routes.add_direct("GET", r"sessions/(?P<sid>[^/]+)/output", self._output)
@@ -205,16 +207,17 @@ class VerifierRole:
             self.batcher.wake.set()
         return state
 
-    async def _put_drafter(self, request: Request, sid: str) -> SessionState:
-        require_role(request.peer, PeerRole.ROUTER)
-        live = self.live(sid)
-        assignment = decode_body(Assignment, request)
+    def _put_drafter(self, peer: Peer | None, headers: Mapping[str, str], body: bytes, query: Mapping[str, str],
+                     groups: dict[str, str]) -> SessionState | asyncio.Future[SessionState]:
+        require_role(peer, PeerRole.ROUTER)
+        live = self.live(groups["sid"])
+        assignment = decode_message(Assignment, headers, body)
         if assignment.session != live.session.session:
             raise BadRequest("assignment is for another session than its path")
         state = live.session.assign(assignment)
         self.batcher.wake.set()
         if state.committed:  # the new drafter learns the prefix from this epoch's object
-            await self.committer.publish_output(live)
+            return self.context.background.spawn(self._published(live, state))
         return state
 
     async def _post_policy(self, request: Request, sid: str) -> SessionState:
@@ -321,10 +324,14 @@ class VerifierRole:
                        drafter=live.session.drafter)
         return self.batcher.enqueue(round_)
 
-    async def _published(self, live: LiveSession, problem: SdcpProblem) -> Verdict:
-        """``problem``, once the drafter can learn the tokens behind it (its session_state)."""
+    async def _published(self, live: LiveSession, outcome: T | SdcpProblem) -> T:
+        """``outcome`` (returned or raised) once this epoch's output object holds the committed
+        output: a drafter learns the tokens behind a problem's session_state, or a newly
+        assigned drafter the prefix, from it."""
         await self.committer.publish_output(live)
-        raise problem
+        if isinstance(outcome, SdcpProblem):
+            raise outcome
+        return outcome
 
     async def _propose_later(self, client: Peer | str, proposal: Proposal, live: LiveSession,
                              work: ScoreNeeded | Pending) -> Verdict:

@@ -17,7 +17,9 @@ from typing import Any, Protocol, runtime_checkable
 from sdcp_fast.protocol.peer import Peer
 
 
-@dataclass(frozen=True)
+# Slots: a frozen dataclass without them sets each field through object.__setattr__ and a
+# __dict__, twice the cost of building one, and servers build one or two per request.
+@dataclass(frozen=True, slots=True)
 class Request:
     method: str  # "GET", "POST", "PUT", ...
     path: str  # relative to the role's base URI, no leading slash: "sessions/{id}/output"
@@ -27,7 +29,7 @@ class Request:
     peer: Peer | None = None  # None: the transport authenticated nobody (--insecure)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Response:
     status: int
     body: bytes = b""

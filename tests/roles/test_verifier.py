@@ -416,7 +416,7 @@ def test_a_rounds_proposal_and_output_are_answered_directly(tmp_path, answered):
     verdict, woken, again, general = run(scenario())
     assert [out.tokens for out in woken] == [verdict.emitted, verdict.emitted[1:]]
     assert again == verdict  # the recorded verdict, answered at once
-    assert general == ["POST sessions", "PUT drafter"]
+    assert general == ["POST sessions"]
 
 
 def test_output_waits_then_answers_empty_not_final(tmp_path):
