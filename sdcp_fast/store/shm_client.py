@@ -524,7 +524,7 @@ class ShmClient:
                 # deadline counts from before the renewal.
                 roll.mm[DEADLINE_AT: DEADLINE_AT + 8] = (now_ns + int(ttl * 1e9)).to_bytes(8, "little")
         digest = name_digest(uri)
-        if roll is not None:
+        if roll is not None and not roll.mm.closed:  # (closed by forget() during the renewal)
             roll.write(view, round_, digest)
             return Stored("", "host", None)
         assert self.folder is not None
