@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -53,6 +53,11 @@ from sdcp_fast.transport.base import Request, Transport
 log = logging.getLogger("sdcp_fast.drafter")
 
 PROPOSAL_BACKOFF = 0.02  # seconds before the second try of a proposal or a q-row put; doubling, at most 1 s
+# A hop to the drafting thread (submit, the worker's wake-up, the future's call back into the
+# loop) costs some 50-100 us of CPU on a loaded host: more than a draft that returns ready
+# tokens. A model whose recent drafts took less than this runs on the loop's thread; a real
+# model's millisecond drafts stay on the drafting thread, so the loop serves meanwhile.
+INLINE_DRAFT_S = 20e-6
 
 
 class Resync(Exception):
@@ -75,6 +80,13 @@ class _Assigned:
     prompt: tuple[int, ...]
     output: list[int]  # committed output o[1..n] as learned
     task: asyncio.Task[None] | None = None
+    rule: int = field(init=False)
+    sampling: Sampling = field(init=False)  # the profile drafts sample with
+
+    def __post_init__(self) -> None:
+        a = self.record.assignment
+        self.rule = a.contract.rule
+        self.sampling = a.sampling or a.contract.sampling or Sampling()
 
 
 class DrafterRole:
@@ -105,8 +117,9 @@ class DrafterRole:
         self.fixed_m = fixed_m
         self.status_ttl_ms = status_ttl_ms
         self.retries = retries
-        # Preparing the next proposal pays only where drafting runs beside the event loop.
-        self.speculate = offload if speculate is None else speculate
+        # Preparing the next proposal pays only where drafting runs beside the event loop;
+        # None: prepare while drafts go to the drafting thread (see INLINE_DRAFT_S).
+        self.speculate = False if not offload and speculate is None else speculate
         self.speculation = {"prepared": 0, "used": 0}  # next proposals drafted ahead, and sent
         self.clock = clock
         self.client = SdcpClient(transport)
@@ -118,6 +131,12 @@ class DrafterRole:
         self.acceptance = AcceptanceEstimator()
         self._t_draft = 1e-3  # EWMA seconds per drafted token (§6.2 t_d)
         self._t_verify = 1e-2  # EWMA seconds from proposal to verdict (§6.2 t_v)
+        # The model's own seconds per propose call, recent: unknown (slow) until measured.
+        self._t_propose = 1e-3
+        self._offloaded = 0  # drafts handed to the drafting thread and not yet back
+        self._drained = asyncio.Event()  # set while _offloaded is 0
+        self._drained.set()
+        self._random = torch.Generator()  # the drafts' randoms, seeded per draft (_propose)
         self._sessions: dict[bytes, _Assigned] = {}
         self.problems: dict[bytes, list[str]] = {}  # problem types answered to each session's proposals
         self._waiting = 0  # sessions ready to draft, not drafting
@@ -229,16 +248,22 @@ class DrafterRole:
                     proposal, lease = await self._publish(assigned, prepared.tokens[:m], q)
                 else:
                     proposal, lease = await self._draft(assigned)
-                sending = asyncio.create_task(self._send(assigned, proposal))
                 prepared = None
-                if self.speculate:
-                    # While the verifier works: the next proposal, assuming this one is accepted
-                    # whole and the target's extra token is our own next guess (§6.2).
+                if not self._speculating():
                     try:
-                        prepared = await self._prepare(assigned, proposal)
-                        self.speculation["prepared"] += prepared is not None
-                    except Exception as exc:
-                        log.debug("session %s: speculative draft failed: %s", session.hex(), exc)
+                        await self._send(assigned, proposal)
+                    finally:
+                        if lease is not None:
+                            await self.q_rows.release(lease)
+                    continue
+                sending = asyncio.create_task(self._send(assigned, proposal))
+                # While the verifier works: the next proposal, assuming this one is accepted
+                # whole and the target's extra token is our own next guess (§6.2).
+                try:
+                    prepared = await self._prepare(assigned, proposal)
+                    self.speculation["prepared"] += prepared is not None
+                except Exception as exc:
+                    log.debug("session %s: speculative draft failed: %s", session.hex(), exc)
                 try:
                     verdict = await sending
                 finally:
@@ -269,11 +294,34 @@ class DrafterRole:
         await retrying(lambda _: self._learn(assigned, a.committed, a.digest, a.committed_tokens), attempts=6,
                        transient=lambda exc: isinstance(exc, Resync))
 
-    def _generator(self, session: bytes, round_: int, purpose: bytes = b"") -> torch.Generator:
+    def _speculating(self) -> bool:
+        """Whether to prepare the next proposal during this round: as configured, else while
+        drafts go to the drafting thread (a model too slow to draft inline)."""
+        if self.speculate is not None:
+            return self.speculate
+        return self._executor is not None and self._t_propose >= INLINE_DRAFT_S
+
+    def _seed(self, session: bytes, round_: int, purpose: bytes) -> int:
         # The drafter's own randoms, independent of the verifier's (§6.4) and of batching order.
         key = hashlib.sha256(b"sdcp-fast/draft\x00" + self.seed.to_bytes(8, "big") + session
                              + round_.to_bytes(8, "big") + purpose).digest()
-        return torch.Generator().manual_seed(int.from_bytes(key[:8], "big") >> 1)
+        return int.from_bytes(key[:8], "big") >> 1
+
+    def _propose(self, assigned: _Assigned, context: tuple[int, ...], m: int, seed: int) -> Any:
+        """The model's draft, timed; on whichever thread drafts (never two at once), so one
+        generator serves every draft, seeded afresh (as a new one would be)."""
+        generator = self._random
+        generator.manual_seed(seed)
+        sampling = assigned.sampling
+        start = time.perf_counter()
+        result = self.drafter.propose(
+            assigned.record.session, context, m, rule=assigned.rule, temperature_milli=sampling.temperature_milli,
+            top_k=sampling.top_k, top_p_milli=sampling.top_p_milli, generator=generator)
+        spent = time.perf_counter() - start
+        # A slow draft counts at once, fast ones halve the distance: one long draft sends the
+        # next ones to the drafting thread, and a few fast ones bring them back.
+        self._t_propose = spent if spent > self._t_propose else 0.5 * (self._t_propose + spent)
+        return result
 
     def _choose_m(self, assigned: _Assigned, after: int = 0) -> int:
         record = assigned.record
@@ -286,25 +334,30 @@ class DrafterRole:
     async def _compute(self, assigned: _Assigned, context: tuple[int, ...], m: int, round_: int,
                        purpose: bytes = b"") -> Any:
         """Draft ``m`` tokens after ``context`` with the randoms of ``round_`` (and ``purpose``)."""
-        record = assigned.record
-        contract = record.assignment.contract
-        sampling = record.assignment.sampling or contract.sampling or Sampling()
-        generator = self._generator(record.session, round_, purpose)
-
-        def draft() -> Any:
-            return self.drafter.propose(
-                record.session, context, m, rule=contract.rule, temperature_milli=sampling.temperature_milli,
-                top_k=sampling.top_k, top_p_milli=sampling.top_p_milli, generator=generator)
-
+        seed = self._seed(assigned.record.session, round_, purpose)
+        executor = self._executor
+        if executor is not None and self._t_propose < INLINE_DRAFT_S and self._offloaded:
+            self._waiting += 1
+            try:
+                while self._t_propose < INLINE_DRAFT_S and self._offloaded:
+                    await self._drained.wait()  # the model is never called from two threads at once
+            finally:
+                self._waiting -= 1
         t0 = self.clock()
-        self._waiting += 1
-        try:
-            if self._executor is None:
-                result = draft()
-            else:
-                result = await asyncio.get_running_loop().run_in_executor(self._executor, draft)
-        finally:
-            self._waiting -= 1
+        if executor is None or self._t_propose < INLINE_DRAFT_S:
+            result = self._propose(assigned, context, m, seed)
+        else:
+            self._waiting += 1
+            self._offloaded += 1
+            self._drained.clear()
+            try:
+                result = await asyncio.get_running_loop().run_in_executor(executor, self._propose, assigned,
+                                                                          context, m, seed)
+            finally:
+                self._waiting -= 1
+                self._offloaded -= 1
+                if not self._offloaded:
+                    self._drained.set()
         t1 = self.clock()
         self.busy.add(t0, t1)
         self._t_draft = 0.8 * self._t_draft + 0.2 * (t1 - t0) / max(1, len(result.tokens))
