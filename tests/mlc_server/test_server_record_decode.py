@@ -109,6 +109,32 @@ def test_the_bytes_stored_are_the_records_own_encoding(data: bytes) -> None:
     assert record == decode_record(data) and stored == encode_record(record)
 
 
+@pytest.mark.parametrize("change", [
+    {}, {"epoch": 0, "round": 0, "committed": 0, "emitted": []}, {"epoch": cbor.UINT64_MAX},
+    {"epoch": -1}, {"round": True}, {"committed": cbor.UINT64_MAX + 1}, {"emitted": [1, -2]}, {"emitted": [True]},
+    {"emitted": "abc"}, {"digest": b"\x11" * 31}, {"digest": "x" * 32}, {"emitted": [[1]]}, {"round": None},
+])
+@pytest.mark.parametrize("drop", [None, "round", "digest"])
+def test_the_quick_read_of_a_commit_record_is_the_formats_own(change: dict[str, Any], drop: str | None) -> None:
+    """What the MLC builds from a plainly valid record, and the problem it answers for any
+    other, are what ``decode_record`` gives, field for field and detail for detail."""
+    from sdcp_fast.mlc_server.records import RECORD_KEYS, decode_stored_record
+    from sdcp_fast.protocol.commitlog import decode_record
+    from sdcp_fast.protocol.problems import BadRequest
+
+    assert tuple(CommitRecord.__dataclass_fields__) == RECORD_KEYS  # the members built in one step
+    members = {k: v for k, v in {**_COMMIT, **change}.items() if k != drop}
+
+    def outcome(read: Any) -> Any:
+        try:
+            record = read(cbor.deterministic_cbor(members))
+        except BadRequest as exc:
+            return exc.to_dict()
+        return type(record), vars(record), hash(record)
+
+    assert outcome(decode_stored_record) == outcome(decode_record)
+
+
 @pytest.mark.parametrize("codec", ["py", "c"])
 def test_known_members_too_big_to_build_are_refused(codec: str) -> None:
     from sdcp_fast.mlc_server.records import decode_stored_record
