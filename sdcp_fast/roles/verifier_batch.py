@@ -194,9 +194,9 @@ class Batcher:
         item.q = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
         item.work = replace(item.work, uniforms=uniforms)
         if guard is not None:
-            if len(self._q_guards) > 4 * self.max_batch:  # withdrawn rounds' checks: forgotten
-                queued = {id(queued) for queued in self._queue}
-                self._q_guards = {k: v for k, v in self._q_guards.items() if k in queued}
+            if len(self._q_guards) > 4 * self.max_batch:  # answered rounds' (withdrawn, dropped): forgotten
+                self._q_guards = {k: v for k, v in self._q_guards.items()
+                                  if v[0].future is not None and not v[0].future.done()}
             self._q_guards[id(item)] = (item, guard)
 
     def _rows_held(self, scored: list[tuple[Round, int, int]]) -> list[tuple[Round, int, int]]:
