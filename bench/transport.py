@@ -10,6 +10,7 @@ ratio is the figure to quote; absolute numbers move with the machine's load.
     python bench/transport.py                     # ~40 s: both transports, concurrency 1, 16, 64
     python bench/transport.py --seconds 5 --concurrency 1 8 32 128 --body 4096 --json out.json
     python bench/transport.py --kinds h2-py h2-c  # the HTTP/2 framing: pure Python (h2) vs nghttp2
+    python bench/transport.py --kinds h2 --repeats 5  # each point 5 times: the median, [min-max]
 """
 
 from __future__ import annotations
@@ -118,15 +119,35 @@ async def measure(client: Transport, base: str, concurrency: int, seconds: float
             "p99_ms": cuts[98] * 1e3, "server_us_per_req": server / n * 1e6, "client_us_per_req": client_cpu / n * 1e6}
 
 
-async def _drive(kind: str, port: int, certs: Path, levels: list[int], seconds: float, body: bytes) -> list[dict]:
+async def _drive(kind: str, port: int, certs: Path, levels: list[int], seconds: float, body: bytes,
+                 repeats: int = 1) -> list[dict]:
     rows = []
     for concurrency in levels:
-        client = _client(kind, certs, concurrency)
-        try:
-            rows.append(await measure(client, f"https://127.0.0.1:{port}/", concurrency, seconds, body))
-        finally:
-            await client.close()
+        runs = []
+        for _ in range(repeats):
+            client = _client(kind, certs, concurrency)
+            try:
+                runs.append(await measure(client, f"https://127.0.0.1:{port}/", concurrency, seconds, body))
+            finally:
+                await client.close()
+        rows.append(_median(runs))
     return rows
+
+
+def _median(runs: list[dict]) -> dict:
+    """Each figure's median over the runs, with its spread (``NAME_range``: min, max)."""
+    row: dict = {}
+    for name in runs[0]:
+        values = [run[name] for run in runs]
+        row[name] = values[0] if name == "concurrency" else statistics.median(values)
+        if len(runs) > 1:
+            row[f"{name}_range"] = (min(values), max(values))
+    return row
+
+
+def _spread(row: dict, name: str) -> str:
+    low, high = row.get(f"{name}_range", (None, None))
+    return f"{row[name]:.0f}" if low is None else f"{row[name]:.0f} [{low:.0f}-{high:.0f}]"
 
 
 def main() -> int:
@@ -135,6 +156,7 @@ def main() -> int:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--body", type=int, default=512, help="request/response body bytes (default 512)")
     parser.add_argument("--kinds", nargs="+", choices=sorted(KINDS), default=["h2", "http1"])
+    parser.add_argument("--repeats", type=int, default=1, help="runs per point: medians and [min-max] (default 1)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows as JSON")
     parser.add_argument("--serve", choices=sorted(KINDS), help=argparse.SUPPRESS)  # the child process
     parser.add_argument("--certs", help=argparse.SUPPRESS)
@@ -150,16 +172,18 @@ def main() -> int:
         make_certs(certs)
         for kind in args.kinds:
             with echo_server(kind, certs) as port:
-                results[kind] = run(_drive(kind, port, certs, args.concurrency, args.seconds, body))
+                results[kind] = run(_drive(kind, port, certs, args.concurrency, args.seconds, body, args.repeats))
 
-    print(f"echo, {args.body}-byte bodies, {args.seconds:g} s per point, {os.cpu_count()} CPUs, {loop_name()}, "
-          f"server and client on the same machine")
+    repeats = f", median of {args.repeats} runs [min-max]" if args.repeats > 1 else ""
+    print(f"echo, {args.body}-byte bodies, {args.seconds:g} s per point{repeats}, {os.cpu_count()} CPUs, "
+          f"{loop_name()}, server and client on the same machine, load average {os.getloadavg()[0]:.1f}")
     print(f"{'transport':30} {'conc':>5} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'server us/req':>14} "
           f"{'client us/req':>14}")
     for kind, rows in results.items():
         for row in rows:
             print(f"{KINDS[kind]:30} {row['concurrency']:>5} {row['rps']:>8.0f} {row['p50_ms']:>8.2f} "
-                  f"{row['p99_ms']:>8.2f} {row['server_us_per_req']:>14.0f} {row['client_us_per_req']:>14.0f}")
+                  f"{row['p99_ms']:>8.2f} {_spread(row, 'server_us_per_req'):>14} "
+                  f"{_spread(row, 'client_us_per_req'):>14}")
     if "h2" in results and "http1" in results:
         for mine, theirs in zip(results["h2"], results["http1"], strict=True):
             print(f"concurrency {mine['concurrency']}: h2/http1 throughput x{mine['rps'] / theirs['rps']:.2f}, "
