@@ -74,6 +74,9 @@ KINDS = frozenset({"q_rows", "draft_kv"})
 # A lease let go of (release_later) rides on this client's next put to the node, or is
 # released on its own after SPENT_WAIT seconds if no put comes first.
 SPENT_WAIT = 0.05
+# A session's slot (Rolling) waits longer for a put to ride on: sessions end seconds apart
+# on a drafter, the next session's first put usually comes within this.
+SLOT_WAIT = 1.0
 MAX_SPENT = 64  # the node's bound on the leases one put releases
 # Files a writer keeps to write its next objects into once the node has freed them (the pages
 # stay: none allocated or freed per round), and how many of the oldest a put looks at.
@@ -418,15 +421,20 @@ class ShmClient:
         self._keeping += 1
         return Kept(folder)
 
-    def release_later(self, lease: str) -> bool:
+    def release_later(self, lease: str, wait: float | None = None) -> bool:
         """Take ``lease`` to release with drop (as :meth:`RemoteStore.release`) with the next put
         to the node, sparing a request a round; False when this client puts nothing through
-        the node's folder (the caller releases it itself). Released within ``SPENT_WAIT`` s."""
+        the node's folder (the caller releases it itself). Released within ``wait`` s
+        (``SPENT_WAIT``)."""
         if self.folder is None:
             return False
         self._spent.append(lease)
-        if self._flush is None:
-            self._flush = asyncio.get_running_loop().call_later(SPENT_WAIT, self._flush_spent)
+        loop = asyncio.get_running_loop()
+        due = loop.time() + (SPENT_WAIT if wait is None else wait)
+        if self._flush is None or self._flush.when() > due:
+            if self._flush is not None:
+                self._flush.cancel()
+            self._flush = loop.call_at(due, self._flush_spent)
         return True
 
     def _flush_spent(self) -> None:
@@ -573,12 +581,12 @@ class ShmClient:
 
     def end_rows(self, uri: str) -> None:
         """The session of the q rows ``uri`` names is over here: its slot's lease released
-        with drop (with the next put, :meth:`release_later`), the slot unmapped."""
+        with drop (with a put within ``SLOT_WAIT`` s, :meth:`release_later`), the slot unmapped."""
         slot = rows_slot(uri)
         roll = self._rolls.pop(slot, None) if slot is not None else None
         if roll is not None:
             roll.close()
-            self.release_later(roll.lease)
+            self.release_later(roll.lease, SLOT_WAIT)
 
     def _in_place(self, uri: str, slot: str) -> memoryview | None:
         """``uri``'s rows read in place from the writer's rewritten ``slot``, found by name

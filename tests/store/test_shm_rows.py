@@ -129,7 +129,7 @@ def test_rows_being_written_are_not_read_and_a_write_during_a_read_fails_its_che
 
 
 def test_the_session_end_releases_the_slot_and_its_readers_get_the_missing_objects_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(shm_client, "SPENT_WAIT", 0.01)
+    monkeypatch.setattr(shm_client, "SLOT_WAIT", 0.01)
     with node(tmp_path) as (store, base):
         async def scenario(w: RemoteStore, r: RemoteStore, sent: tuple[Counted, Counted]) -> None:
             await w.put(uri(1), rows(1), 30.0)
@@ -137,7 +137,7 @@ def test_the_session_end_releases_the_slot_and_its_readers_get_the_missing_objec
             guard = shm_client.rows_guard(view)
             assert guard is not None and w.shm is not None
             w.shm.end_rows(uri(1))
-            for _ in range(500):  # released on its own (no put to ride on) once SPENT_WAIT passed
+            for _ in range(500):  # released on its own (no put to ride on) once SLOT_WAIT passed
                 if not slots(store):
                     break
                 await asyncio.sleep(0.01)
@@ -248,5 +248,21 @@ def test_a_reader_on_another_host_gets_the_round_from_the_slot_over_the_network(
                 assert bytes(await far.get(uri(2))) == rows(2)
             finally:
                 await far.aclose()
+
+        run(scenario, base)
+
+
+def test_a_slot_let_go_of_rides_on_the_next_sessions_put(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(w: RemoteStore, r: RemoteStore, sent: tuple[Counted, Counted]) -> None:
+            assert w.shm is not None
+            await w.put(uri(1), rows(1), 30.0)
+            w.shm.end_rows(uri(1))
+            await asyncio.sleep(4 * shm_client.SPENT_WAIT)  # sessions end and start apart
+            await w.put(uri(1, session=b"\1" * 16), rows(1), 30.0)  # the next session's first round
+            assert sent[0].sent == [("PUT", "objects"), ("PUT", "objects")]  # no release of its own
+            assert slots(store) == ["slot-2"]
+            await asyncio.sleep(2 * shm_client.SLOT_WAIT)
+            assert sent[0].sent == [("PUT", "objects"), ("PUT", "objects")]
 
         run(scenario, base)
