@@ -611,6 +611,16 @@ class ShmClient:
         self._maps[key] = mm
         return mm.round_view(digest)
 
+    def in_place(self, uri: str) -> memoryview | None:
+        """One round's q rows read in place from its writer's session slot, with no await
+        (a caller that must not yield, :func:`rows_guard` to check them after use); None when
+        the node's folder is not known yet or the slot does not hold that round whole (then
+        :meth:`get` says whether the rows are elsewhere or gone)."""
+        rows = rows_round(uri)
+        if rows is None or self.folder is None:
+            return None
+        return self._in_place(uri, rows[0])
+
     async def get(self, uri: str) -> memoryview | None:
         """The object, mapped in place if the node keeps it in a slot; its bytes as sent
         otherwise. None when the path does not apply (the caller sends an ordinary get)."""

@@ -95,6 +95,21 @@ def test_a_reader_of_an_earlier_round_gets_the_missing_objects_error_never_the_n
         run(scenario, base)
 
 
+def test_a_round_is_read_in_place_without_awaiting_once_the_folder_is_known(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(w: RemoteStore, r: RemoteStore, _: Any) -> None:
+            assert r.shm is not None and w.shm is not None
+            await w.put(uri(1), rows(1), 30.0)
+            assert r.shm.in_place(uri(1)) is None  # the node not asked yet where its folder is
+            assert bytes(await r.get(uri(1))) == rows(1)
+            view = r.shm.in_place(uri(1))
+            assert view is not None and bytes(view) == rows(1)
+            await w.put(uri(2), rows(2), 30.0)
+            assert r.shm.in_place(uri(1)) is None and r.shm.in_place(uri(3)) is None
+
+        run(scenario, base)
+
+
 def test_rows_rewritten_after_they_were_read_fail_their_check(tmp_path):
     with node(tmp_path) as (store, base):
         async def scenario(w: RemoteStore, r: RemoteStore, _: Any) -> None:
