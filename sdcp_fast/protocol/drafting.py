@@ -64,6 +64,7 @@ class AcceptanceEstimator:
         self._accepted = prior * prior_weight
         self._trials = prior_weight
         self._ratio = prior
+        self._accept_milli = self._milli()
 
     def update(self, accepted: int, proposed: int) -> None:
         if proposed < 1 or not 0 <= accepted <= proposed:
@@ -72,6 +73,10 @@ class AcceptanceEstimator:
         self._accepted = d * self._accepted + accepted
         self._trials = d * self._trials + accepted + (1 if accepted < proposed else 0)
         self._ratio = d * self._ratio + (1.0 - d) * accepted / proposed
+        self._accept_milli = self._milli()
+
+    def _milli(self) -> int:
+        return max(0, min(1000, round(self._ratio * 1000)))
 
     @property
     def alpha(self) -> float:
@@ -79,8 +84,9 @@ class AcceptanceEstimator:
 
     @property
     def accept_milli(self) -> int:
-        """For the status member accept_milli: EWMA of a/M x 1000 (§5.2)."""
-        return max(0, min(1000, round(self._ratio * 1000)))
+        """For the status member accept_milli: EWMA of a/M x 1000 (§5.2); worked out once per
+        update, as every proposal's status reads it."""
+        return self._accept_milli
 
 
 @dataclass(frozen=True)
@@ -160,15 +166,20 @@ class DrafterSession:
         self.round = assignment.round  # last round with a verdict
         self.committed = assignment.committed
         self.digest = assignment.digest
+        self.limit = 1  # min(m_max, m_cap) for the next proposal (§6.2), kept with m_cap
         self.m_cap = assignment.m_init
         self.estimator = estimator or AcceptanceEstimator()
         self.outstanding: Proposal | None = None
         self.stopped: Action | None = None  # set once told to stop (switch, self_decode, end)
 
     @property
-    def limit(self) -> int:
-        """min(m_max, m_cap) for the next proposal (§6.2)."""
-        return max(1, min(self.assignment.contract.m_max, self.m_cap))
+    def m_cap(self) -> int:
+        return self._m_cap
+
+    @m_cap.setter
+    def m_cap(self, value: int) -> None:
+        self._m_cap = value
+        self.limit = max(1, min(self.assignment.contract.m_max, value))
 
     def choose_m(self, t_d: float, t_v: float) -> int:
         return choose_m(self.estimator.alpha, t_d, t_v, self.limit)

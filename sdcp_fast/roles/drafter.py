@@ -132,11 +132,12 @@ class DrafterRole:
         self._t_draft = 1e-3  # EWMA seconds per drafted token (§6.2 t_d)
         self._t_verify = 1e-2  # EWMA seconds from proposal to verdict (§6.2 t_v)
         # The model's own seconds per propose call, recent: unknown (slow) until measured.
-        self._t_propose = 1e-3
+        self._t_propose = self._t_last = 1e-3
         self._offloaded = 0  # drafts handed to the drafting thread and not yet back
         self._drained = asyncio.Event()  # set while _offloaded is 0
         self._drained.set()
         self._random = torch.Generator()  # the drafts' randoms, seeded per draft (_propose)
+        self._status: Status | None = None
         self._sessions: dict[bytes, _Assigned] = {}
         self.problems: dict[bytes, list[str]] = {}  # problem types answered to each session's proposals
         self._waiting = 0  # sessions ready to draft, not drafting
@@ -175,8 +176,13 @@ class DrafterRole:
             self._executor.shutdown(wait=False)
 
     def status(self) -> Status:
-        return Status(instance=self.uri, role=ROLE_DRAFTER, load=self.busy.percent(), queue=self._waiting,
-                      accept_milli=self.acceptance.accept_milli, ttl_ms=self.status_ttl_ms)
+        load, queue, accept_milli = self.busy.percent(), self._waiting, self.acceptance.accept_milli
+        last = self._status  # every proposal carries one: made again only when a figure moved
+        if last is None or last.load != load or last.queue != queue or last.accept_milli != accept_milli \
+                or last.ttl_ms != self.status_ttl_ms:
+            last = self._status = Status(instance=self.uri, role=ROLE_DRAFTER, load=load, queue=queue,
+                                         accept_milli=accept_milli, ttl_ms=self.status_ttl_ms)
+        return last
 
     async def report_status(self) -> None:
         status = self.status()
@@ -318,9 +324,10 @@ class DrafterRole:
             assigned.record.session, context, m, rule=assigned.rule, temperature_milli=sampling.temperature_milli,
             top_k=sampling.top_k, top_p_milli=sampling.top_p_milli, generator=generator)
         spent = time.perf_counter() - start
-        # A slow draft counts at once, fast ones halve the distance: one long draft sends the
-        # next ones to the drafting thread, and a few fast ones bring them back.
-        self._t_propose = spent if spent > self._t_propose else 0.5 * (self._t_propose + spent)
+        # The cheaper of the last two: a lone slow draft (a collection, the host's scheduler)
+        # moves nothing, two in a row send the next drafts to the drafting thread.
+        self._t_propose = min(spent, self._t_last)
+        self._t_last = spent
         return result
 
     def _choose_m(self, assigned: _Assigned, after: int = 0) -> int:
