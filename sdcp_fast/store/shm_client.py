@@ -284,6 +284,7 @@ def _read(fd: int, *, serial: int | None = None, size: int | None = None,
     # Populated now: a reader then touches no page fault. On a GPU host this mapping is what
     # would be registered as pinned (cudaHostRegister) and copied to the device with
     # non_blocking=True; this machine has no GPU, so the path stops at the host view.
+    _quiet_torch()
     mm = mmap.mmap(fd, HEADER + stored, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ)
     after_map()
     if read_header(mm) != (MAGIC, got, stored, LIVE):
