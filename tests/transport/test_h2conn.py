@@ -11,7 +11,7 @@ import pytest
 from hyperframe.frame import GoAwayFrame
 
 from sdcp_fast.transport.base import Response
-from sdcp_fast.transport.errors import TransportTimeout
+from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.h2client import _ClientProtocol
 from sdcp_fast.transport.h2conn import Limits, _Connection
 from sdcp_fast.transport.h2server import H2Server, _ServerProtocol
@@ -224,3 +224,22 @@ def test_client_exchange_times_out_while_its_body_waits_for_a_window() -> None:
 
     run(scenario(False))
     run(scenario(True))
+
+
+def test_client_stops_a_streamed_requests_body_when_the_server_resets_it() -> None:
+    async def scenario() -> None:
+        protocol, wire = _ClientProtocol(Limits()), FakeTransport()
+        protocol.connection_made(wire)  # type: ignore[arg-type]
+        server = _peer(client_side=False)
+        fields = [(":method", "POST"), (":scheme", "https"), (":authority", "x"), (":path", "/chunks")]
+        # 200 kB against the initial 64 KiB window: the body waits for a WINDOW_UPDATE.
+        exchange = asyncio.ensure_future(protocol.exchange(fields, b"q" * 200_000, True))
+        await _settle()
+        request = next(e for e in server.receive_data(wire.take()) if isinstance(e, h2.events.RequestReceived))
+        server.reset_stream(request.stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+        protocol.data_received(server.data_to_send())
+        with pytest.raises(TransportError, match="reset by the server"):
+            await asyncio.wait_for(exchange, 10)  # not held by the window, which never opens
+        assert not protocol.pending and protocol.active_streams == 0
+
+    run(scenario())
