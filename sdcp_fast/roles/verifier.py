@@ -171,9 +171,9 @@ class VerifierRole:
     def live(self, sid: str | bytes) -> LiveSession:
         """The role's record of a session it serves (:class:`UnknownSession` if none)."""
         session = _session_id(sid) if isinstance(sid, str) else sid
-        self.sessions.get(session)
         live = self.sessions.attached(session)
         if live is None:
+            self.sessions.get(session)  # its problem when no session is held under the id
             raise UnknownSession("no such session at this verifier")
         return live
 
