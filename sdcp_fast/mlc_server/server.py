@@ -54,8 +54,8 @@ from sdcp_fast.mlc_server.server_requests import (
     Call,
     UploadBudget,
     answer_for,
+    batch_answer,
     batch_appends,
-    entry_answer,
     release_body,
 )
 from sdcp_fast.mlc_server.server_shm import (
@@ -386,7 +386,7 @@ class MLCService:
         logs = self._logs()
         body = await call.body(MAX_BATCH_BODY)
 
-        def append() -> list[dict[str, Any]]:
+        def append() -> bytes:
             # Decoding untrusted CBOR and the flush both run here, off the event loop.
             entries = batch_appends(cbor.decode(bytes(body)))
             results: list[str | Exception] = [ValueError("not appended")] * len(entries)
@@ -406,13 +406,13 @@ class MLCService:
                 stored.append(encoded)
             for i, result in zip(where, logs.append_many(todo, stored), strict=True):
                 results[i] = result
-            return [entry_answer(result) for result in results]
+            return batch_answer(results)
 
         try:
-            answers = await asyncio.get_running_loop().run_in_executor(None, append)
+            answer = await asyncio.get_running_loop().run_in_executor(None, append)
         finally:
             release_body(body)
-        return _cbor_response({"results": answers})
+        return Response(200, answer, {"content-type": CBOR})
 
     async def shm_info(self, call: Call) -> Response:
         """Where a client on this host finds the slots (server_shm.py); 404 when none are kept."""

@@ -1,18 +1,19 @@
 """A request to the MLC server as its routes see it (:class:`Call`), the bounds on what a
 request may hold (one body's limit, the :class:`UploadBudget` of all uploads in flight), the
 answer a route's failure becomes (:func:`answer_for`: a problem document, never a
-traceback), and a batch append's entries and each one's answer (:func:`batch_appends`,
-:func:`entry_answer`). Both carriers of :mod:`sdcp_fast.mlc_server.server` use them: the HTTP/2
+traceback), and a batch append's entries and answers (:func:`batch_appends`,
+:func:`entry_answer`, :func:`batch_answer`). Both carriers of :mod:`sdcp_fast.mlc_server.server` use them: the HTTP/2
 transport hands over whole bodies, the HTTP/1.1 application streams them in
 (:mod:`sdcp_fast.mlc_server.server_http1`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sdcp_fast.commitlog.http import MAX_BATCH
+from sdcp_fast.protocol import cbor
 from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import BadRequest, Busy, InternalError, SdcpProblem
 from sdcp_fast.transport.base import Response
@@ -136,6 +137,32 @@ def batch_appends(msg: Any) -> list[tuple[str, bytes, str | None]]:
             raise BadRequest(f"append {i} is not {{log: tstr, record: bstr, ? if_match: tstr}}")
         out.append((name, record, if_match))
     return out
+
+
+# One appended entry's answer, {etag, status: 201} in deterministic CBOR, around its tag.
+_APPENDED = b"\xa2" + cbor.deterministic_cbor("etag"), cbor.deterministic_cbor("status") + cbor.deterministic_cbor(201)
+_RESULTS = b"\xa1" + cbor.deterministic_cbor("results")
+
+
+def batch_answer(results: Sequence[str | Exception]) -> bytes:
+    """A ``POST /logs`` reply's body, ``{results: [entry_answer(r) ...]}`` as
+    ``deterministic_cbor`` writes it: an appended entry's answer is its tag between two
+    constant pieces (a pass answers every session it holds: no map built and sorted for each)."""
+    head, tail = _APPENDED
+    parts = [_RESULTS, _array_head(len(results))]
+    for result in results:
+        parts.append(head + cbor.deterministic_cbor(result) + tail if isinstance(result, str)
+                     else cbor.deterministic_cbor(entry_answer(result)))
+    return b"".join(parts)
+
+
+def _array_head(n: int) -> bytes:
+    if n < 24:
+        return bytes((0x80 | n,))
+    for code, width in ((24, 1), (25, 2), (26, 4), (27, 8)):
+        if n < 1 << (8 * width):
+            return bytes((0x80 | code,)) + n.to_bytes(width, "big")
+    raise ValueError(f"{n} items")
 
 
 def entry_answer(result: str | Exception) -> dict[str, Any]:

@@ -52,3 +52,15 @@ def test_a_released_body_frees_its_bytes_unless_still_viewed():
     release_body(free)
     release_body(viewed)
     assert free == b"" and bytes(view) == b"abc"
+
+
+@pytest.mark.parametrize("n", [0, 1, 23, 24, 255, 256, 1024])
+def test_a_batch_answer_is_its_entries_answers_in_deterministic_cbor(n):
+    from sdcp_fast.commitlog import Fenced, PreconditionFailed
+    from sdcp_fast.mlc_server.server_requests import batch_answer, entry_answer
+    from sdcp_fast.protocol import cbor
+
+    kinds = [lambda i: f'"{i}"', lambda i: PreconditionFailed(f"log has {i} records"),
+             lambda i: Fenced("fenced", extra={"fence": i}), lambda i: ValueError("bad"), lambda i: f'"{1 << 40}"']
+    results = [kinds[i % len(kinds)](i) for i in range(n)]
+    assert batch_answer(results) == cbor.deterministic_cbor({"results": [entry_answer(r) for r in results]})
