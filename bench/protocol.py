@@ -573,7 +573,9 @@ def main(argv: list[str] | None = None) -> int:
             row["server"] = args.servers[0]
             print(f"sdcp-fast up --model toy, {row['streams']} streams x {row['tokens']} tokens: {row['rounds']:.0f} "
                   f"rounds in {row['seconds']:.1f} s, verifier CPU {row['verifier_us_per_round']:.0f} us per committed "
-                  f"round (load {row['load']:.1f})", flush=True)
+                  f"round: main thread {row['main_thread_us_per_round']:.0f}, others {row['other_threads_us_per_round']:.0f}; "
+                  f"rounds by verifier {', '.join(f'{int(v)}' for v in row['rounds_by_verifier'].values())} "
+                  f"(load {row['load']:.1f})", flush=True)
     echo_of = NATIVE if NATIVE in args.servers else args.servers[0]
     result["goals"] = goals = [g for server in args.servers
                                for g in evaluate(result["levels"], result["echo"], server, echo_of)]
