@@ -518,7 +518,11 @@ class ShmClient:
         if self._refused and roll is None and self._refused.get(slot, 0.0) > now:
             return None
         if roll is not None and (roll.size < view.nbytes or now >= roll.expires or not roll.live()):
-            self.end_rows(uri)
+            live = roll.live()
+            del self._rolls[slot]
+            roll.close()
+            if live:  # released first: the node takes no new slot under a name still leased
+                await self._release(roll.lease)
             roll = None
         if roll is not None and now >= roll.renew_at:
             try:

@@ -179,6 +179,18 @@ def test_a_slot_near_its_lease_end_is_renewed_without_a_new_slot(tmp_path, monke
         run(scenario, base)
 
 
+def test_rows_larger_than_the_slot_go_into_a_new_slot_under_the_same_name(tmp_path):
+    with node(tmp_path) as (store, base):
+        async def scenario(w: RemoteStore, r: RemoteStore, sent: tuple[Counted, Counted]) -> None:
+            small = rows(1)[: ROWS // 2]
+            assert await w.put(uri(1), small, 30.0) is None
+            assert await w.put(uri(2), rows(2), 30.0) is None  # a slot of its own, not the round's object
+            assert bytes(await r.get(uri(2))) == rows(2) and slots(store) == ["slot-2"]
+            assert sent[0].sent == [("PUT", "objects"), ("DELETE", "leases"), ("PUT", "objects")]
+
+        run(scenario, base)
+
+
 def test_a_freed_slot_is_replaced_by_the_writers_next_round(tmp_path):
     with node(tmp_path) as (store, base):
         async def scenario(w: RemoteStore, r: RemoteStore, _: Any) -> None:
