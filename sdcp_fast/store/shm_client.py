@@ -3,7 +3,9 @@
 and sends only their name; a get maps the object's slot and reads it in place. No object byte
 crosses TLS or passes through Python. A get first maps the slot linked under the object's name
 (no request at all) and asks the node only when that slot is missing, freed, of another name or
-past its birth lease's deadline.
+past its birth lease's deadline. A drafter's q rows take one slot per session instead, put at
+its first round and rewritten in place each round after (:class:`Rolling`, no request), which
+readers map once and read in place under its seqlock (:class:`RowsMap`, :func:`rows_guard`).
 
 The requests themselves are the ordinary ones (:mod:`sdcp_fast.mlc_server.server_shm`), so
 authorization, leases and accounting are the node's as for any client. The path is taken only
