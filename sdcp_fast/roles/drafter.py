@@ -374,7 +374,7 @@ class DrafterRole:
         record = assigned.record
         m = self._choose_m(assigned)
         result = await self._compute(assigned, (*assigned.prompt, *assigned.output), m, record.round + 1)
-        return await self._publish(assigned, list(result.tokens), result.q_rows)
+        return await self._publish(assigned, result.tokens, result.q_rows)
 
     async def _prepare(self, assigned: _Assigned, proposal: Proposal) -> _Prepared | None:
         """The guess of the extra token, then the next round's tokens after it. The guess has
@@ -392,10 +392,13 @@ class DrafterRole:
 
     async def _publish(self, assigned: _Assigned, tokens: list[int], q_rows: Any) -> tuple[Proposal, str | None]:
         record = assigned.record
-        tokens = tokens[: record.limit]  # a prepared draft may be longer than the latest m_cap allows
+        if len(tokens) > record.limit:  # a prepared draft may be longer than the latest m_cap allows
+            tokens = tokens[: record.limit]
         q_ref, lease = None, None
         if q_rows is not None:
-            q_ref, lease = await self.q_rows.put(record, q_rows[: len(tokens)])
+            if len(q_rows) > len(tokens):  # a tensor's slice is a new view: only when it is shorter
+                q_rows = q_rows[: len(tokens)]
+            q_ref, lease = await self.q_rows.put(record, q_rows)
         return record.propose(tokens, self.status(), q_rows=q_ref), lease
 
     async def _send(self, assigned: _Assigned, proposal: Proposal) -> Verdict | None:
