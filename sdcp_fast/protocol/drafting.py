@@ -89,7 +89,7 @@ class AcceptanceEstimator:
         return self._accept_milli
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # one a verdict: slots build it in about half the time
 class VerdictOutcome:
     """What a verdict means for the drafter: go on (``proceed``), and whether a proposal
     prepared on the assumption of full acceptance may now be sent (``speculation_ok``)."""
