@@ -3,6 +3,7 @@ typed client (Table 1's method and path for each call, problems matched by type 
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 
@@ -112,6 +113,63 @@ def test_a_problem_keeps_its_type_status_and_members():
     body = json.loads(response.body)
     assert response.status == 409 and body["type"].endswith("sdcp-stale-base")
     assert SessionState.from_map({**body["session_state"], "session": S, "digest": b"\1" * 32}) == STATE
+
+
+def test_direct_routes_answer_alike_in_a_plain_call_and_through_the_table(caplog):
+    """A route added with add_direct answers the native server's plain call (answer_now, a
+    future's outcome through settled) as its coroutine answers every other server: messages,
+    None, problems (counted), and a bug as a 500 without a traceback."""
+    seen: list[str] = []
+
+    async def scenario() -> tuple[list[Response], list[Response], list[object]]:
+        loop = asyncio.get_running_loop()
+        table = Routes()
+        table.on_problem = lambda problem: seen.append(problem.suffix)
+
+        def answer(peer, headers, body, query, groups):
+            kind = groups["kind"]
+            if kind == "refuse":
+                raise StaleBase("behind", extra={"session_state": STATE.to_map()})
+            if kind == "bug":
+                raise KeyError("secret-key-material")
+            if kind == "nothing":
+                return None
+            if kind == "now":
+                return STATE
+            future = loop.create_future()
+            if kind == "later":
+                loop.call_soon(future.set_result, STATE)
+            elif kind == "later-refused":
+                loop.call_soon(future.set_exception, StaleBase("behind"))
+            else:
+                loop.call_soon(future.set_exception, KeyError("secret-key-material"))
+            return future
+
+        table.add_direct("POST", r"direct/(?P<kind>[a-z-]+)", answer)
+        table.add("POST", r"plain", lambda request: asyncio.sleep(0, STATE))
+        kinds = ["now", "nothing", "refuse", "bug", "later", "later-refused", "later-bug"]
+        plain: list[Response] = []
+        for kind in kinds:
+            got = table.answer_now("POST", f"direct/{kind}", {}, b"", {}, None)
+            if isinstance(got, asyncio.Future):
+                await asyncio.wait([got])
+                got = table.settled(got)
+            plain.append(got)  # type: ignore[arg-type]
+        awaited = [await table(Request("POST", f"direct/{kind}")) for kind in kinds]
+        others = [table.answer_now(m, p, {}, b"", {}, None) for m, p in
+                  [("POST", "plain"), ("GET", "direct/now"), ("POST", "nowhere")]]
+        return plain, awaited, others
+
+    plain, awaited, others = run(scenario())
+    shape = [(r.status, r.content_type, r.body if r.status < 300 else json.loads(r.body)["status"]) for r in plain]
+    assert shape == [(r.status, r.content_type, r.body if r.status < 300 else json.loads(r.body)["status"])
+                     for r in awaited]
+    assert [r.status for r in plain] == [200, 204, 409, 500, 200, 409, 500]
+    assert SessionState.decode(plain[4].body) == STATE
+    assert others == [None, None, None]  # routes answered only through the table
+    assert seen == ["sdcp-stale-base", "sdcp-internal-error"] * 4
+    assert "Traceback" not in plain[3].body.decode() and "secret" not in plain[6].body.decode()
+    assert "secret-key-material" in caplog.text
 
 
 def test_decode_body_needs_the_sdcp_media_type():
