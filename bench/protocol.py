@@ -405,7 +405,20 @@ def _totals(snap: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
 
 async def per_round(router: Router, rule: int, committed: int, window: int = 100) -> dict[str, Any]:
     """Exchanges and bytes per round while one session's output grows from ``committed`` to
-    ``committed + window`` tokens (taken where the router's long poll sees it pass)."""
+    ``committed + window`` tokens (taken where the router's long poll sees it pass).
+
+    The counters are read while the session goes on (its drafter does not wait for the
+    router), so a short window can pass whole while the first mark is read: then the window
+    is taken again, twice as long, so that every row counts rounds."""
+    for _ in range(4):
+        row = await _window(router, rule, committed, window)
+        if row is not None:
+            return row
+        window *= 2
+    raise RuntimeError(f"no proposal was counted in a window of {window // 2} tokens at {committed}")
+
+
+async def _window(router: Router, rule: int, committed: int, window: int) -> dict[str, Any] | None:
     marks: list[dict[str, list[int]]] = []
 
     async def on_output(length: int) -> None:
@@ -414,7 +427,9 @@ async def per_round(router: Router, rule: int, committed: int, window: int = 100
 
     await router.session(rule, committed + window + 4 * M, on_output)
     before, after = marks
-    rounds = after["POST proposals"][0] - before["POST proposals"][0]
+    rounds = after.get("POST proposals", [0, 0, 0])[0] - before.get("POST proposals", [0, 0, 0])[0]
+    if rounds <= 0:
+        return None
     kinds = {k: [(after[k][i] - before.get(k, [0, 0, 0])[i]) / rounds for i in range(3)] for k in after
              if after[k][0] != before.get(k, [0, 0, 0])[0]}
     return {"rule": rule, "committed": committed, "rounds": rounds, "kinds": kinds,
