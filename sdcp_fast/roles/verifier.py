@@ -301,8 +301,9 @@ class VerifierRole:
     def _propose(self, peer: Peer | None, headers: Mapping[str, str], body: bytes, query: Mapping[str, str],
                  groups: dict[str, str]) -> Verdict | asyncio.Future[Verdict]:
         """``POST proposals``: a recorded verdict at once; else the future of the round's verdict,
-        settled by the pass that commits it (a rule-2 round's rows, an identical request being
-        verified and a problem that publishes the output first take a task)."""
+        settled by the pass that commits it (a rule-2 round's rows read over the network, an
+        identical request being verified and a problem that publishes the output first take a
+        task)."""
         if peer is not None and not peer.is_(PeerRole.DRAFTER):
             # §6.3 Authorization: a client that is not the assigned drafter (a router's or any
             # other role's certificate included) is "403 with problem type sdcp-not-assigned".
@@ -318,11 +319,17 @@ class VerifierRole:
             return self.context.background.spawn(self._published(live, problem))
         if isinstance(work, Verdict):
             return work
-        if isinstance(work, Pending) or work.needs_q:
+        if isinstance(work, Pending):
             return self.context.background.spawn(self._propose_later(client, proposal, live, work))
         round_ = Round(work, live=live, future=asyncio.get_running_loop().create_future(),
                        drafter=live.session.drafter)
-        return self.batcher.enqueue(round_)
+        if not work.needs_q:
+            return self.batcher.enqueue(round_)
+        # Rule 2: rows its drafter's slot on this host holds are read in place, no task.
+        direct = self.batcher.enqueue_in_place(round_, proposal)
+        if direct is not None:
+            return direct
+        return self.context.background.spawn(self._propose_later(client, proposal, live, work))
 
     async def _published(self, live: LiveSession, outcome: T | SdcpProblem) -> T:
         """``outcome`` (returned or raised) once this epoch's output object holds the committed

@@ -50,7 +50,7 @@ from sdcp_fast.roles.verifier_plan import (
     self_decode_due,
 )
 from sdcp_fast.roles.verifier_state import LiveSession, Round, retire_ended
-from sdcp_fast.store.shm_client import rows_guard
+from sdcp_fast.store.shm_client import ShmClient, rows_guard
 
 log = logging.getLogger("sdcp_fast.verifier")
 
@@ -67,6 +67,9 @@ class Batcher:
         self.scorer = scorer
         self.sessions = sessions
         self.objects = context.objects
+        # The store's shared-memory client where it has one: rows read in place, no await.
+        shm = getattr(getattr(context.objects, "store", None), "shm", None)
+        self._shm = shm if isinstance(shm, ShmClient) else None
         self.committer = committer
         self.load = context.load
         self.metrics = context.metrics
@@ -174,17 +177,41 @@ class Batcher:
     def _drafter_tag(drafter: str) -> str:
         return writer_tag(drafter)
 
+    def _foreign(self, rows: str, drafter: str | None) -> bool:
+        """Whether rows named ``rows`` are named for another writer than ``drafter``: then they
+        are not this drafter's, whoever wrote them (docs/security.md, "Names nobody can squat"),
+        as if they could not be obtained. The tag is read off the name's last segment
+        (``<round>.<tag>``, cache/uri.py) and the drafter's tag kept: parsing the name and
+        hashing the drafter's URI each round took ~5 us, half of reading the rows in place. A
+        name that does not parse fails the get."""
+        tag = rows.rpartition("/")[2].partition(".")[2]
+        return bool(drafter and tag and tag != self._drafter_tag(drafter))
+
+    def enqueue_in_place(self, item: Round, proposal: Proposal) -> asyncio.Future[Verdict] | None:
+        """Queue a rule-2 round whose rows its drafter's session slot on this host holds whole,
+        read in place with no await (``ShmClient.in_place``), as :meth:`enqueue` queues a
+        rule-1 round: no task and no read request per round. None when they are not there
+        (another host's node, a slot not mapped yet, the wrong size, a name not this drafter's,
+        any failure of the read): the caller takes :meth:`submit`'s way, whose read answers
+        alike or finds the rows elsewhere. A refused check (a zero q) raises, nothing queued."""
+        shm, rows = self._shm, proposal.q_rows
+        if shm is None or not rows or self._foreign(rows, item.drafter):
+            return None
+        try:
+            raw = shm.in_place(rows)
+        except (ObjectUnavailable, OSError, ValueError):
+            return None
+        if raw is None or len(raw) != 4 * self.scorer.vocab_size * len(proposal.tokens):
+            return None
+        self.metrics.q_read(True)
+        self._provide(item, raw)
+        return self.enqueue(item)
+
     async def _fetch_q(self, item: Round, proposal: Proposal) -> None:
         """Rule 2's precondition: the rows of every position, checked, before any random value."""
         session, vocab = item.live.session, self.scorer.vocab_size
-        # Rows named for another writer are not this drafter's, whoever wrote them
-        # (docs/security.md, "Names nobody can squat"): as if they could not be obtained.
-        # The tag is read off the name's last segment (``<round>.<tag>``, cache/uri.py) and the
-        # drafter's tag kept: parsing the name and hashing the drafter's URI each round took
-        # ~5 us, half of reading the rows in place. A name that does not parse fails the get.
         rows = proposal.q_rows
-        if rows and item.drafter and (tag := rows.rpartition("/")[2].partition(".")[2]) and \
-                tag != self._drafter_tag(item.drafter):
+        if rows and self._foreign(rows, item.drafter):
             rows = None
         self._fetching += 1
         try:
@@ -194,13 +221,19 @@ class Batcher:
         finally:
             self._fetching -= 1
         self.metrics.q_read(raw is not None)
-        if raw is not None and len(raw) != 4 * vocab * len(proposal.tokens):
+        if raw is None or len(raw) != 4 * vocab * len(proposal.tokens):
             session.provide_q(q_rows=None, vocab=vocab)  # raises QUnavailable, round dropped
-            raise QUnavailable("draft rows object has the wrong size")  # pragma: no cover
-        # Taken before anything else runs on the loop: the rows' sequence number as read.
-        guard = rows_guard(raw) if raw is not None else None
-        uniforms = session.provide_q(q_rows=raw, vocab=vocab)
-        assert raw is not None
+            raise QUnavailable("draft rows could not be obtained, whole")  # pragma: no cover
+        self._provide(item, raw)
+
+    def _provide(self, item: Round, raw: memoryview) -> None:
+        """The core's check of ``raw`` (raising when it refuses them), then the round's rows and
+        uniforms; rows read in place get the check, after the kernels, that they held still.
+        Called right after the read, before the event loop runs anything else: the guard takes
+        the rows' sequence number as read."""
+        vocab = self.scorer.vocab_size
+        guard = rows_guard(raw)
+        uniforms = item.live.session.provide_q(q_rows=raw, vocab=vocab)
         item.q = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
         item.work = replace(item.work, uniforms=uniforms)
         if guard is not None:

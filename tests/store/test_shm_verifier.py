@@ -1,7 +1,8 @@
 """The verifier reads a round's q rows in place from the drafter's session slot in the MLC
 node's shared memory (sdcp_fast/store/shm_client.py, sdcp_fast/roles/verifier_batch.py
-``_fetch_q``), and checks after the kernels read them that the writer did not rewrite them:
-rows that changed meanwhile are sdcp-q-unavailable, never a verdict from mixed bytes."""
+``_fetch_q`` and ``enqueue_in_place``), and checks after the kernels read them that the
+writer did not rewrite them: rows that changed meanwhile are sdcp-q-unavailable, never a
+verdict from mixed bytes."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ from sdcp_fast.cache.tiers.shm import name_digest
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.roles.verifier import VerifierRole
-from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.roles.wire import Routes, SdcpClient
 from sdcp_fast.store import RemoteStore, shm_client
+from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from tests.roles.rolekit import (
     DRAFTER,
@@ -94,3 +96,84 @@ def test_rows_rewritten_while_the_kernels_read_them_are_q_unavailable(tmp_path, 
         assert out == "sdcp-q-unavailable" and output == []  # nothing committed
     else:
         assert out.committed == len(out.emitted) > 0 and output == list(out.emitted)
+
+
+class Recorded:
+    """The verifier's handler as the native server calls it (``Routes.answer_now``), noting
+    for each proposal whether its answer took a task."""
+
+    def __init__(self, routes: Routes) -> None:
+        self.routes = routes
+        self.tasks: list[bool] = []
+
+    async def __call__(self, request: Request) -> Response:
+        answer = self.routes.answer_now(request.method, request.path, request.query, request.body,
+                                        request.headers, request.peer)
+        if answer is None:
+            return await self.routes(request)
+        if isinstance(answer, Response):
+            return answer
+        if request.path == "proposals":
+            self.tasks.append(isinstance(answer, asyncio.Task))
+        await asyncio.wait([answer])
+        return self.routes.settled(answer)
+
+
+async def rounds_answered_now(base: str, rewrite_round: int) -> Any:
+    """Three rule-2 rounds whose rows a drafter-like writer put in its session slot, the
+    writer rewriting the slot while round ``rewrite_round``'s pass runs. Each round's verdict
+    (or problem type), whether each proposal took a task, and the verifier's output."""
+    network = InProcessNetwork()
+    scorer = CountingScorer()
+    vocab = scorer.vocab_size
+    reader, writer = RemoteStore(base), RemoteStore(base)
+    assert writer.shm is not None
+    writer.shm.rolling = True
+    verifier = VerifierRole(scorer, verifier_config(), mlc=reader, transport=network.transport(VERIFIER_PEER))
+    handler = Recorded(verifier.routes)
+    network.register(VERIFIER, handler)
+    router, drafter = SdcpClient(network.transport(ROUTER_PEER)), SdcpClient(network.transport(DRAFTER_PEER))
+    await verifier.start()
+    try:
+        session = sid(7)
+        opened = session_open(session, contract(RULE_SPECULATIVE))
+        state: Any = await router.open_session(VERIFIER, opened)
+        state = await router.put_drafter(VERIFIER, assignment(opened, state, drafter=DRAFTER, m_init=4))
+        rows = torch.full((2, vocab), 1.0 / vocab)
+        outs: list[Any] = []
+        for n in (1, 2, 3):
+            await writer.put(rows_uri(session, n), memoryview(rows.numpy()).cast("B"), 30.0)
+            roll = next(iter(writer.shm._rolls.values()))
+
+            def rewrite(_: Any, n: int = n, roll: Any = roll) -> None:
+                if n == rewrite_round:
+                    other = torch.linspace(1.0, 2.0, vocab).repeat(2, 1)
+                    other /= other.sum(dim=1, keepdim=True)
+                    roll.write(memoryview(other.numpy()).cast("B"), n + 1, name_digest(rows_uri(session, n + 1)))
+
+            scorer.on_score = rewrite
+            try:
+                out: Any = await drafter.propose(VERIFIER, proposal(state, [4, 5], q_rows=rows_uri(session, n)))
+                state = out
+            except Exception as exc:
+                out = problem_of(exc)[0]
+            outs.append(out)
+        return outs, handler.tasks, list(verifier.sessions.get(session).output(0).tokens)
+    finally:
+        await verifier.close()
+        await reader.aclose()
+        await writer.aclose()
+
+
+def test_rows_in_a_known_slot_are_answered_without_a_task_and_still_checked(tmp_path, monkeypatch):
+    """Once the node's folder is known (the first round's read asks it), a rule-2 round whose
+    rows the slot holds is answered in a plain call with a future, as a rule-1 round is; its
+    rows are still checked after the kernels: rewritten meanwhile, sdcp-q-unavailable."""
+    monkeypatch.setattr(shm_client, "MIN_BYTES", 1)
+    with node(tmp_path) as (_, base):
+        outs, tasks, output = asyncio.run(rounds_answered_now(base, rewrite_round=3))
+    assert tasks == [True, False, False]
+    first, second, third = outs
+    assert third == "sdcp-q-unavailable"
+    assert second.committed == len(first.emitted) + len(second.emitted)
+    assert output == [*first.emitted, *second.emitted]
