@@ -3,6 +3,8 @@
 // then runs the kernel without the GIL.
 #include <pybind11/pybind11.h>
 
+#include <vector>
+
 #include "sampling_args.h"
 #include "sampling_kernels.h"
 
@@ -92,10 +94,32 @@ void greedy(py::tuple target, py::tuple tokens, py::tuple cu, py::tuple accepted
                         static_cast<int32_t*>(e.data), width);
 }
 
-void speculative(py::tuple target, py::tuple t, py::tuple k, py::tuple p, py::tuple q, py::tuple tokens,
+// Where each session's q rows start: q is one [D, V] tensor, or a list of B tensors
+// [M_b, V] (each session's rows where they lie, not gathered into one buffer).
+std::vector<const float*> q_rounds(const py::object& q, const int64_t* c, int64_t batch, int64_t vocab) {
+    std::vector<const float*> out(static_cast<size_t>(batch));
+    if (py::isinstance<py::list>(q)) {
+        py::list rounds = q.cast<py::list>();
+        if (static_cast<int64_t>(rounds.size()) != batch)
+            throw py::value_error("q_probs: expected one tensor per session");
+        for (int64_t b = 0; b < batch; ++b) {
+            TensorArg a = tensor_arg(rounds[b].cast<py::tuple>(), "q_probs", {sdcp::kF32}, 2);
+            expect_dim(a, 0, c[b + 1] - c[b], "q_probs");
+            expect_dim(a, 1, vocab, "q_probs");
+            out[b] = static_cast<const float*>(a.data);
+        }
+        return out;
+    }
+    TensorArg qa = tensor_arg(q.cast<py::tuple>(), "q_probs", {sdcp::kF32}, 2);
+    expect_dim(qa, 0, c[batch], "q_probs");
+    expect_dim(qa, 1, vocab, "q_probs");
+    for (int64_t b = 0; b < batch; ++b) out[b] = static_cast<const float*>(qa.data) + c[b] * vocab;
+    return out;
+}
+
+void speculative(py::tuple target, py::tuple t, py::tuple k, py::tuple p, py::object q, py::tuple tokens,
                  py::tuple cu, py::tuple uniforms, py::tuple accepted, py::tuple emitted, py::tuple bad) {
     TensorArg l = tensor_arg(target, "target_logits", {sdcp::kF32, sdcp::kBF16}, 2);
-    TensorArg qa = tensor_arg(q, "q_probs", {sdcp::kF32}, 2);
     TensorArg x = tensor_arg(tokens, "draft_tokens", {sdcp::kI64}, 1);
     TensorArg c = tensor_arg(cu, "cu_draft", {sdcp::kI64}, 1);
     TensorArg u = tensor_arg(uniforms, "uniforms", {sdcp::kF64}, 3);
@@ -104,8 +128,7 @@ void speculative(py::tuple target, py::tuple t, py::tuple k, py::tuple p, py::tu
     TensorArg bd = tensor_arg(bad, "bad", {sdcp::kBool}, 1);
     int64_t width = check_ragged(l, x, c, a, e);
     int64_t batch = c.dim(0) - 1;
-    expect_dim(qa, 0, x.dim(0), "q_probs");
-    expect_dim(qa, 1, l.dim(1), "q_probs");
+    std::vector<const float*> qr = q_rounds(q, static_cast<const int64_t*>(c.data), batch, l.dim(1));
     expect_dim(u, 0, batch, "uniforms");
     expect_dim(u, 1, width, "uniforms");
     expect_dim(u, 2, 2, "uniforms");
@@ -113,7 +136,7 @@ void speculative(py::tuple target, py::tuple t, py::tuple k, py::tuple p, py::tu
     ProfileArgs pr = profile_args(t, k, p, batch);
     py::gil_scoped_release nogil;
     sdcp::verify_speculative(l.data, logit_type(l), l.dim(1), pr.temperature_milli, pr.top_k, pr.top_p_milli,
-                             static_cast<const float*>(qa.data), static_cast<const int64_t*>(x.data),
+                             qr.data(), static_cast<const int64_t*>(x.data),
                              static_cast<const int64_t*>(c.data), batch, static_cast<const double*>(u.data),
                              static_cast<int32_t*>(a.data), static_cast<int32_t*>(e.data), width,
                              static_cast<bool*>(bd.data));

@@ -64,10 +64,10 @@ void verify_greedy(const void* target, LogitType type, int64_t vocab, const int6
 }
 
 void verify_speculative(const void* target, LogitType type, int64_t vocab, const int64_t* temperature_milli,
-                        const int64_t* top_k, const int64_t* top_p_milli, const float* q_probs,
+                        const int64_t* top_k, const int64_t* top_p_milli, const float* const* q_rounds,
                         const int64_t* tokens, const int64_t* cu, int64_t batch, const double* uniforms,
                         int32_t* accepted, int32_t* emitted, int64_t width, bool* bad) {
-    impl().speculative(target, type, vocab, temperature_milli, top_k, top_p_milli, q_probs, tokens, cu, batch,
+    impl().speculative(target, type, vocab, temperature_milli, top_k, top_p_milli, q_rounds, tokens, cu, batch,
                        uniforms, accepted, emitted, width, bad);
 }
 

@@ -32,8 +32,10 @@ void verify_greedy(const void* target, LogitType type, int64_t vocab, const int6
                    const int64_t* cu, int64_t batch, int32_t* accepted, int32_t* emitted, int64_t width);
 
 // uniforms[B, width, 2] (width = M_max + 1); bad[B] flags q(x) <= 0 before any uniform is read.
+// q_rounds[b] points at session b's draft rows [cu[b+1] - cu[b], vocab], each session's where
+// it lies (rows read in place from shared memory are not gathered into one buffer first).
 void verify_speculative(const void* target, LogitType type, int64_t vocab, const int64_t* temperature_milli,
-                        const int64_t* top_k, const int64_t* top_p_milli, const float* q_probs,
+                        const int64_t* top_k, const int64_t* top_p_milli, const float* const* q_rounds,
                         const int64_t* tokens, const int64_t* cu, int64_t batch, const double* uniforms,
                         int32_t* accepted, int32_t* emitted, int64_t width, bool* bad);
 

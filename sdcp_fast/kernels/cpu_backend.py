@@ -68,13 +68,16 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor,
     return accepted, emitted
 
 
-def verify_speculative(target_logits: torch.Tensor, prof: Profile, q_probs: torch.Tensor,
+def verify_speculative(target_logits: torch.Tensor, prof: Profile, q_probs: torch.Tensor | list[torch.Tensor],
                        draft_tokens: torch.Tensor, lay: Ragged,
                        u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``q_probs``: one ``[D, V]`` tensor, or a list of each session's ``[M_b, V]`` (host
+    tensors), read where they lie."""
     accepted, emitted = _outputs(lay)
     bad = torch.zeros(lay.batch, dtype=torch.bool)
+    q = _arg(q_probs) if isinstance(q_probs, torch.Tensor) else [_arg(t) for t in q_probs]
     native.module().sampling_verify_speculative(
-        _arg(target_logits), *_profile(prof), _arg(q_probs), _arg(draft_tokens), _arg(lay.cu_draft), _arg(u),
+        _arg(target_logits), *_profile(prof), q, _arg(draft_tokens), _arg(lay.cu_draft), _arg(u),
         _arg(accepted), _arg(emitted), _arg(bad))
     return accepted, emitted, bad
 

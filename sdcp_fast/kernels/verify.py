@@ -7,6 +7,8 @@ Ragged layout: session b has ``M_b = cu_draft[b+1] - cu_draft[b]`` draft tokens
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from . import backends, params
@@ -62,7 +64,8 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: torch.Tensor, cu_dr
 
 
 def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam, top_k: IntParam,
-                       top_p_milli: IntParam, q_probs: torch.Tensor, draft_tokens: torch.Tensor,
+                       top_p_milli: IntParam, q_probs: torch.Tensor | Sequence[torch.Tensor],
+                       draft_tokens: torch.Tensor,
                        cu_draft: torch.Tensor, uniforms: torch.Tensor,
                        backend: str = "auto") -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rule 2 (speculative sampling) for a batch of sessions.
@@ -93,8 +96,10 @@ def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam,
     temperature_milli, top_k, top_p_milli : int or torch.Tensor or None
         Scalar or shape ``[B]`` integer profile of each session (None: absent); see
         :func:`apply_sampling_profile`.
-    q_probs : torch.Tensor
-        Shape: ``[D, V]``; dtype float32; the draft distribution of each proposed position.
+    q_probs : torch.Tensor or sequence of torch.Tensor
+        Shape: ``[D, V]``, or one ``[M_b, V]`` per session; dtype float32; the draft
+        distribution of each proposed position. Per session, the cpu backend reads each
+        where it lies (e.g. mapped shared memory); the others take them gathered.
     draft_tokens : torch.Tensor
         Shape: ``[D]``; integer token ids.
     cu_draft : torch.Tensor
@@ -120,14 +125,33 @@ def verify_speculative(target_logits: torch.Tensor, temperature_milli: IntParam,
     sync_free = name == "triton"
     width = uniforms.shape[1] if uniforms.dim() == 3 else None
     lay = params.ragged(target_logits, draft_tokens, cu_draft, width, sync_free)
-    if q_probs.dtype != torch.float32 or q_probs.shape != (draft_tokens.numel(), target_logits.shape[1]):
-        raise ValueError(f"q_probs must be float32 [D, V] = [{draft_tokens.numel()}, {target_logits.shape[1]}], "
-                         f"got {q_probs.dtype} {tuple(q_probs.shape)}")
-    if q_probs.device != dev or uniforms.device != dev:
+    if isinstance(q_probs, torch.Tensor):
+        q: torch.Tensor | list[torch.Tensor] = _gathered_q(q_probs, draft_tokens, target_logits)
+    elif name == "cpu":  # each session's rows read where they lie; the binding checks each one
+        q = [t.contiguous() for t in q_probs]
+        if len(q) != lay.batch or any(t.device != dev for t in q):
+            raise ValueError(f"q_probs must hold one tensor per session ({lay.batch}), on the logits' device")
+    else:  # the other backends read one tensor
+        q = _gathered_q(torch.cat(list(q_probs)), draft_tokens, target_logits)
+    if uniforms.device != dev:
         raise ValueError("target_logits, q_probs and uniforms must be on one device")
     u = params.uniforms(uniforms, lay)
     rows, vocab = lay.batch, target_logits.shape[1]
     prof = (params.device_profile(rows, temperature_milli, top_k, top_p_milli, vocab, dev) if sync_free
             else params.profile(rows, temperature_milli, top_k, top_p_milli, vocab))
     tokens = draft_tokens.to(dev, torch.int64, non_blocking=True).contiguous()
-    return backends.load(name).verify_speculative(target_logits, prof, q_probs.contiguous(), tokens, lay, u)
+    if isinstance(q, list):
+        from . import cpu_backend  # the one backend that reads rows where they lie
+
+        assert isinstance(prof, params.Profile)
+        return cpu_backend.verify_speculative(target_logits, prof, q, tokens, lay, u)
+    return backends.load(name).verify_speculative(target_logits, prof, q, tokens, lay, u)
+
+
+def _gathered_q(q_probs: torch.Tensor, draft_tokens: torch.Tensor, target_logits: torch.Tensor) -> torch.Tensor:
+    if q_probs.dtype != torch.float32 or q_probs.shape != (draft_tokens.numel(), target_logits.shape[1]):
+        raise ValueError(f"q_probs must be float32 [D, V] = [{draft_tokens.numel()}, {target_logits.shape[1]}], "
+                         f"got {q_probs.dtype} {tuple(q_probs.shape)}")
+    if q_probs.device != target_logits.device:
+        raise ValueError("target_logits, q_probs and uniforms must be on one device")
+    return q_probs.contiguous()

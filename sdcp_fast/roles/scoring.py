@@ -111,8 +111,14 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> Outcome:
     works = [item.work for item in items]
     tokens, cu = _layout(works)
     vocab, dev = rows.shape[1], rows.device
-    # The kernels take q and the uniforms on the logits' device (the rows come from the MLC).
-    q = _draft_rows(items, vocab).to(dev)
+    # The kernels take q and the uniforms on the logits' device (the rows come from the MLC). On
+    # the host, each round's rows as they are (mapped in place from shared memory, most often):
+    # gathering them copied 512 KB a round (V = 32,000, M = 4).
+    q: torch.Tensor | list[torch.Tensor]
+    if dev.type == "cpu" and all(item.q is not None for item in items):
+        q = [item.q for item in items if item.q is not None]
+    else:
+        q = _draft_rows(items, vocab).to(dev)
     m_max = max(len(w.proposed) for w in works)
     table: list[list[tuple[float, float]]] = []  # [B, M_max + 1, 2], zero-padded: one tensor built
     for work in works:
@@ -132,7 +138,7 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> Outcome:
 
 
 def _draft_rows(items: list[Scored], vocab: int) -> torch.Tensor:
-    """The items' draft rows as one ``[D, V]`` float32 tensor, copied into a buffer this
+    """The items' draft rows as one ``[D, V]`` float32 tensor (for a device), copied into a buffer this
     thread keeps from pass to pass (up to ``STAGING_BYTES``): a fresh tensor of that size
     (128 MB for 256 rounds of M = 4 at V = 32,000) is new memory that the copy faults in page
     by page on every pass, which took ~6x the copy itself (docs/measurements.md, "Rule 2: the

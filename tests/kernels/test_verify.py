@@ -5,7 +5,7 @@ from sdcp_fast.kernels import apply_sampling_profile, verify_greedy, verify_spec
 from sdcp_fast.kernels.reference import inverse_cdf
 
 from .inputs import draft, logits, ragged
-from .support import BOUNDARY_CASES, backend_params, call, interpreted
+from .support import BOUNDARY_CASES, backend_params, call, device_of, interpreted
 
 BACKENDS = backend_params("cpu", "triton")
 ALL = backend_params("reference", "cpu", "triton")
@@ -248,3 +248,24 @@ def test_residual_without_mass_draws_from_p(backend: str) -> None:
     assert want[0].tolist() == [0, 0]
     assert torch.equal(got[1], want[1])
     assert int(want[1][0, 0]) == int(inverse_cdf(p[:1], torch.tensor([0.3]))[0])
+
+
+@pytest.mark.parametrize("backend", ALL)
+@pytest.mark.parametrize("family", [(7, 4096, [1, 3, 8, 64, 0, 2, 5]), (7, 111, [3] * 7)], ids=_family_ids)
+def test_speculative_takes_each_sessions_rows_where_they_lie(backend: str, family: tuple[int, int, list[int]]) -> None:
+    """q_probs as one ``[M_b, V]`` tensor per session, each in a buffer of its own (as rows read
+    in place from shared memory): the same results as those rows gathered into one tensor, a
+    bad row flagged alike, and a session's rows of the wrong shape or dtype refused."""
+    _, vocab, ms = family
+    args = _spec_batch(17, vocab, ms, closeness="far")
+    cu = args["cu_draft"].tolist()
+    args["q_probs"][cu[1], args["draft_tokens"][cu[1]]] = 0.0  # session 1 is bad
+    dev = device_of(backend)
+    rounds = [args["q_probs"][cu[b] : cu[b + 1]].clone().to(dev) for b in range(len(ms))]
+    want = call(verify_speculative, **args, backend=backend)
+    got = call(verify_speculative, **{**args, "q_probs": rounds}, backend=backend)
+    assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert want[2].tolist() == [False, True, *[False] * (len(ms) - 2)]
+    for wrong in (rounds[3][:-1], rounds[3].double()):
+        with pytest.raises(ValueError):
+            call(verify_speculative, **{**args, "q_probs": [*rounds[:3], wrong, *rounds[4:]]}, backend=backend)

@@ -183,3 +183,22 @@ def test_the_draft_rows_are_gathered_into_one_kept_buffer() -> None:
     assert torch.equal(scoring._draft_rows(more, VOCAB), torch.cat([item.q for item in more]))
     doubles = [Scored(item.work, item.q.double()) for item in items[:2]]
     assert scoring._draft_rows(doubles, VOCAB).dtype == torch.float64
+
+
+@pytest.mark.parametrize("backend", _backends())
+def test_on_the_host_the_kernel_reads_each_rounds_rows_where_they_lie(backend: str, monkeypatch) -> None:
+    """Logits on the host: rule 2's rows go to the kernel as each round's own tensor (rows read
+    in place from shared memory, not gathered into a staging buffer), answering as gathered."""
+    items, logits = _batch(21, 7, (RULE_SPECULATIVE,))
+    expected = [verify_batch([item], [row], backend=backend)[0] for item, row in zip(items, logits, strict=True)]
+    given: list[Any] = []
+    verify = scoring.kernels.verify_speculative
+
+    def recorded(*args: Any, **kw: Any) -> Any:
+        given.append(args[4])
+        return verify(*args, **kw)
+
+    monkeypatch.setattr(scoring.kernels, "verify_speculative", recorded)
+    monkeypatch.setattr(scoring, "_draft_rows", None)  # not called
+    assert verify_batch(items, logits, backend=backend) == expected
+    assert isinstance(given[-1], list) and all(q is item.q for q, item in zip(given[-1], items, strict=True))
