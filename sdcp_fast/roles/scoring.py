@@ -119,15 +119,17 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> Outcome:
         q = [item.q for item in items if item.q is not None]
     else:
         q = _draft_rows(items, vocab).to(dev)
-    m_max = max(len(w.proposed) for w in works)
-    table: list[list[tuple[float, float]]] = []  # [B, M_max + 1, 2], zero-padded: one tensor built
-    for work in works:
+    width = max(len(w.proposed) for w in works) + 1
+    # [B, M_max + 1, 2], zero-padded, built from one flat list: a nested list of pairs took
+    # twice as long to become a tensor.
+    flat = [0.0] * (len(works) * width * 2)
+    for b, work in enumerate(works):
         u = work.uniforms
         assert u is not None
-        accept = [*u.accept, *[0.0] * (m_max + 1 - len(u.accept))]
-        draw = [*u.draw, *[0.0] * (m_max + 1 - len(u.draw))]
-        table.append(list(zip(accept, draw, strict=True)))
-    uniforms = torch.tensor(table, dtype=torch.float64)
+        at = 2 * width * b
+        flat[at : at + 2 * len(u.accept) : 2] = u.accept
+        flat[at + 1 : at + 1 + 2 * len(u.draw) : 2] = u.draw
+    uniforms = torch.tensor(flat, dtype=torch.float64).view(len(works), width, 2)
     profile = [w.sampling or Sampling() for w in works]
     temperature = torch.tensor([1000 if s.temperature_milli is None else s.temperature_milli for s in profile])
     top_k = torch.tensor([s.top_k or 0 for s in profile])
