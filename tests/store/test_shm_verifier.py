@@ -111,18 +111,19 @@ class Recorded:
                                         request.headers, request.peer)
         if answer is None:
             return await self.routes(request)
+        if request.path == "proposals":  # a problem answered at once took none
+            self.tasks.append(isinstance(answer, asyncio.Task))
         if isinstance(answer, Response):
             return answer
-        if request.path == "proposals":
-            self.tasks.append(isinstance(answer, asyncio.Task))
         await asyncio.wait([answer])
         return self.routes.settled(answer)
 
 
-async def rounds_answered_now(base: str, rewrite_round: int) -> Any:
+async def rounds_answered_now(base: str, rewrite_round: int, zero_round: int = 0) -> Any:
     """Three rule-2 rounds whose rows a drafter-like writer put in its session slot, the
-    writer rewriting the slot while round ``rewrite_round``'s pass runs. Each round's verdict
-    (or problem type), whether each proposal took a task, and the verifier's output."""
+    writer rewriting the slot while round ``rewrite_round``'s pass runs; round
+    ``zero_round``'s rows give its first token q = 0. Each round's verdict (or problem type),
+    whether each proposal took a task, and the verifier's output."""
     network = InProcessNetwork()
     scorer = CountingScorer()
     vocab = scorer.vocab_size
@@ -142,7 +143,10 @@ async def rounds_answered_now(base: str, rewrite_round: int) -> Any:
         rows = torch.full((2, vocab), 1.0 / vocab)
         outs: list[Any] = []
         for n in (1, 2, 3):
-            await writer.put(rows_uri(session, n), memoryview(rows.numpy()).cast("B"), 30.0)
+            sent = rows.clone()
+            if n == zero_round:
+                sent[0, 4] = 0.0
+            await writer.put(rows_uri(session, n), memoryview(sent.numpy()).cast("B"), 30.0)
             roll = next(iter(writer.shm._rolls.values()))
 
             def rewrite(_: Any, n: int = n, roll: Any = roll) -> None:
@@ -177,3 +181,14 @@ def test_rows_in_a_known_slot_are_answered_without_a_task_and_still_checked(tmp_
     assert third == "sdcp-q-unavailable"
     assert second.committed == len(first.emitted) + len(second.emitted)
     assert output == [*first.emitted, *second.emitted]
+
+
+def test_a_zero_q_read_in_place_is_the_same_problem_as_read_by_the_task(tmp_path, monkeypatch):
+    """Rows read in place are checked by the core as fetched ones are: a proposed token with
+    q = 0 is sdcp-bad-proposal and commits nothing."""
+    monkeypatch.setattr(shm_client, "MIN_BYTES", 1)
+    with node(tmp_path) as (_, base):
+        outs, tasks, output = asyncio.run(rounds_answered_now(base, rewrite_round=0, zero_round=3))
+    assert tasks == [True, False, False]
+    assert outs[2] == "sdcp-bad-proposal"
+    assert output == [*outs[0].emitted, *outs[1].emitted]
