@@ -85,3 +85,24 @@ def test_session_must_be_16_bytes(session: object) -> None:
 def test_mean_is_near_one_half() -> None:
     values = [verifier_uniform(3, SESSION, 1, i, 0) for i in range(1, 20001)]
     assert abs(sum(values) / len(values) - 0.5) < 0.01  # 7 sigma for 20,000 uniforms
+
+
+def test_without_seed_many_values_come_from_one_system_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+    import random
+
+    calls: list[int] = []
+    real = os.urandom
+
+    def counted(n: int) -> bytes:
+        calls.append(n)
+        return real(n)
+
+    monkeypatch.setattr(os, "urandom", counted)
+    monkeypatch.setattr(random, "_urandom", counted)  # what secrets' SystemRandom reads
+    source = VerifierRandom(None, b"s" * 16)
+    values = [source.uniform(r, i, p) for r in range(1, 4) for i in range(1, 6) for p in (0, 1)]
+    assert len(calls) == 1
+    assert len(set(values)) == len(values) and all(0.0 <= v < 1.0 for v in values)
+    more = [source.uniform(9, i, 0) for i in range(1, 200)]  # past the first draw: drawn again, never reused
+    assert len(calls) > 1 and not set(more) & set(values) and len(set(more)) == len(more)
