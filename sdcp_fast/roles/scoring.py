@@ -11,9 +11,10 @@ answers the whole batch (a read per session would wait on the device 2 x B times
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
+from typing import TypeVar
 
 import torch
 
@@ -38,9 +39,14 @@ class Scored:
     q: torch.Tensor | None = None
 
 
-def verify_batch(items: Sequence[Scored], logits: torch.Tensor | Sequence[torch.Tensor], *,
-                 backend: str = "auto") -> list[tuple[int, int]]:
-    """``(accepted, next token)`` for each item.
+S = TypeVar("S", bound=Scored)
+
+
+def verify_batch(items: Sequence[S], logits: torch.Tensor | Sequence[torch.Tensor], *,
+                 backend: str = "auto", moved: Callable[[S], bool] | None = None) -> list[tuple[int, int] | None]:
+    """``(accepted, next token)`` for each item; None for an item the kernel flagged whose rows
+    ``moved`` says changed while the kernel read them (rows read in place, rewritten by their
+    writer meanwhile: the caller answers that round alone, the others of the pass stand).
 
     ``logits`` is what :meth:`~sdcp_fast.model.interfaces.TargetScorer.score` returned for
     the items' requests: one ``[R, V]`` tensor whose first ``sum(M_i + 1)`` rows are the
@@ -65,9 +71,12 @@ def verify_batch(items: Sequence[Scored], logits: torch.Tensor | Sequence[torch.
         parts.append(_greedy([items[i] for i in greedy], _rows(flat, greedy, cu_rows, len(items)), backend))
     if sampled:
         parts.append(_sampled([items[i] for i in sampled], _rows(flat, sampled, cu_rows, len(items)), backend))
-    out: list[tuple[int, int]] = [(0, 0)] * len(items)
+    out: list[tuple[int, int] | None] = [(0, 0)] * len(items)
     for i, (accepted, token, bad) in zip([*greedy, *sampled], _on_host(parts), strict=True):
-        if bad:  # the core checked q(x) > 0 already; this would be a kernel bug
+        if bad:  # the core checked q(x) > 0 already: a kernel bug, unless the rows changed since
+            if moved is not None and moved(items[i]):
+                out[i] = None
+                continue
             raise RuntimeError("kernel flagged a proposal the core accepted")
         out[i] = (accepted, token)
     return out

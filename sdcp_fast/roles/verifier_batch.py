@@ -242,6 +242,11 @@ class Batcher:
                                   if v[0].future is not None and not v[0].future.done()}
             self._q_guards[id(item)] = (item, guard)
 
+    def _rows_moved(self, item: Round) -> bool:
+        """Whether ``item``'s rows, read in place, were rewritten or freed since they were read."""
+        guard = self._q_guards.get(id(item))
+        return guard is not None and guard[0] is item and not guard[1]()
+
     def _rows_held(self, scored: list[tuple[Round, int, int]]) -> list[tuple[Round, int, int]]:
         """The scored rounds less those whose rows, read in place, were rewritten or freed
         before the kernels were done with them: those commit nothing and are answered
@@ -426,9 +431,11 @@ class Batcher:
             log.warning("a scoring pass took %.1f s (%d rounds, %d tokens fed): sessions %s", took, len(batch),
                         sum(fed), ", ".join(r.session.hex() for r in requests))
         self.target_passes += 1
-        results = verify_batch(batch, logits, backend=self.backend)  # the rounds come first; prefill chunks after
+        # The rounds come first; prefill chunks after. A round whose rows changed under the
+        # kernel is answered alone by _rows_held (its None result is never committed).
+        results = verify_batch(batch, logits, backend=self.backend, moved=self._rows_moved if self._q_guards else None)
         # One group commit for the pass; each round answered by its own append's outcome.
-        scored = [(item, accepted, token) for item, (accepted, token) in zip(batch, results, strict=True)]
+        scored = [(item, *(result or (0, 0))) for item, result in zip(batch, results, strict=True)]
         if self._q_guards:
             scored = self._rows_held(scored)
         if any(await self.committer.commit_batch(scored, len(batch))):

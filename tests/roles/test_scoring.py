@@ -202,3 +202,18 @@ def test_on_the_host_the_kernel_reads_each_rounds_rows_where_they_lie(backend: s
     monkeypatch.setattr(scoring, "_draft_rows", None)  # not called
     assert verify_batch(items, logits, backend=backend) == expected
     assert isinstance(given[-1], list) and all(q is item.q for q, item in zip(given[-1], items, strict=True))
+
+
+def test_a_flagged_round_whose_rows_moved_is_answered_alone() -> None:
+    """Rows read in place that their writer rewrote while the kernel read them may be flagged:
+    that round's result is None (its caller answers it sdcp-q-unavailable) and the pass's other
+    rounds keep theirs; a flagged round whose rows did not move is still a kernel bug."""
+    items, logits = _batch(3, 3, (RULE_SPECULATIVE,))
+    expected = verify_batch(items, logits, backend="reference")
+    bad = items[1]
+    assert bad.q is not None
+    bad.q[0, bad.work.proposed[0]] = 0.0
+    got = verify_batch(items, logits, backend="reference", moved=lambda item: item is bad)
+    assert got == [expected[0], None, expected[2]]
+    with pytest.raises(RuntimeError, match="kernel flagged"):
+        verify_batch(items, logits, backend="reference", moved=lambda item: False)

@@ -46,7 +46,7 @@ def rows_uri(session: bytes, round_: int) -> str:
     return object_uri(SCOPE, session, "q_rows", round_, tag=TAG)
 
 
-async def scenario(base: str, rewrite_during_pass: bool) -> Any:
+async def scenario(base: str, rewrite_during_pass: bool | str) -> Any:
     """One rule-2 round whose rows a drafter-like writer put in its session slot; with
     ``rewrite_during_pass`` the writer rewrites the slot (its next round) while the pass runs.
     The verdict, or the problem's type; and the verifier's output."""
@@ -72,6 +72,8 @@ async def scenario(base: str, rewrite_during_pass: bool) -> Any:
         def rewrite(_: Any) -> None:
             if rewrite_during_pass:  # the writer moves on while the kernels read round 1
                 other = torch.linspace(1.0, 2.0, vocab).repeat(2, 1)
+                if rewrite_during_pass == "zeros":  # rows the kernel itself flags: q(x) = 0 at the proposal
+                    other[:, 4:6] = 0.0
                 other /= other.sum(dim=1, keepdim=True)
                 roll.write(memoryview(other.numpy()).cast("B"), 2, name_digest(rows_uri(session, 2)))
 
@@ -87,7 +89,7 @@ async def scenario(base: str, rewrite_during_pass: bool) -> Any:
         await writer.aclose()
 
 
-@pytest.mark.parametrize("rewritten", [False, True], ids=["held", "rewritten"])
+@pytest.mark.parametrize("rewritten", [False, True, "zeros"], ids=["held", "rewritten", "rewritten-flagged"])
 def test_rows_rewritten_while_the_kernels_read_them_are_q_unavailable(tmp_path, monkeypatch, rewritten):
     monkeypatch.setattr(shm_client, "MIN_BYTES", 1)  # the toy's rows are small
     with node(tmp_path) as (_, base):
