@@ -126,7 +126,6 @@ class Batcher:
         return future
 
     def _queued(self, item: Round) -> None:
-        item.queued = self.clock()
         self._queue.append(item)
         self._expected -= 1
         if self._expected <= 0 or len(self._queue) >= self.max_batch:
@@ -367,10 +366,8 @@ class Batcher:
     async def _gather(self) -> None:
         """Wait until no session owes a proposal, the batch is full, or ``batch_wait`` passed.
         The sessions are counted again once as many proposals as were owed came in, or on any
-        other wake-up (an assignment, a session opened or cancelled), not on each proposal.
-        ``batch_wait`` counts from the batch's first round, which may have come during the last
-        pass: counted from the pass's end, a round that came early in a pass waited both."""
-        deadline = self._queue[0].queued + self.batch_wait if self._queue else self.clock() + self.batch_wait
+        other wake-up (an assignment, a session opened or cancelled), not on each proposal."""
+        deadline = self.clock() + self.batch_wait
         while (owed := self._owed()) and len(self._queue) < self.max_batch:
             remaining = deadline - self.clock()
             if remaining <= 0:

@@ -154,7 +154,6 @@ class Round(Scored):
     future: asyncio.Future[Verdict] | None = None  # None for a self-decoded round
     drafter: str | None = None
     started: float = field(default_factory=time.perf_counter)  # for the verdict latency
-    queued: float = 0.0  # when it joined the batcher's queue (the batcher's clock): its batch's wait
 
     def settle(self, outcome: Verdict | SdcpProblem) -> None:
         """Answer the drafter (once); a recorded verdict answers any later retry instead."""
