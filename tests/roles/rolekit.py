@@ -39,8 +39,9 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.roles.drafter import DrafterRole
 from sdcp_fast.roles.router import RouterRole
 from sdcp_fast.roles.verifier import RoundInfo, VerifierConfig, VerifierRole
-from sdcp_fast.roles.wire import SdcpClient
+from sdcp_fast.roles.wire import Routes, SdcpClient
 from sdcp_fast.store import embedded
+from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.inprocess import InProcessNetwork
 
 T = TypeVar("T")
@@ -303,3 +304,28 @@ async def cancel(task: asyncio.Task[Any]) -> None:
     task.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await task
+
+
+class AnsweredNow:
+    """A role's handler as the native server calls it: a route answered directly
+    (``Routes.answer_now``, a future settled later) takes no request through ``Routes``.
+    ``general`` lists the requests that went through the route table; ``tasks`` whether each
+    proposal answered directly took a task (a problem answered at once took none)."""
+
+    def __init__(self, routes: Routes) -> None:
+        self.routes = routes
+        self.general: list[str] = []
+        self.tasks: list[bool] = []
+
+    async def __call__(self, request: Request) -> Response:
+        answer = self.routes.answer_now(request.method, request.path, request.query, request.body,
+                                        request.headers, request.peer)
+        if answer is None:
+            self.general.append(f"{request.method} {request.path.split('/')[-1]}")
+            return await self.routes(request)
+        if request.path == "proposals":
+            self.tasks.append(isinstance(answer, asyncio.Task))
+        if isinstance(answer, Response):
+            return answer
+        await asyncio.wait([answer])
+        return self.routes.settled(answer)

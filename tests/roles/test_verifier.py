@@ -32,9 +32,7 @@ from sdcp_fast.protocol.peer import Peer, PeerRole
 from sdcp_fast.protocol.problems import PROBLEM_MEDIA_TYPE
 from sdcp_fast.roles.objects import pack_tokens, unpack_tokens
 from sdcp_fast.roles.verifier import VerifierRole
-from sdcp_fast.roles.wire import Routes
 from sdcp_fast.store.logs import ThreadedLog
-from sdcp_fast.transport.base import Request, Response
 
 from .rolekit import (
     DRAFTER,
@@ -43,6 +41,7 @@ from .rolekit import (
     ROUTER_PEER,
     SCOPE,
     VERIFIER,
+    AnsweredNow,
     Rig,
     assignment,
     contract,
@@ -54,26 +53,6 @@ from .rolekit import (
 )
 
 S = sid(1)
-
-
-class AnsweredNow:
-    """The verifier's handler as the native server calls it: a route answered directly
-    (``Routes.answer_now``, a future settled later) takes no request through ``Routes``."""
-
-    def __init__(self, routes: Routes) -> None:
-        self.routes = routes
-        self.general: list[str] = []
-
-    async def __call__(self, request: Request) -> Response:
-        answer = self.routes.answer_now(request.method, request.path, request.query, request.body,
-                                        request.headers, request.peer)
-        if answer is None:
-            self.general.append(f"{request.method} {request.path.split('/')[-1]}")
-            return await self.routes(request)
-        if isinstance(answer, Response):
-            return answer
-        await asyncio.wait([answer])
-        return self.routes.settled(answer)
 
 
 @pytest.fixture(autouse=True, params=["general", "direct"])

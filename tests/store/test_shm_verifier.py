@@ -7,6 +7,9 @@ verdict from mixed bytes."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -17,9 +20,8 @@ from sdcp_fast.cache.tiers.shm import name_digest
 from sdcp_fast.cache.uri import writer_tag
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
 from sdcp_fast.roles.verifier import VerifierRole
-from sdcp_fast.roles.wire import Routes, SdcpClient
+from sdcp_fast.roles.wire import SdcpClient
 from sdcp_fast.store import RemoteStore, shm_client
-from sdcp_fast.transport.base import Request, Response
 from sdcp_fast.transport.inprocess import InProcessNetwork
 from tests.roles.rolekit import (
     DRAFTER,
@@ -28,6 +30,7 @@ from tests.roles.rolekit import (
     SCOPE,
     VERIFIER,
     VERIFIER_PEER,
+    AnsweredNow,
     CountingScorer,
     assignment,
     contract,
@@ -46,28 +49,43 @@ def rows_uri(session: bytes, round_: int) -> str:
     return object_uri(SCOPE, session, "q_rows", round_, tag=TAG)
 
 
-async def scenario(base: str, rewrite_during_pass: bool | str) -> Any:
-    """One rule-2 round whose rows a drafter-like writer put in its session slot; with
-    ``rewrite_during_pass`` the writer rewrites the slot (its next round) while the pass runs.
-    The verdict, or the problem's type; and the verifier's output."""
+@contextlib.asynccontextmanager
+async def rule2_session(base: str, *, direct: bool = False) -> AsyncIterator[Any]:
+    """A verifier over this node (``direct``: its handler as the native server calls it), a
+    rule-2 session opened and assigned to DRAFTER, and a drafter-like writer rolling one slot
+    per session."""
     network = InProcessNetwork()
     scorer = CountingScorer()
-    vocab = scorer.vocab_size
     reader, writer = RemoteStore(base), RemoteStore(base)
     assert writer.shm is not None
     writer.shm.rolling = True
     verifier = VerifierRole(scorer, verifier_config(), mlc=reader, transport=network.transport(VERIFIER_PEER))
-    network.register(VERIFIER, verifier.handler)
+    handler = AnsweredNow(verifier.routes)
+    network.register(VERIFIER, handler if direct else verifier.handler)
     router, drafter = SdcpClient(network.transport(ROUTER_PEER)), SdcpClient(network.transport(DRAFTER_PEER))
     await verifier.start()
     try:
         session = sid(7)
         opened = session_open(session, contract(RULE_SPECULATIVE))
-        state = await router.open_session(VERIFIER, opened)
+        state: Any = await router.open_session(VERIFIER, opened)
         state = await router.put_drafter(VERIFIER, assignment(opened, state, drafter=DRAFTER, m_init=4))
+        yield SimpleNamespace(session=session, state=state, scorer=scorer, vocab=scorer.vocab_size, writer=writer,
+                              verifier=verifier, drafter=drafter, handler=handler)
+    finally:
+        await verifier.close()
+        await reader.aclose()
+        await writer.aclose()
+
+
+async def scenario(base: str, rewrite_during_pass: bool | str) -> Any:
+    """One rule-2 round whose rows a drafter-like writer put in its session slot; with
+    ``rewrite_during_pass`` the writer rewrites the slot (its next round) while the pass runs.
+    The verdict, or the problem's type; and the verifier's output."""
+    async with rule2_session(base) as r:
+        session, vocab = r.session, r.vocab
         rows = torch.full((2, vocab), 1.0 / vocab)
-        await writer.put(rows_uri(session, 1), memoryview(rows.numpy()).cast("B"), 30.0)
-        roll = next(iter(writer.shm._rolls.values()))
+        await r.writer.put(rows_uri(session, 1), memoryview(rows.numpy()).cast("B"), 30.0)
+        roll = next(iter(r.writer.shm._rolls.values()))
 
         def rewrite(_: Any) -> None:
             if rewrite_during_pass:  # the writer moves on while the kernels read round 1
@@ -77,16 +95,12 @@ async def scenario(base: str, rewrite_during_pass: bool | str) -> Any:
                 other /= other.sum(dim=1, keepdim=True)
                 roll.write(memoryview(other.numpy()).cast("B"), 2, name_digest(rows_uri(session, 2)))
 
-        scorer.on_score = rewrite
+        r.scorer.on_score = rewrite
         try:
-            out: Any = await drafter.propose(VERIFIER, proposal(state, [4, 5], q_rows=rows_uri(session, 1)))
+            out: Any = await r.drafter.propose(VERIFIER, proposal(r.state, [4, 5], q_rows=rows_uri(session, 1)))
         except Exception as exc:
             out = problem_of(exc)[0]
-        return out, list(verifier.sessions.get(session).output(0).tokens)
-    finally:
-        await verifier.close()
-        await reader.aclose()
-        await writer.aclose()
+        return out, list(r.verifier.sessions.get(session).output(0).tokens)
 
 
 @pytest.mark.parametrize("rewritten", [False, True, "zeros"], ids=["held", "rewritten", "rewritten-flagged"])
@@ -100,56 +114,21 @@ def test_rows_rewritten_while_the_kernels_read_them_are_q_unavailable(tmp_path, 
         assert out.committed == len(out.emitted) > 0 and output == list(out.emitted)
 
 
-class Recorded:
-    """The verifier's handler as the native server calls it (``Routes.answer_now``), noting
-    for each proposal whether its answer took a task."""
-
-    def __init__(self, routes: Routes) -> None:
-        self.routes = routes
-        self.tasks: list[bool] = []
-
-    async def __call__(self, request: Request) -> Response:
-        answer = self.routes.answer_now(request.method, request.path, request.query, request.body,
-                                        request.headers, request.peer)
-        if answer is None:
-            return await self.routes(request)
-        if request.path == "proposals":  # a problem answered at once took none
-            self.tasks.append(isinstance(answer, asyncio.Task))
-        if isinstance(answer, Response):
-            return answer
-        await asyncio.wait([answer])
-        return self.routes.settled(answer)
-
-
 async def rounds_answered_now(base: str, rewrite_round: int, zero_round: int = 0) -> Any:
     """Three rule-2 rounds whose rows a drafter-like writer put in its session slot, the
     writer rewriting the slot while round ``rewrite_round``'s pass runs; round
     ``zero_round``'s rows give its first token q = 0. Each round's verdict (or problem type),
     whether each proposal took a task, and the verifier's output."""
-    network = InProcessNetwork()
-    scorer = CountingScorer()
-    vocab = scorer.vocab_size
-    reader, writer = RemoteStore(base), RemoteStore(base)
-    assert writer.shm is not None
-    writer.shm.rolling = True
-    verifier = VerifierRole(scorer, verifier_config(), mlc=reader, transport=network.transport(VERIFIER_PEER))
-    handler = Recorded(verifier.routes)
-    network.register(VERIFIER, handler)
-    router, drafter = SdcpClient(network.transport(ROUTER_PEER)), SdcpClient(network.transport(DRAFTER_PEER))
-    await verifier.start()
-    try:
-        session = sid(7)
-        opened = session_open(session, contract(RULE_SPECULATIVE))
-        state: Any = await router.open_session(VERIFIER, opened)
-        state = await router.put_drafter(VERIFIER, assignment(opened, state, drafter=DRAFTER, m_init=4))
+    async with rule2_session(base, direct=True) as r:
+        session, vocab, state = r.session, r.vocab, r.state
         rows = torch.full((2, vocab), 1.0 / vocab)
         outs: list[Any] = []
         for n in (1, 2, 3):
             sent = rows.clone()
             if n == zero_round:
                 sent[0, 4] = 0.0
-            await writer.put(rows_uri(session, n), memoryview(sent.numpy()).cast("B"), 30.0)
-            roll = next(iter(writer.shm._rolls.values()))
+            await r.writer.put(rows_uri(session, n), memoryview(sent.numpy()).cast("B"), 30.0)
+            roll = next(iter(r.writer.shm._rolls.values()))
 
             def rewrite(_: Any, n: int = n, roll: Any = roll) -> None:
                 if n == rewrite_round:
@@ -157,18 +136,14 @@ async def rounds_answered_now(base: str, rewrite_round: int, zero_round: int = 0
                     other /= other.sum(dim=1, keepdim=True)
                     roll.write(memoryview(other.numpy()).cast("B"), n + 1, name_digest(rows_uri(session, n + 1)))
 
-            scorer.on_score = rewrite
+            r.scorer.on_score = rewrite
             try:
-                out: Any = await drafter.propose(VERIFIER, proposal(state, [4, 5], q_rows=rows_uri(session, n)))
+                out: Any = await r.drafter.propose(VERIFIER, proposal(state, [4, 5], q_rows=rows_uri(session, n)))
                 state = out
             except Exception as exc:
                 out = problem_of(exc)[0]
             outs.append(out)
-        return outs, handler.tasks, list(verifier.sessions.get(session).output(0).tokens)
-    finally:
-        await verifier.close()
-        await reader.aclose()
-        await writer.aclose()
+        return outs, r.handler.tasks, list(r.verifier.sessions.get(session).output(0).tokens)
 
 
 def test_rows_in_a_known_slot_are_answered_without_a_task_and_still_checked(tmp_path, monkeypatch):
