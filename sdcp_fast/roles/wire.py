@@ -72,6 +72,11 @@ def message_response(message: Any, status: int = 200) -> Response:
     return Response(status, message.encode(), _MESSAGE_HEADERS)
 
 
+def _as_response(result: Any) -> Response:
+    """An endpoint's result as its answer: a Response as it is, a message (200) or None (204)."""
+    return result if isinstance(result, Response) else message_response(result)
+
+
 class _Direct:
     """A route with an answer in a plain call (:meth:`Routes.add_direct`); awaited, it is the
     route's endpoint for every other server and transport."""
@@ -128,13 +133,12 @@ class Routes:
             return self._problem(InternalError())
         if isinstance(result, asyncio.Future):
             return result
-        return result if isinstance(result, Response) else message_response(result)
+        return _as_response(result)
 
     def settled(self, future: asyncio.Future[Any]) -> Response:
         error = future.exception()  # CancelledError when it was cancelled
         if error is None:
-            result = future.result()
-            return result if isinstance(result, Response) else message_response(result)
+            return _as_response(future.result())
         if isinstance(error, SdcpProblem):
             return self._problem(error)
         log.error("a request failed", exc_info=error)
@@ -143,8 +147,7 @@ class Routes:
     async def __call__(self, request: Request) -> Response:
         try:
             endpoint, groups = self._match(request)
-            result = await endpoint(request, **groups)
-            return result if isinstance(result, Response) else message_response(result)
+            return _as_response(await endpoint(request, **groups))
         except SdcpProblem as problem:
             return self._problem(problem)
         except Exception:  # a bug: logged here, never a traceback on the wire

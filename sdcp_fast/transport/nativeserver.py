@@ -344,7 +344,7 @@ class NativeServer:
     async def _pump(self, conn: int, sid: int, response: Response) -> None:
         assert response.stream is not None
         fields = [(":status", str(response.status))]
-        fields += [f for f in outbound_fields(dict(response.headers)) if f[0] != "content-length"]
+        fields += self._header_fields(response.headers)
         self._push((_START, conn, sid, fields, None, 0), now=True)
         queued = 0
         async for chunk in response.stream:
