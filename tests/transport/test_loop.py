@@ -9,7 +9,7 @@ import importlib.util
 import threading
 import weakref
 
-from sdcp_fast.transport.loop import LoopThread, loop_name, new_loop, run
+from sdcp_fast.transport.loop import SERVING_THRESHOLD, LoopThread, loop_name, new_loop, run
 
 UVLOOP = importlib.util.find_spec("uvloop") is not None
 
@@ -46,8 +46,11 @@ def test_loop_thread_runs_coroutines_off_the_calling_thread_until_stopped() -> N
 
 def test_run_for_a_service_collects_then_freezes_the_startup_heap() -> None:
     """A service's imports and model stay out of the collector's passes (gc.freeze); the
-    garbage of startup is collected first, not frozen with them. A plain run freezes nothing."""
+    garbage of startup is collected first, not frozen with them; the youngest generation is
+    then collected less often. A plain run freezes nothing and keeps the thresholds."""
+    thresholds = gc.get_threshold()
     assert run(_freeze_count()) == gc.get_freeze_count() == 0
+    assert gc.get_threshold() == thresholds
 
     class Node:
         other: object = None
@@ -60,8 +63,10 @@ def test_run_for_a_service_collects_then_freezes_the_startup_heap() -> None:
     try:
         assert run(_freeze_count(), settle=True) > 0
         assert gone() is None
+        assert gc.get_threshold() == (SERVING_THRESHOLD, *thresholds[1:])
     finally:
         gc.unfreeze()  # this test process is not a service
+        gc.set_threshold(*thresholds)
 
 
 async def _freeze_count() -> int:
