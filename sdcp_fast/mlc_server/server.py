@@ -31,12 +31,12 @@ bodies are read and written with the project's codec (:mod:`sdcp_fast.protocol.c
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import re
 import ssl
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any
 
 from sdcp_fast.cache import policy
@@ -47,15 +47,14 @@ from sdcp_fast.commitlog.backend import RecordTooLarge, UnknownLog
 from sdcp_fast.commitlog.directory import LogDirectory
 from sdcp_fast.commitlog.file import MAX_RECORD
 from sdcp_fast.commitlog.http import MAX_BATCH_BODY
-from sdcp_fast.mlc_server.records import decode_stored_record, decode_to_store
+from sdcp_fast.mlc_server.committer import Committer
+from sdcp_fast.mlc_server.records import decode_stored_record
 from sdcp_fast.mlc_server.server_metrics import prometheus_text
 from sdcp_fast.mlc_server.server_requests import (
     BodyTooLarge,
     Call,
     UploadBudget,
     answer_for,
-    batch_answer,
-    batch_appends,
     release_body,
 )
 from sdcp_fast.mlc_server.server_shm import (
@@ -68,7 +67,7 @@ from sdcp_fast.mlc_server.server_shm import (
     upload,
 )
 from sdcp_fast.protocol import cbor
-from sdcp_fast.protocol.commitlog import LogRecord
+from sdcp_fast.protocol.peer import Peer
 from sdcp_fast.protocol.problems import BadRequest
 from sdcp_fast.store.local_store import INLINE_BYTES, run_on
 from sdcp_fast.transport.base import Request, Response
@@ -97,13 +96,6 @@ async def _offload(size: int, fn: Callable[[], Any]) -> Any:
 def _name(name: str, *, log: bool = False) -> tuple[str, ObjectName]:
     uri = SCHEME + name
     return uri, served_name(uri, log=log)
-
-
-@functools.lru_cache(maxsize=4096)
-def _log_uri(name: str) -> str:
-    """The URI of the log ``name`` names (ValueError as :func:`_name`): a group commit names
-    the same open sessions' logs pass after pass, so each name is checked once, not per record."""
-    return _name(name, log=True)[0]
 
 
 def _ttl(value: Any, field: str) -> float:
@@ -145,6 +137,10 @@ def _span(spec: str) -> Callable[[int], tuple[int, int]]:
     return span
 
 
+# The headers of every group commit's answer (read-only: the native server frames them once).
+_CBOR_HEADERS: Mapping[str, str] = MappingProxyType({"content-type": CBOR})
+
+
 def _cbor_response(doc: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     return Response(status, cbor.deterministic_cbor(doc), {"content-type": CBOR, **(headers or {})})
 
@@ -173,8 +169,17 @@ class MLCService:
         self.logs = logs
         self.budget = UploadBudget(inflight_bytes)
         self.shm = shm_tier(mlc)  # same-host objects in shared memory (server_shm.py), if kept
+        self.committer: Committer | None = None  # started at the first group commit
+
+    def close(self) -> None:
+        """Stop the commit thread, once the group commits queued are answered."""
+        if self.committer is not None:
+            self.committer.close()
 
     # -- the transport Handler (HTTP/2) -----------------------------------------------------
+
+    async def __call__(self, request: Request) -> Response:
+        return await self.handler(request)
 
     async def handler(self, request: Request) -> Response:
         """:data:`~sdcp_fast.transport.base.Handler`: route ``request``; problems, never raises."""
@@ -379,40 +384,49 @@ class MLCService:
         """Group commit: CBOR ``{appends: [{log, record, ? if_match}]}`` (``log`` as in the
         path of ``POST /logs/<name>``, ``record`` one CBOR record as that route's body); each
         entry is authorized, checked (fence, then tag) and answered on its own, and all are
-        flushed once (:meth:`~sdcp_fast.commitlog.directory.LogDirectory.append_many`). A body
-        that is not that shape is 400 as a whole; more than ``MAX_BATCH`` entries 413."""
+        flushed once (:mod:`.committer`). A body that is not that shape is 400 as a whole;
+        more than ``MAX_BATCH`` entries 413."""
         peer = call.peer
         policy.may_append_some(peer)  # refused before the body is read
-        logs = self._logs()
+        commits = self._commits()
         body = await call.body(MAX_BATCH_BODY)
-
-        def append() -> bytes:
-            # Decoding untrusted CBOR and the flush both run here, off the event loop.
-            entries = batch_appends(cbor.decode(bytes(body)))
-            results: list[str | Exception] = [ValueError("not appended")] * len(entries)
-            where: list[int] = []
-            todo: list[tuple[str, LogRecord, str | None]] = []
-            stored: list[bytes | None] = []
-            for i, (name, raw, if_match) in enumerate(entries):
-                try:
-                    uri = _log_uri(name)
-                    record, encoded = decode_to_store(raw)
-                    policy.may_append(peer, record)
-                except Exception as exc:
-                    results[i] = exc
-                    continue
-                where.append(i)
-                todo.append((uri, record, if_match))
-                stored.append(encoded)
-            for i, result in zip(where, logs.append_many(todo, stored), strict=True):
-                results[i] = result
-            return batch_answer(results)
-
         try:
-            answer = await asyncio.get_running_loop().run_in_executor(None, append)
+            answer = await commits.submit(body, peer)
         finally:
             release_body(body)
-        return Response(200, answer, {"content-type": CBOR})
+        return Response(200, answer, _CBOR_HEADERS)
+
+    def _commits(self) -> Committer:
+        if self.committer is None:
+            self.committer = Committer(self._logs())
+        return self.committer
+
+    # -- the direct route (the native server asks it first) --------------------------------
+
+    def answer_now(self, method: str, path: str, query: Mapping[str, str], body: bytes, headers: Mapping[str, str],
+                   peer: Peer | None) -> Response | asyncio.Future[Any] | None:
+        """:class:`~sdcp_fast.transport.base.DirectHandler`: a group commit (``POST /logs``, one
+        per scoring pass of a verifier) goes to the commit thread with no request object, task
+        or coroutine; every other route takes :meth:`handler`."""
+        if path != "logs" or method != "POST":
+            return None
+        try:
+            policy.may_append_some(peer)
+            commits = self._commits()
+            declared = headers.get("content-length")
+            if len(body) > MAX_BATCH_BODY or (declared is not None and declared.isdigit()
+                                              and int(declared) > MAX_BATCH_BODY):
+                raise BodyTooLarge(f"body over {MAX_BATCH_BODY} bytes; this route takes at most {MAX_BATCH_BODY}",
+                                   extra={"limit": MAX_BATCH_BODY})
+            return commits.submit(body, peer)
+        except Exception as exc:
+            return answer_for(exc, method, "/logs")
+
+    def settled(self, future: asyncio.Future[Any]) -> Response:
+        error = future.exception()  # CancelledError when it was cancelled
+        if error is None:
+            return Response(200, future.result(), _CBOR_HEADERS)
+        return answer_for(error if isinstance(error, Exception) else RuntimeError(repr(error)), "POST", "/logs")
 
     async def shm_info(self, call: Call) -> Response:
         """Where a client on this host finds the slots (server_shm.py); 404 when none are kept."""
@@ -455,4 +469,4 @@ async def serve(service: MLCService, host: str, port: int, *, ssl: ssl.SSLContex
     client certificates required); returns the :class:`~sdcp_fast.transport.h2server.H2Server`."""
     from sdcp_fast.transport.h2server import serve as serve_h2
 
-    return await serve_h2(service.handler, host, port, ssl=ssl, insecure=insecure, limits=limits())
+    return await serve_h2(service, host, port, ssl=ssl, insecure=insecure, limits=limits())
