@@ -45,7 +45,7 @@ from sdcp_fast.roles.drafter_q_rows import QRows
 from sdcp_fast.roles.load import BusyMeter
 from sdcp_fast.roles.metrics import DrafterMetrics
 from sdcp_fast.roles.objects import Objects
-from sdcp_fast.roles.retry import retrying
+from sdcp_fast.roles.retry import backoff, retrying, unreachable_or_5xx
 from sdcp_fast.roles.wire import Routes, SdcpClient, decode_body, report_status_forever, to_every_router
 from sdcp_fast.store.interface import Store
 from sdcp_fast.transport.base import Request, Transport
@@ -253,7 +253,15 @@ class DrafterRole:
                     q = None if prepared.q_rows is None else prepared.q_rows[:m]
                     proposal, lease = await self._publish(assigned, prepared.tokens[:m], q)
                 else:
-                    proposal, lease = await self._draft(assigned)
+                    # A model that drafts inline and rows-free: the proposal in plain calls
+                    # (a round's coroutines and their frames are a good part of its CPU here).
+                    result = self._draft_inline(assigned)
+                    if result is not None and result.q_rows is None:
+                        proposal, lease = self._publish_now(assigned, result.tokens), None
+                    elif result is not None:
+                        proposal, lease = await self._publish(assigned, result.tokens, result.q_rows)
+                    else:
+                        proposal, lease = await self._draft(assigned)
                 prepared = None
                 if not self._speculating():
                     try:
@@ -338,6 +346,22 @@ class DrafterRole:
             m = record.choose_m(self._t_draft, self._t_verify)
         return max(1, min(m, record.assignment.contract.max_new - len(assigned.output) - after))
 
+    def _draft_inline(self, assigned: _Assigned) -> Any | None:
+        """:meth:`_draft`'s drafting where it runs on this thread now (no drafting thread, or
+        a model fast enough for inline drafts and none offloaded): its result; else None."""
+        if self._executor is not None and (self._t_propose >= INLINE_DRAFT_S or self._offloaded):
+            return None
+        record = assigned.record
+        m = self._choose_m(assigned)
+        round_ = record.round + 1
+        seed = self._seed(record.session, round_, b"")
+        t0 = self.clock()
+        result = self._propose(assigned, (*assigned.prompt, *assigned.output), m, seed)
+        t1 = self.clock()
+        self.busy.add(t0, t1)
+        self._t_draft = 0.8 * self._t_draft + 0.2 * (t1 - t0) / max(1, len(result.tokens))
+        return result
+
     async def _compute(self, assigned: _Assigned, context: tuple[int, ...], m: int, round_: int,
                        purpose: bytes = b"") -> Any:
         """Draft ``m`` tokens after ``context`` with the randoms of ``round_`` (and ``purpose``)."""
@@ -390,6 +414,13 @@ class DrafterRole:
         result = await self._compute(assigned, (*context, guess.tokens[0]), m, proposal.round + 1)
         return _Prepared(guess=guess.tokens[0], tokens=list(result.tokens), q_rows=result.q_rows)
 
+    def _publish_now(self, assigned: _Assigned, tokens: list[int]) -> Proposal:
+        """:meth:`_publish` of a draft without q rows (nothing to put in the MLC)."""
+        record = assigned.record
+        if len(tokens) > record.limit:
+            tokens = tokens[: record.limit]
+        return record.propose(tokens, self.status())
+
     async def _publish(self, assigned: _Assigned, tokens: list[int], q_rows: Any) -> tuple[Proposal, str | None]:
         record = assigned.record
         if len(tokens) > record.limit:  # a prepared draft may be longer than the latest m_cap allows
@@ -407,7 +438,7 @@ class DrafterRole:
         verifier = record.assignment.verifier
 
         async def propose(attempt: int) -> Verdict:
-            sent = proposal if attempt == 0 else record.retry(self.status())
+            sent = record.retry(self.status())
             t0 = self.clock()
             self.metrics.proposal(len(sent.tokens), attempt)
             verdict = await self.client.propose(verifier, sent)
@@ -415,7 +446,19 @@ class DrafterRole:
             return verdict
 
         try:
-            verdict = await retrying(propose, attempts=self.retries + 1, first_delay=PROPOSAL_BACKOFF)
+            # The first try in this frame; the retries (§6.9) as retrying's attempts 1, 2, ...,
+            # the same waits and the same transient failures as one retrying call of them all.
+            try:
+                t0 = self.clock()
+                self.metrics.proposal(len(proposal.tokens), 0)
+                verdict = await self.client.propose(verifier, proposal)
+                self._t_verify = 0.8 * self._t_verify + 0.2 * (self.clock() - t0)
+            except Exception as exc:
+                if self.retries < 1 or not unreachable_or_5xx(exc):
+                    raise
+                await asyncio.sleep(backoff(0, PROPOSAL_BACKOFF))
+                verdict = await retrying(lambda attempt: propose(attempt + 1), attempts=self.retries,
+                                         first_delay=2 * PROPOSAL_BACKOFF)
         except SdcpProblem as problem:
             await self._on_problem(assigned, problem)
             return None

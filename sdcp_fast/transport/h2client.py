@@ -60,13 +60,31 @@ class _Pending:
 class _Shape:
     """What a request to one base URI, method and path always sends: built once per shape."""
 
-    __slots__ = ("key", "head", "target", "what")
+    __slots__ = ("key", "head", "target", "what", "headers", "tail")
 
     def __init__(self, key: tuple[str, str, int], head: list[tuple[str, str]], target: str, what: str) -> None:
         self.key = key  # (scheme, host, port): the connection
         self.head = head  # :method, :scheme, :authority
         self.target = target  # :path without the query
         self.what = what  # "METHOD base-uri path", for errors
+        # The caller's headers last sent with this shape and the fields they make: a client
+        # sends the same few (content-type) with every request to a resource.
+        self.headers: dict[str, str] | None = None
+        self.tail: list[tuple[str, str]] = []
+
+    def fields(self, headers: Mapping[str, str] | None) -> list[tuple[str, str]]:
+        """The fields sent for the caller's ``headers`` (those it may set, names lower-case)."""
+        if not headers:
+            return []
+        if headers == self.headers:
+            return self.tail
+        tail = []
+        for name, value in headers.items():
+            name = name.lower()
+            if name not in NOT_SENT:
+                tail.append((name, value))
+        self.headers, self.tail = dict(headers), tail
+        return tail
 
 
 def _timeout(shape: _Shape | None, limit: float) -> TransportTimeout:
@@ -283,6 +301,12 @@ class _ClientProtocol(H2Protocol):
             await self.wait_stream()
         if not self.usable:
             raise TransportError("connection closed", retryable=True)
+        return await self.exchange_now(fields, body, streamed, deadline, shape, limit)
+
+    async def exchange_now(self, fields: list[tuple[str, str]], body: bytes, streamed: bool = False,
+                           deadline: float | None = None, shape: _Shape | None = None,
+                           limit: float = 0.0) -> Response:
+        """:meth:`exchange` where the caller saw the connection usable and a stream free."""
         stream_id = self.conn.get_next_available_stream_id()
         pending = _Pending(self.loop.create_future(), stream_id, streamed)
         self.pending[stream_id] = pending
@@ -429,14 +453,11 @@ class H2Transport:
         if self._closed:
             raise TransportError("transport is closed")
         shape = self._shapes.get((base_uri, method, path)) or self._shape(base_uri, method, path)
-        fields = shape.head + [(":path", shape.target + "?" + query_string(query) if query else shape.target)]
+        target = shape.target + "?" + query_string(query) if query else shape.target
         if body:
-            fields.append(("content-length", str(len(body))))
-        if headers:
-            for name, value in headers.items():
-                name = name.lower()
-                if name not in NOT_SENT:
-                    fields.append((name, value))
+            fields = [*shape.head, (":path", target), ("content-length", str(len(body))), *shape.fields(headers)]
+        else:
+            fields = [*shape.head, (":path", target), *shape.fields(headers)]
         limit = timeout if timeout is not None else self.timeout
         key = shape.key
         for attempt in (1, 2):
@@ -452,7 +473,7 @@ class H2Transport:
                         deadline = connection.loop.time() + limit
                     elif connection.loop.time() >= deadline:
                         raise _timeout(shape, limit)
-                    return await connection.exchange(fields, body, streamed, deadline, shape, limit)
+                    return await connection.exchange_now(fields, body, streamed, deadline, shape, limit)
                 if attempt == 1:
                     deadline = asyncio.get_running_loop().time() + limit
                 return await self._connect_and_send(key, fields, body, streamed, deadline, shape, limit)
