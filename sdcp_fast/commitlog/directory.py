@@ -179,8 +179,13 @@ def _checked_frame(directory: LogDirectory, name: str, record: LogRecord, if_mat
     return framed
 
 
+_EMPTY_TAG = etag_of(0)
+
+
 def _check_unwritten(directory: LogDirectory, name: str, if_match: str | None) -> None:
-    if if_match is not None and not directory.exists(name) and length_of(if_match) != 0:
+    # The tag of an empty log matches a log never written: no path hash and stat for it (a
+    # session's first append, to a log it read as empty, sends it).
+    if if_match is not None and if_match != _EMPTY_TAG and not directory.exists(name) and length_of(if_match) != 0:
         raise PreconditionFailed(f"log has 0 records, not {if_match}")
 
 

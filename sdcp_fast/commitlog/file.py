@@ -119,12 +119,16 @@ class FileCommitLog:
         self.ref = "file://" + os.path.abspath(path)
         self._sync = sync
         directory = os.path.dirname(os.path.abspath(path))
-        created = not os.path.exists(path)
-        if created and not create:
-            raise UnknownLog(f"no commit log at {path}")
-        if created:
-            os.makedirs(directory, exist_ok=True)
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+        # Opened with no stat first and no makedirs while the folder is there: a new log (one a
+        # session) costs one system call to open, not four.
+        flags = os.O_RDWR | os.O_APPEND
+        try:
+            self._fd = os.open(path, flags | os.O_CREAT if create else flags, 0o644)
+        except FileNotFoundError:
+            if not create:
+                raise UnknownLog(f"no commit log at {path}") from None
+            os.makedirs(directory, exist_ok=True)  # the folder of logs is new too
+            self._fd = os.open(path, flags | os.O_CREAT, 0o644)
         # The file's name must survive a crash too, before any record in it is acknowledged. The
         # flush of the first record makes it so (a syncfs covers it, else the folder is fsync'd
         # once for all the group's new logs): no folder fsync per log created. Until a record is
