@@ -83,11 +83,8 @@ def _run(jobs: queue.SimpleQueue[_Job | None], logs: LogDirectory) -> None:
         if first is None:
             return
         group, stop = [first], False
-        while True:  # every request queued meanwhile goes into this flush
-            try:
-                job = jobs.get_nowait()
-            except queue.Empty:
-                break
+        while not jobs.empty():  # every request queued meanwhile goes into this flush
+            job = jobs.get()  # this thread is the only reader: it is there
             if job is None:
                 stop = True
                 break
