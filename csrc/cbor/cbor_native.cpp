@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -884,6 +886,460 @@ bool py_all_uints(py::handle values) {
     return true;
 }
 
+// -- messages (sdcp_fast/protocol/message_codec.py) --------------------------------------------
+
+// A message class's member table, compiled once: each member's wire key and CDDL type, for the
+// generated fast path of message_codec.py in C. As there, it takes only values that plainly
+// pass (an int of the exact type in range, bytes of the size, a definite-length map of text
+// keys, ...) and answers None for anything else, with no error set: the Python path then runs
+// from the start, so every error, problem and edge value comes out exactly as it would there.
+enum MemberKind { K_UINT = 0, K_BSTR = 1, K_TSTR = 2, K_BOOL = 3, K_UINTS = 4, K_NESTED = 5, K_OTHER = 6 };
+
+struct MessageCodec;
+
+struct MemberSpec {
+    PyObject* attr = nullptr;  // the attribute's name (interned)
+    std::string wire;          // the key's UTF-8 bytes
+    std::string key;           // the key as encoded: head, then the bytes
+    int kind = K_OTHER;
+    bool optional = false;
+    uint64_t lo = 0, hi = UINT64_MAX;
+    bool has_only = false;
+    std::vector<uint64_t> only;
+    Py_ssize_t size = -1;  // Bstr: the size, -1 any
+    bool nonempty = false;
+    PyObject* nested_capsule = nullptr;  // K_NESTED: the member class's codec, kept alive here
+    MessageCodec* nested = nullptr;
+    bool nested_strict = false;
+    PyObject* kind_obj = nullptr;  // K_OTHER: the Kind whose parse/dump runs
+};
+
+struct MessageCodec {
+    PyObject* cls = nullptr;
+    bool strict = false;
+    bool make_new = false;  // object.__new__ and the __dict__ filled, as the generated parse does
+    std::vector<MemberSpec> members;
+    std::vector<size_t> dump_order;  // members in RFC 8949 §4.2.1 key order
+
+    ~MessageCodec() {
+        Py_XDECREF(cls);
+        for (MemberSpec& m : members) {
+            Py_XDECREF(m.attr);
+            Py_XDECREF(m.nested_capsule);
+            Py_XDECREF(m.kind_obj);
+        }
+    }
+};
+
+struct NotPlain {};  // the fast path declines; no Python error is left set
+
+constexpr const char* CODEC_CAPSULE = "sdcp_fast.protocol._cbor_native.MessageCodec";
+PyObject* g_empty_tuple = nullptr;
+PyObject* g_parse_name = nullptr;
+PyObject* g_dump_name = nullptr;
+
+void codec_free(PyObject* capsule) {
+    delete static_cast<MessageCodec*>(PyCapsule_GetPointer(capsule, CODEC_CAPSULE));
+}
+
+uint64_t as_u64(PyObject* value) {
+    unsigned long long v = PyLong_AsUnsignedLongLong(value);
+    if (v == (unsigned long long)-1 && PyErr_Occurred()) throw Failed{};
+    return v;
+}
+
+// compile_message(cls, strict, make_new, members): members is a sequence of tuples
+// (attr, wire, kind, optional, lo, hi, only or None, size or -1, nonempty, nested codec or None,
+// nested strict, kind object).
+py::object py_compile_message(py::handle cls, bool strict, bool make_new, py::handle members) {
+    try {
+        auto codec = std::make_unique<MessageCodec>();
+        codec->cls = Py_NewRef(cls.ptr());
+        codec->strict = strict;
+        codec->make_new = make_new;
+        Ref seq(PySequence_Fast(members.ptr(), "members must be a sequence"));
+        const Py_ssize_t n = PySequence_Fast_GET_SIZE(seq.p);
+        if (n > 23) throw std::invalid_argument("at most 23 members");  // the map head is one byte
+        for (Py_ssize_t i = 0; i < n; ++i) {
+            PyObject* t = PySequence_Fast_GET_ITEM(seq.p, i);
+            if (!PyTuple_Check(t) || PyTuple_GET_SIZE(t) != 12) throw std::invalid_argument("member spec");
+            codec->members.emplace_back();
+            MemberSpec& m = codec->members.back();
+            m.attr = Py_NewRef(PyTuple_GET_ITEM(t, 0));
+            PyUnicode_InternInPlace(&m.attr);
+            Py_ssize_t wn = 0;
+            const char* w = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(t, 1), &wn);
+            if (w == nullptr) throw Failed{};
+            m.wire.assign(w, (size_t)wn);
+            m.kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(t, 2));
+            m.optional = PyObject_IsTrue(PyTuple_GET_ITEM(t, 3)) == 1;
+            m.lo = as_u64(PyTuple_GET_ITEM(t, 4));
+            m.hi = as_u64(PyTuple_GET_ITEM(t, 5));
+            PyObject* only = PyTuple_GET_ITEM(t, 6);
+            if (only != Py_None) {
+                m.has_only = true;
+                Ref values(PySequence_Fast(only, "only must be a sequence"));
+                for (Py_ssize_t k = 0; k < PySequence_Fast_GET_SIZE(values.p); ++k)
+                    m.only.push_back(as_u64(PySequence_Fast_GET_ITEM(values.p, k)));
+            }
+            m.size = PyLong_AsSsize_t(PyTuple_GET_ITEM(t, 7));
+            m.nonempty = PyObject_IsTrue(PyTuple_GET_ITEM(t, 8)) == 1;
+            PyObject* nested = PyTuple_GET_ITEM(t, 9);
+            if (nested != Py_None) {
+                void* p = PyCapsule_GetPointer(nested, CODEC_CAPSULE);
+                if (p == nullptr) throw Failed{};
+                m.nested_capsule = Py_NewRef(nested);
+                m.nested = static_cast<MessageCodec*>(p);
+            }
+            m.nested_strict = PyObject_IsTrue(PyTuple_GET_ITEM(t, 10)) == 1;
+            m.kind_obj = Py_NewRef(PyTuple_GET_ITEM(t, 11));
+            if (PyErr_Occurred()) throw Failed{};
+            if (m.kind < K_UINT || m.kind > K_OTHER || (m.kind == K_NESTED && m.nested == nullptr))
+                throw std::invalid_argument("member kind");
+            Out key;
+            put_bytes(key, TSTR, m.wire.data(), m.wire.size());
+            m.key.assign(key.data(), key.size());
+        }
+        for (size_t i = 0; i < codec->members.size(); ++i) codec->dump_order.push_back(i);
+        std::sort(codec->dump_order.begin(), codec->dump_order.end(), [&codec](size_t a, size_t b) {
+            return codec->members[a].key < codec->members[b].key;
+        });
+        PyObject* capsule = PyCapsule_New(codec.get(), CODEC_CAPSULE, codec_free);
+        if (capsule == nullptr) throw Failed{};
+        codec.release();
+        return steal(capsule);
+    } catch (const Failed&) {
+        throw py::error_already_set();
+    }
+}
+
+// -- dump: the attributes straight to deterministic CBOR ------------------------------------------
+
+// A plain int of the exact type in [lo, hi] (and in ``only``): its value, else NotPlain.
+uint64_t plain_uint(PyObject* v, uint64_t lo, uint64_t hi) {
+    if (!PyLong_CheckExact(v)) throw NotPlain{};
+    unsigned long long x = PyLong_AsUnsignedLongLong(v);
+    if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();  // negative or >= 2**64
+        throw NotPlain{};
+    }
+    if (x < lo || x > hi) throw NotPlain{};
+    return x;
+}
+
+bool in_only(const MemberSpec& m, uint64_t x) {
+    return !m.has_only || std::find(m.only.begin(), m.only.end(), x) != m.only.end();
+}
+
+void dump_message(const MessageCodec& codec, PyObject* obj, Out& out, int depth);
+
+void dump_member(const MemberSpec& m, PyObject* v, Out& out, int depth) {
+    switch (m.kind) {
+        case K_UINT: {
+            const uint64_t x = plain_uint(v, m.lo, m.hi);
+            if (!in_only(m, x)) throw NotPlain{};
+            put_head(out, UINT, x);
+            return;
+        }
+        case K_BSTR:
+            if (!PyBytes_CheckExact(v) || (m.size >= 0 && PyBytes_GET_SIZE(v) != m.size)) throw NotPlain{};
+            put_bytes(out, BSTR, PyBytes_AS_STRING(v), (size_t)PyBytes_GET_SIZE(v));
+            return;
+        case K_TSTR: {
+            if (!PyUnicode_CheckExact(v)) throw NotPlain{};
+            Py_ssize_t n = 0;
+            const char* s = PyUnicode_AsUTF8AndSize(v, &n);
+            if (s == nullptr) {  // lone surrogates: the Python path raises the encoder's problem
+                PyErr_Clear();
+                throw NotPlain{};
+            }
+            put_bytes(out, TSTR, s, (size_t)n);
+            return;
+        }
+        case K_BOOL:
+            if (v == Py_True) out.push_back((char)0xf5);
+            else if (v == Py_False) out.push_back((char)0xf4);
+            else throw NotPlain{};
+            return;
+        case K_UINTS: {
+            // As the generated dump: a tuple (a list is the walk's to take).
+            if (!PyTuple_CheckExact(v)) throw NotPlain{};
+            const Py_ssize_t n = PyTuple_GET_SIZE(v);
+            if (m.nonempty && n == 0) throw NotPlain{};
+            put_head(out, ARRAY, (uint64_t)n);
+            for (Py_ssize_t i = 0; i < n; ++i) put_head(out, UINT, plain_uint(PyTuple_GET_ITEM(v, i), 0, UINT64_MAX));
+            return;
+        }
+        case K_NESTED:
+            if ((PyObject*)Py_TYPE(v) != m.nested->cls) throw NotPlain{};
+            dump_message(*m.nested, v, out, depth);
+            return;
+        default: {
+            PyObject* dumped = PyObject_CallMethodOneArg(m.kind_obj, g_dump_name, v);
+            if (dumped == nullptr) {
+                PyErr_Clear();
+                throw NotPlain{};
+            }
+            Ref held(dumped);
+            try {
+                encode(held.p, out, depth);
+            } catch (const Failed&) {
+                PyErr_Clear();
+                throw NotPlain{};
+            }
+        }
+    }
+}
+
+void dump_message(const MessageCodec& codec, PyObject* obj, Out& out, int depth) {
+    const size_t head_at = out.size();
+    out.push_back((char)(MAP << 5));  // the count is filled in below: at most 23 members
+    int count = 0;
+    for (size_t i : codec.dump_order) {
+        const MemberSpec& m = codec.members[i];
+        PyObject* v = PyObject_GetAttr(obj, m.attr);
+        if (v == nullptr) {
+            PyErr_Clear();
+            throw NotPlain{};
+        }
+        Ref held(v);
+        if (v == Py_None) {
+            if (m.optional) continue;
+            throw NotPlain{};
+        }
+        out.append(m.key.data(), m.key.size());
+        dump_member(m, v, out, depth + 1);
+        ++count;
+    }
+    out.data()[head_at] = (char)((MAP << 5) | count);
+}
+
+PyObject* dump_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "dump_message(codec, message)");
+        return nullptr;
+    }
+    auto* codec = static_cast<MessageCodec*>(PyCapsule_GetPointer(args[0], CODEC_CAPSULE));
+    if (codec == nullptr) return nullptr;
+    try {
+        Out out;
+        try {
+            dump_message(*codec, args[1], out, 0);
+        } catch (const NotPlain&) {
+            Py_RETURN_NONE;
+        }
+        return out.finish();
+    } catch (const Failed&) {
+        return nullptr;
+    }
+}
+
+// -- parse: the bytes straight to the message ------------------------------------------------------
+
+// Reads a proposal's bytes as Reader and the generated parse together would, taking only
+// definite lengths and text keys; what Reader would refuse, and what only the walk takes, is
+// NotPlain.
+struct Plain {
+    const unsigned char* buf;
+    size_t len, pos;
+
+    Head head() {
+        if (pos >= len) throw NotPlain{};
+        const unsigned char initial = buf[pos++];
+        Head h{initial >> 5, initial & 0x1f, 0, false};
+        if (h.info < 24) {
+            h.arg = (uint64_t)h.info;
+        } else if (h.info <= 27) {
+            const size_t n = (size_t)1 << (h.info - 24);
+            if (n > len - pos) throw NotPlain{};
+            for (size_t i = 0; i < n; ++i) h.arg = h.arg << 8 | buf[pos + i];
+            pos += n;
+        } else {
+            throw NotPlain{};  // indefinite lengths and reserved values: Reader's to judge
+        }
+        return h;
+    }
+
+    Head head_of(int major) {
+        const Head h = head();
+        if (h.major != major) throw NotPlain{};
+        return h;
+    }
+
+    const unsigned char* take(uint64_t n) {
+        if (n > len - pos) throw NotPlain{};
+        const unsigned char* at = buf + pos;
+        pos += (size_t)n;
+        return at;
+    }
+
+    uint64_t uint(uint64_t lo, uint64_t hi) {
+        const Head h = head_of(UINT);
+        if (h.arg < lo || h.arg > hi) throw NotPlain{};
+        return h.arg;
+    }
+
+    PyObject* value(const MemberSpec& m, int depth) {
+        switch (m.kind) {
+            case K_UINT: {
+                const uint64_t x = uint(m.lo, m.hi);
+                if (!in_only(m, x)) throw NotPlain{};
+                return Reader::check(PyLong_FromUnsignedLongLong(x));
+            }
+            case K_BSTR: {
+                const Head h = head_of(BSTR);
+                if (m.size >= 0 && h.arg != (uint64_t)m.size) throw NotPlain{};
+                const unsigned char* s = take(h.arg);
+                return Reader::check(PyBytes_FromStringAndSize((const char*)s, (Py_ssize_t)h.arg));
+            }
+            case K_TSTR: {
+                const Head h = head_of(TSTR);
+                const unsigned char* s = take(h.arg);
+                PyObject* text = PyUnicode_DecodeUTF8((const char*)s, (Py_ssize_t)h.arg, "strict");
+                if (text == nullptr) {
+                    PyErr_Clear();
+                    throw NotPlain{};
+                }
+                return text;
+            }
+            case K_BOOL:
+                if (pos < len && buf[pos] == 0xf4) {
+                    ++pos;
+                    Py_RETURN_FALSE;
+                }
+                if (pos < len && buf[pos] == 0xf5) {
+                    ++pos;
+                    Py_RETURN_TRUE;
+                }
+                throw NotPlain{};
+            case K_UINTS: {
+                const Head h = head_of(ARRAY);
+                if (h.arg > len - pos || (m.nonempty && h.arg == 0)) throw NotPlain{};
+                Ref items(PyTuple_New((Py_ssize_t)h.arg));
+                for (uint64_t i = 0; i < h.arg; ++i) {
+                    PyObject* x;
+                    if (pos < len && buf[pos] < 24) {  // token lists: small uints skip the head
+                        x = Reader::check(PyLong_FromLong(buf[pos++]));
+                    } else {
+                        x = Reader::check(PyLong_FromUnsignedLongLong(uint(0, UINT64_MAX)));
+                    }
+                    PyTuple_SET_ITEM(items.p, (Py_ssize_t)i, x);
+                }
+                return items.release();
+            }
+            case K_NESTED:
+                return message(*m.nested, m.nested_strict, depth);
+            default: {
+                PyObject* raw;
+                Reader reader{buf, len, pos};
+                try {
+                    raw = reader.item(depth);
+                } catch (const Failed&) {
+                    PyErr_Clear();
+                    throw NotPlain{};
+                }
+                pos = reader.pos;
+                Ref held(raw);
+                PyObject* parsed = PyObject_CallMethodOneArg(m.kind_obj, g_parse_name, raw);
+                if (parsed == nullptr) {
+                    PyErr_Clear();
+                    throw NotPlain{};
+                }
+                return parsed;
+            }
+        }
+    }
+
+    // The values of a member table, freed on unwinding.
+    struct Values {
+        PyObject* v[23] = {};
+        size_t n;
+        explicit Values(size_t count) : n(count) {}
+        ~Values() {
+            for (size_t i = 0; i < n; ++i) Py_XDECREF(v[i]);
+        }
+    };
+
+    PyObject* message(const MessageCodec& codec, bool strict, int depth) {
+        const Head h = head_of(MAP);
+        if (h.arg > (len - pos) / 2) throw NotPlain{};
+        const size_t n = codec.members.size();
+        Values values(n);
+        uint32_t seen = 0;
+        std::vector<std::pair<const unsigned char*, uint64_t>> unknown;
+        for (uint64_t e = 0; e < h.arg; ++e) {
+            const Head k = head_of(TSTR);
+            const unsigned char* key = take(k.arg);
+            size_t i = 0;
+            while (i < n && !(codec.members[i].wire.size() == k.arg &&
+                              std::memcmp(codec.members[i].wire.data(), key, (size_t)k.arg) == 0))
+                ++i;
+            if (i < n) {
+                if (seen & (1u << i)) throw NotPlain{};  // a duplicate key: Reader's to refuse
+                seen |= 1u << i;
+                values.v[i] = value(codec.members[i], depth + 1);
+                continue;
+            }
+            // A key the class does not define: checked as Reader would, never built.
+            if (strict || !valid_utf8(key, (size_t)k.arg)) throw NotPlain{};
+            for (const auto& [at, size] : unknown)
+                if (size == k.arg && std::memcmp(at, key, (size_t)size) == 0) throw NotPlain{};
+            unknown.emplace_back(key, k.arg);
+            Checker checker{buf, len, pos};
+            try {
+                checker.item(depth + 1);
+            } catch (const Invalid&) {
+                throw NotPlain{};
+            }
+            pos = checker.pos;
+        }
+        for (size_t i = 0; i < n; ++i) {
+            if (values.v[i] != nullptr) continue;
+            if (!codec.members[i].optional) throw NotPlain{};
+            values.v[i] = Py_NewRef(Py_None);
+        }
+        if (codec.make_new) {
+            Ref obj(PyBaseObject_Type.tp_new((PyTypeObject*)codec.cls, g_empty_tuple, nullptr));
+            Ref dict(PyObject_GenericGetDict(obj.p, nullptr));
+            for (size_t i = 0; i < n; ++i)
+                if (PyDict_SetItem(dict.p, codec.members[i].attr, values.v[i]) < 0) throw Failed{};
+            return obj.release();
+        }
+        Ref kwargs(PyDict_New());
+        for (size_t i = 0; i < n; ++i)
+            if (PyDict_SetItem(kwargs.p, codec.members[i].attr, values.v[i]) < 0) throw Failed{};
+        return Reader::check(PyObject_Call(codec.cls, g_empty_tuple, kwargs.p));
+    }
+};
+
+PyObject* parse_entry(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+    if (nargs != 2) {
+        PyErr_SetString(PyExc_TypeError, "parse_message(codec, data)");
+        return nullptr;
+    }
+    auto* codec = static_cast<MessageCodec*>(PyCapsule_GetPointer(args[0], CODEC_CAPSULE));
+    if (codec == nullptr) return nullptr;
+    if (!PyBytes_CheckExact(args[1])) Py_RETURN_NONE;
+    Plain plain{(const unsigned char*)PyBytes_AS_STRING(args[1]), (size_t)PyBytes_GET_SIZE(args[1]), 0};
+    try {
+        Ref obj(plain.message(*codec, codec->strict, 0));
+        if (plain.pos != plain.len) Py_RETURN_NONE;
+        return obj.release();
+    } catch (const NotPlain&) {
+        Py_RETURN_NONE;
+    } catch (const Failed&) {
+        return nullptr;
+    }
+}
+
+PyMethodDef g_message_methods[] = {
+    {"dump_message", (PyCFunction)(void (*)(void))dump_entry, METH_FASTCALL,
+     "dump_message(codec, message): the message's deterministic CBOR, or None where it is not plainly valid."},
+    {"parse_message", (PyCFunction)(void (*)(void))parse_entry, METH_FASTCALL,
+     "parse_message(codec, data): the message in data, or None where it is not plainly valid."},
+    {nullptr, nullptr, 0, nullptr},
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_cbor_native, m) {
@@ -901,4 +1357,11 @@ PYBIND11_MODULE(_cbor_native, m) {
           "The map in data checked whole, with only the members named in keys built.");
     m.def("all_uints", &py_all_uints, py::arg("values"),
           "True when values is a list or tuple of plain ints in [0, 2**64).");
+    g_empty_tuple = PyTuple_New(0);
+    g_parse_name = PyUnicode_InternFromString("parse");
+    g_dump_name = PyUnicode_InternFromString("dump");
+    if (g_empty_tuple == nullptr || g_parse_name == nullptr || g_dump_name == nullptr) throw py::error_already_set();
+    m.def("compile_message", &py_compile_message, py::arg("cls"), py::arg("strict"), py::arg("make_new"),
+          py::arg("members"), "A message class's member table, compiled for dump_message and parse_message.");
+    if (PyModule_AddFunctions(m.ptr(), g_message_methods) < 0) throw py::error_already_set();
 }

@@ -131,8 +131,17 @@ def use(name: str | None) -> None:
     _select()
 
 
+def native_messages() -> ModuleType | None:
+    """The native module while the native codec is the one chosen (its message functions,
+    ``compile_message``, ``dump_message`` and ``parse_message``, stand in for
+    :mod:`sdcp_fast.protocol.message_codec`'s generated pair), else None."""
+    if _encoder is _first_encode:  # nothing chosen yet
+        _select()
+    return _messages
+
+
 def _select() -> str:
-    global _encoder, _decoder, _item_at, _all_uints, _members
+    global _encoder, _decoder, _item_at, _all_uints, _members, _messages
     wanted = _chosen if _chosen is not None else os.environ.get("SDCP_CBOR", "").strip().lower()
     if wanted not in ("", PY, C):
         raise ValueError(f"SDCP_CBOR={wanted!r}: use py or c")
@@ -141,10 +150,11 @@ def _select() -> str:
         if wanted == C:
             raise ImportError(status())
         _encoder, _decoder, _item_at, _all_uints = py_deterministic_cbor, py_decode, _py_item_at, py_all_uints
-        _members = py_decode_members
+        _members, _messages = py_decode_members, None
         return PY
     _encoder, _decoder, _item_at, _all_uints = mod.encode, mod.decode, mod.decode_at, mod.all_uints
     _members = mod.decode_members
+    _messages = mod if hasattr(mod, "parse_message") else None  # an older build has none
     return C
 
 
@@ -179,6 +189,7 @@ _decoder: Callable[[bytes | bytearray | memoryview], Any] = _first_decode
 _item_at: Callable[[bytes, int], tuple[Any, int]] = _first_item_at
 _all_uints: Callable[[Any], bool] = _first_all_uints
 _members: Callable[[bytes, list[str], int], dict[str, Any] | None] = _first_members
+_messages: ModuleType | None = None
 
 
 # -- the Python codec (the reference) ----------------------------------------------------------

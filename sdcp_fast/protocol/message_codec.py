@@ -273,6 +273,61 @@ def _fast(cls: type[Message]) -> tuple[_Dumper, _Parser] | None:
         return fast
 
 
+# -- the native pair ------------------------------------------------------------------------------
+# The same "plainly valid or None" pair in C (csrc/cbor/), driven by the same tables, for the
+# messages of every round: encode writes the attributes straight to deterministic CBOR, decode
+# reads the bytes straight into the message, with no map built in between. It runs while the
+# native CBOR codec is the one chosen, for the classes the generated pair takes; a None from it
+# runs the Python path from the start.
+
+_K_UINT, _K_BSTR, _K_TSTR, _K_BOOL, _K_UINTS, _K_NESTED, _K_OTHER = range(7)
+_NATIVE: dict[type, Any] = {}
+
+
+def _native_member(member: Member) -> tuple[Any, ...] | None:
+    """``member`` as the native codec's compile_message takes it (None: no codec for its class)."""
+    kind = member.kind
+    lo, hi, only, size, nonempty, nested, strict = 0, cbor.UINT64_MAX, None, -1, False, None, False
+    if isinstance(kind, UInt) and type(kind) is UInt and kind._lo <= kind._hi:
+        code, lo, hi = _K_UINT, kind._lo, kind._hi
+        if kind.only is not None:  # ``in`` compares by value: True stands for 1
+            only = sorted({int(x) for x in kind.only if isinstance(x, int) and 0 <= x <= cbor.UINT64_MAX})
+    elif type(kind) is Bstr:
+        code, size = _K_BSTR, -1 if kind.size is None else kind.size
+    elif type(kind) is Tstr:
+        code = _K_TSTR
+    elif type(kind) is Bool:
+        code = _K_BOOL
+    elif type(kind) is Array and kind.item is UINT:
+        code, nonempty = _K_UINTS, kind.nonempty
+    elif isinstance(kind, Nested):
+        code, nested, strict = _K_NESTED, _native(kind.cls), kind.strict
+        if nested is None:
+            return None
+    else:
+        code = _K_OTHER  # the kind's own parse and dump, called from C
+    return (member.attr, member.wire, code, member.optional, lo, hi, only, size, nonempty, nested, strict, kind)
+
+
+def _native(cls: type[Message]) -> Any:
+    """``cls``'s compiled native codec, made at its first use (None: the class has none)."""
+    try:
+        return _NATIVE[cls]
+    except KeyError:
+        pass
+    codec = None
+    mod = cbor.native_messages()
+    if mod is not None and _fast(cls) is not None and len(cls._members) <= 23:
+        members = [_native_member(m) for m in cls._members]
+        fields = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+        make_new = fields == {m.attr for m in cls._members} and not hasattr(cls, "__post_init__")
+        if all(m is not None for m in members):
+            codec = mod.compile_message(cls, cls._strict, make_new, members)
+    if mod is not None:  # compiled against the native module; tried again once it is chosen
+        _NATIVE[cls] = codec
+    return codec
+
+
 class Message:
     """Codec shared by every message: the table in ``_members`` drives all four directions."""
 
@@ -339,11 +394,25 @@ class Message:
 
     def encode(self) -> bytes:
         """Deterministic CBOR (RFC 8949 §4.2.1) of :meth:`to_map`."""
+        mod = cbor.native_messages()
+        if mod is not None:
+            codec = _native(type(self))
+            if codec is not None:
+                done: bytes | None = mod.dump_message(codec, self)
+                if done is not None:
+                    return done
         return cbor.deterministic_cbor(self.to_map())
 
     @classmethod
     def decode(cls: type[_M], data: bytes) -> _M:
         """The message in ``data``; malformed CBOR is the class's problem too."""
+        mod = cbor.native_messages()
+        if mod is not None:
+            codec = _native(cls)
+            if codec is not None:
+                done: _M | None = mod.parse_message(codec, data)
+                if done is not None:
+                    return done
         try:
             raw = cbor.decode(data)
         except BadRequest as exc:
