@@ -106,8 +106,8 @@ def _ttl(value: Any, field: str) -> float:
     return value / 1000.0
 
 
-def _query_uint(call: Call, field: str, digits: int) -> int | None:
-    text = call.query.get(field)
+def _query_uint(query: Mapping[str, str], field: str, digits: int) -> int | None:
+    text = query.get(field)
     if text is None:
         return None
     if not re.fullmatch(rf"\d{{1,{digits}}}", text):
@@ -213,7 +213,7 @@ class MLCService:
         uri, parsed = _name(name)
         peer = call.peer
         check = policy.may_put(peer, parsed)  # refused before the body is read
-        lease_ms: Any = _query_uint(call, "lease_ms", 10)
+        lease_ms: Any = _query_uint(call.query, "lease_ms", 10)
         body = await call.body(MAX_BODY, budget)
         token = call.query.get("shm")
         try:
@@ -345,14 +345,19 @@ class MLCService:
             raise UnknownLog("this MLC serves no commit logs")
         return self.logs
 
-    async def read_log(self, call: Call, name: str) -> Response:
+    def _log_to_read(self, name: str, query: Mapping[str, str], peer: Peer | None) -> tuple[LogDirectory, str, int]:
+        """The logs, URI and first record of ``GET /logs/<name>``: its problems (400, 403, and
+        404 for a log never appended to) raised before anything is read."""
         uri, _ = _name(name, log=True)
-        policy.may_read_log(call.peer)
-        start = _query_uint(call, "from", 18) or 0
+        policy.may_read_log(peer)
+        start = _query_uint(query, "from", 18) or 0
         logs = self._logs()
         if not logs.exists(uri):
             raise UnknownLog(f"no record was ever appended to {uri}")
+        return logs, uri, start
 
+    async def read_log(self, call: Call, name: str) -> Response:
+        logs, uri, start = self._log_to_read(name, call.query, call.peer)
         etag, body = await asyncio.get_running_loop().run_in_executor(None, logs.log(uri).read_encoded, start)
         return Response(200, body, {"content-type": CBOR_SEQ, "etag": etag, "log-start": str(start)})
 
@@ -407,7 +412,14 @@ class MLCService:
                    peer: Peer | None) -> Response | asyncio.Future[Any] | None:
         """:class:`~sdcp_fast.transport.base.DirectHandler`: a group commit (``POST /logs``, one
         per scoring pass of a verifier) goes to the commit thread with no request object, task
-        or coroutine; every other route takes :meth:`handler`."""
+        or coroutine, and a read of a log that does not exist (what a session's open asks) or
+        may not be read is answered at once; every other request takes :meth:`handler`."""
+        if method == "GET" and path.startswith("logs/") and len(path) > len("logs/"):
+            try:
+                self._log_to_read(path[len("logs/"):], query, peer)
+            except Exception as exc:
+                return answer_for(exc, method, "/" + path)
+            return None  # a log to read: on a worker thread, by the general route
         if path != "logs" or method != "POST":
             return None
         try:

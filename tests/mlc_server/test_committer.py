@@ -114,3 +114,25 @@ def test_the_direct_route_answers_as_the_general_one(service):
         assert results(service.settled(future)) == [(201, etag_of(2))], "the direct append's record was committed"
 
     asyncio.run(run())
+
+
+def test_a_read_of_a_missing_log_is_answered_at_once_as_the_general_route_answers(service):
+    async def run() -> None:
+        async def both(path: str, query: dict[str, str], peer: Peer) -> tuple[Response | None, Response]:
+            direct = service.answer_now("GET", path, query, b"", {}, peer)
+            assert not isinstance(direct, asyncio.Future)
+            return direct, await service.handler(Request("GET", path, query=query, peer=peer))
+
+        for path, query, peer, status in ((f"logs/{log_name(5)}", {"from": "0"}, VERIFIER, 404),
+                                          ("logs/not-a-log", {}, VERIFIER, 400),
+                                          (f"logs/{log_name(5)}", {"from": "x"}, VERIFIER, 400),
+                                          (f"logs/{log_name(5)}", {}, Peer("https://127.0.0.1:1/", PeerRole.CLIENT), 403)):
+            direct, general = await both(path, query, peer)
+            assert direct is not None and (direct.status, direct.body) == (general.status, general.body) == (
+                status, general.body), (path, query)
+        assert service.answer_now("GET", "logs/", {}, b"", {}, VERIFIER) is None, "no route: the general 404"
+        await service.handler(Request("POST", "logs", body=group(5), peer=VERIFIER, headers=CBOR))
+        direct, general = await both(f"logs/{log_name(5)}", {"from": "0"}, VERIFIER)
+        assert direct is None and general.status == 200, "a log to read is read by the general route"
+
+    asyncio.run(run())
