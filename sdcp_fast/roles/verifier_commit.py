@@ -4,7 +4,8 @@ session's commit log, then the verdict, the released tokens and the events.
 Nothing is released before the append: a failed append leaves the round to the drafter's
 retry, and a fenced one ends this verifier's service of the session. The records of one
 scoring pass are appended together (:meth:`Committer.commit_batch`, the store's group commit),
-each round then answered by its own append's outcome.
+each round then answered by its own append's outcome, a few dozen at a time with the event
+loop running between, so that the first verdicts leave while the rest are released.
 
 The ``committed_tokens`` object is not rewritten each round (that would write bytes that grow
 with the session's length, every round): the log holds every emitted token, and the object is
@@ -38,6 +39,11 @@ from sdcp_fast.store.interface import LogAppend
 log = logging.getLogger("sdcp_fast.verifier")
 
 EVENT_ATTEMPTS = 5
+# A pass's rounds are released this many at a time, the event loop running between: their
+# verdicts leave (the native server sends what a loop iteration queued) while the rest are
+# released, and their drafters, on other cores, draft meanwhile instead of waiting for the
+# whole pass (docs/measurements.md, "Verdicts as they are released").
+RELEASE_STEP = 32
 
 
 def tokens_object(session: VerifierSession, writer: str = "") -> str | None:
@@ -152,7 +158,9 @@ class Committer:
                                           for i in failed), return_exceptions=True)
             for i, outcome in zip(failed, read, strict=True):
                 outcomes[i] = outcome
-        for (k, item, _), outcome in zip(pending, outcomes, strict=True):
+        for n, ((k, item, _), outcome) in enumerate(zip(pending, outcomes, strict=True)):
+            if n and not n % RELEASE_STEP:
+                await asyncio.sleep(0)
             try:
                 if not isinstance(outcome, str):
                     await self._not_appended(item, outcome)

@@ -17,7 +17,7 @@ from sdcp_fast.protocol.commitlog import CommitRecord, FenceRecord
 from sdcp_fast.protocol.problems import BadRequest, InternalError
 from sdcp_fast.roles import retry
 from sdcp_fast.roles.objects import unpack_tokens
-from sdcp_fast.roles.verifier_commit import EVENT_ATTEMPTS, Committer, output_of_log
+from sdcp_fast.roles.verifier_commit import EVENT_ATTEMPTS, RELEASE_STEP, Committer, output_of_log
 from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
 
 from .rolekit import OTHER, SCOPE, VERIFIER, Rig, assignment, contract, proposal, run, sid
@@ -210,6 +210,35 @@ def test_a_pass_appends_its_records_together_and_answers_each_round_by_its_own_a
     assert answers[2].round == 1 and list(answers[2].emitted) == output != []
     assert fenced == [("sdcp-stale-epoch", 409)] * 2, "the fenced sessions release nothing"
     assert batches == [3]
+
+
+def test_a_large_pass_answers_its_first_rounds_before_it_has_released_the_last(tmp_path):
+    """A pass of more than RELEASE_STEP rounds is released a step at a time with the event loop
+    running between: the first verdict's callbacks (where a server sends its answer) run when
+    one step of the pass is released, not the whole pass. Every round still commits."""
+    n = RELEASE_STEP + 8
+    sessions = [sid(100 + i) for i in range(n)]
+
+    async def scenario():
+        async with Rig(str(tmp_path), batch_wait=5.0, max_batch=n) as rig:
+            states = {s: (await rig.open(s, contract(max_new=40)))[1] for s in sessions}
+            released_at_answer: list[int] = []
+            enqueue = rig.verifier.batcher.enqueue
+
+            def watched(item: Any) -> Any:
+                future = enqueue(item)
+                future.add_done_callback(lambda _: released_at_answer.append(len(rig.rounds)))
+                return future
+
+            rig.verifier.batcher.enqueue = watched
+            verdicts = await asyncio.gather(*(
+                rig.drafter.propose(VERIFIER, proposal(states[s], rig.greedy_after(states[s], 2))) for s in sessions))
+            return verdicts, released_at_answer, [r.batch for r in rig.rounds]
+
+    verdicts, released_at_answer, batches = run(scenario())
+    assert batches == [n] * n, "one pass"
+    assert [v.round for v in verdicts] == [1] * n
+    assert released_at_answer[0] == RELEASE_STEP < n
 
 
 class _SlowReads:
