@@ -39,7 +39,7 @@ from sdcp_fast.protocol import (
     prefix_digest,
 )
 from sdcp_fast.protocol.drafting import AcceptanceEstimator, DrafterSession, state_from_problem
-from sdcp_fast.protocol.messages import ROLE_DRAFTER
+from sdcp_fast.protocol.messages import ROLE_DRAFTER, RULE_GREEDY
 from sdcp_fast.protocol.peer import PeerRole, require_role
 from sdcp_fast.roles.drafter_q_rows import QRows
 from sdcp_fast.roles.load import BusyMeter
@@ -321,11 +321,19 @@ class DrafterRole:
                              + round_.to_bytes(8, "big") + purpose).digest()
         return int.from_bytes(key[:8], "big") >> 1
 
-    def _propose(self, assigned: _Assigned, context: tuple[int, ...], m: int, seed: int) -> Any:
+    def _draft_seed(self, assigned: _Assigned, round_: int, purpose: bytes) -> int | None:
+        """The draft's seed; None under rule 1, where a draft is the model's greedy tokens
+        and draws no randoms (seeding the generator costs some 4 us a draft, a good part of
+        a cheap model's round)."""
+        return None if assigned.rule == RULE_GREEDY else self._seed(assigned.record.session, round_, purpose)
+
+    def _propose(self, assigned: _Assigned, context: tuple[int, ...], m: int, seed: int | None) -> Any:
         """The model's draft, timed; on whichever thread drafts (never two at once), so one
-        generator serves every draft, seeded afresh (as a new one would be)."""
+        generator serves every draft, seeded afresh (as a new one would be) when ``seed`` is
+        given: :meth:`_draft_seed` says when."""
         generator = self._random
-        generator.manual_seed(seed)
+        if seed is not None:
+            generator.manual_seed(seed)
         sampling = assigned.sampling
         start = time.perf_counter()
         result = self.drafter.propose(
@@ -354,7 +362,7 @@ class DrafterRole:
         record = assigned.record
         m = self._choose_m(assigned)
         round_ = record.round + 1
-        seed = self._seed(record.session, round_, b"")
+        seed = self._draft_seed(assigned, round_, b"")
         t0 = self.clock()
         result = self._propose(assigned, (*assigned.prompt, *assigned.output), m, seed)
         t1 = self.clock()
@@ -365,7 +373,7 @@ class DrafterRole:
     async def _compute(self, assigned: _Assigned, context: tuple[int, ...], m: int, round_: int,
                        purpose: bytes = b"") -> Any:
         """Draft ``m`` tokens after ``context`` with the randoms of ``round_`` (and ``purpose``)."""
-        seed = self._seed(assigned.record.session, round_, purpose)
+        seed = self._draft_seed(assigned, round_, purpose)
         executor = self._executor
         if executor is not None and self._t_propose < INLINE_DRAFT_S and self._offloaded:
             self._waiting += 1
