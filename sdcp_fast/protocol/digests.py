@@ -51,8 +51,15 @@ def prefix_digest(contract_digest: bytes, prompt: Sequence[int]) -> bytes:
 def extend_digest(digest: bytes, tokens: Iterable[int]) -> bytes:
     """d[n + k] from d[n] and the k tokens committed after it (k may be 0)."""
     _check_digest("digest", digest)
-    packed = uint32_be(list(tokens))
-    sha256 = hashlib.sha256
-    for k in range(0, len(packed), 4):
-        digest = sha256(digest + packed[k:k + 4]).digest()
+    # Both sides of every round run this (the verifier's commit, the drafter's check of the
+    # verdict): each token is checked as it is hashed, as uint32_be checks a whole list.
+    sha256, pack = hashlib.sha256, _U32.pack
+    for token in tokens:
+        if type(token) is not int:
+            raise BadRequest("a token is not an integer")
+        try:
+            word = pack(token)
+        except struct.error as exc:
+            raise BadRequest("a token does not fit in uint32") from exc
+        digest = sha256(digest + word).digest()
     return digest
