@@ -260,12 +260,27 @@ void encode_map_in_order(PyObject* items, Py_ssize_t count, Pair get, Out& out, 
     for (const Entry& e : entries) out.append(src + e.key_at, e.end - e.key_at);
 }
 
+// Above zero while a map is encoded again in the Python encoder's order: the maps inside it
+// go straight to that order too. Each map retrying on its own would encode a value nested d
+// maps deep 2**d times (a map too deep to encode, d = 33, never finished). Any encoder that
+// reads it above zero still writes the same bytes and raises the same error, only slower.
+int g_in_order = 0;
+
+struct InOrder {
+    InOrder() { ++g_in_order; }
+    ~InOrder() { --g_in_order; }
+};
+
 // The keys first (small), sorted; then each value written once, after its key, in key order,
 // so no large value is moved to sort the map. Any failure, or two keys with one encoding,
 // starts over in the Python encoder's order, which raises what it would raise.
 void encode_map(PyObject* items, Py_ssize_t count, Pair get, Out& out, int depth) {
     put_head(out, MAP, (uint64_t)count);
     const size_t base = out.size();
+    if (g_in_order > 0) {
+        encode_map_in_order(items, count, get, out, depth);
+        return;
+    }
     std::vector<std::string> keys;
     std::vector<Py_ssize_t> order;
     bool ok = true;
@@ -293,6 +308,7 @@ void encode_map(PyObject* items, Py_ssize_t count, Pair get, Out& out, int depth
     }
     if (ok) return;
     out.resize(base);
+    const InOrder in_order;
     encode_map_in_order(items, count, get, out, depth);
 }
 
