@@ -14,8 +14,9 @@ The drafters choose M as the verdicts' ``m_cap`` allows.
 
 Per level and rule: completed rounds/s, p50/p99 verdict latency as the drafters see it
 (proposal sent to verdict received), CPU microseconds per round of each process (``/proc``
-utime + stime over the window), then the echo server of ``bench/transport.py`` at the same
-concurrency. Then, with one session, the HTTP exchanges and body bytes per round by kind
+utime + stime over the window), and where the verifier's scoring passes spent their time
+(the mean milliseconds of each phase of ``sdcp_pass_phase_seconds``: gather, score, commit,
+append, release); then the echo server of ``bench/transport.py`` at the same concurrency. Then, with one session, the HTTP exchanges and body bytes per round by kind
 (every client's requests, counted where they are sent), in a window of rounds at 10 and at
 ``--long`` committed tokens: what a round costs the wire, and whether that grows with the session.
 Then the goals (bench/protocol_goals.py: rounds/s, verifier and MLC CPU per round, rounds over
@@ -185,7 +186,10 @@ async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_bat
         role = DrafterRole(ZeroDrafter(), uri=uri, mlc=store, transport=counted, fixed_m=M, offload=True)
 
     async def stats(request: Request) -> Response:
-        return Response(200, json.dumps(counted.snapshot(drain=request.method == "POST")).encode())
+        out = counted.snapshot(drain=request.method == "POST")
+        if kind == "verifier":
+            out["phases"] = role.metrics.phase_totals()  # a pass's time by phase, so far
+        return Response(200, json.dumps(out).encode())
 
     role.routes.add("GET", "bench", stats)
     role.routes.add("POST", "bench", stats)
@@ -373,7 +377,7 @@ async def throughput(router: Router, rule: int, concurrency: int, seconds: float
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(all_running.wait(), 60.0)
     await asyncio.sleep(min(1.0, seconds / 3))
-    await router.counters(drain=True)
+    before = await router.counters(drain=True)
     cpu0, t0 = router.d.cpu(), time.perf_counter()
     await asyncio.sleep(seconds)
     snap, cpu1, elapsed = await router.counters(drain=True), router.d.cpu(), time.perf_counter() - t0
@@ -387,9 +391,18 @@ async def throughput(router: Router, rule: int, concurrency: int, seconds: float
     cuts = statistics.quantiles(latencies, n=100) if n >= 2 else (latencies or [0.0]) * 99
     cpu = {name: (cpu1[name] - cpu0[name]) / max(n, 1) * 1e6 for name in cpu0}
     cpu["drafters"] = sum(v for k, v in cpu.items() if k.startswith("drafter-"))
+    passes, pass_ms = pass_phases(before["verifier"].get("phases", {}), snap["verifier"].get("phases", {}))
     return {"rule": rule, "concurrency": concurrency, "load": os.getloadavg()[0], "rounds": n, "rps": n / elapsed,
             "p50_ms": cuts[49] * 1e3,
-            "p99_ms": cuts[98] * 1e3, "cpu_us_per_round": {k: v for k, v in cpu.items() if not k.startswith("drafter-")}}
+            "p99_ms": cuts[98] * 1e3, "cpu_us_per_round": {k: v for k, v in cpu.items() if not k.startswith("drafter-")},
+            "passes": passes, "pass_ms": pass_ms}
+
+
+def pass_phases(before: dict[str, list[float]], after: dict[str, list[float]]) -> tuple[int, dict[str, float]]:
+    """The verifier's scoring passes between two readings of its phase totals
+    (``{phase: [passes, seconds]}``) and the mean milliseconds a pass spent in each phase."""
+    passes = int(max((after[k][0] - before.get(k, [0, 0])[0] for k in after), default=0))
+    return passes, {k: (after[k][1] - before.get(k, [0, 0])[1]) / max(passes, 1) * 1e3 for k in after}
 
 
 def _totals(snap: dict[str, dict[str, Any]]) -> dict[str, list[int]]:
@@ -490,6 +503,10 @@ def measure_server(args: argparse.Namespace, server: str, result: dict[str, Any]
                         print(f"{tag}rule {rule} concurrency {concurrency:3d}: {row['rps']:7.0f} rounds/s  p50 "
                               f"{row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  CPU us/round: "
                               f"{_cpu_text(row['cpu_us_per_round'])}  (load {row['load']:.1f})", flush=True)
+                        if row["passes"]:
+                            print(f"{tag}  a verifier pass ({row['passes']} passes, {row['rounds'] / row['passes']:.0f} "
+                                  "rounds each), mean ms: " + ", ".join(f"{k} {v:.2f}" for k, v in row["pass_ms"].items())
+                                  + f"; sum {sum(row['pass_ms'].values()):.2f}", flush=True)
             for rule in args.rules if per_round_too else ():
                 for committed in (10, args.long):
                     row = await per_round(router, rule, committed, args.window)

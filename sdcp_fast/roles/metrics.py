@@ -10,7 +10,8 @@ Names (all prefixed ``sdcp_``):
 - verifier: ``rounds_total``, ``proposed_tokens_total``, ``accepted_tokens_total``,
   ``emitted_tokens_total``, ``self_decoded_rounds_total``, ``escalations_total{action}``,
   ``verdict_latency_seconds`` (histogram: proposal received to verdict released),
-  ``batch_size`` (histogram: sessions per scoring pass), ``mlc_q_rows_total{result="hit"|"miss"}``,
+  ``batch_size`` (histogram: sessions per scoring pass), ``pass_phase_seconds{phase}`` (histogram:
+  a scoring pass's time by phase, :data:`PASS_PHASES`), ``mlc_q_rows_total{result="hit"|"miss"}``,
   ``target_kv_published_total`` / ``target_kv_published_bytes_total`` /
   ``target_kv_publish_failures_total`` (pages of the committed prefix written to the MLC),
   ``resumes_total{kv="pages"|"cold", reason}`` (resumed opens, §6.9, and whether they imported
@@ -36,6 +37,12 @@ from sdcp_fast.transport.base import Request, Response
 # target on a busy GPU).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+# Where a scoring pass's time goes, in the order a pass meets them: its batch waiting for the
+# proposals still owed (gather), the target and the kernels (score), the core's commit records
+# (commit), the commit log's group append (append: a round trip to the MLC and its flush), the
+# verdicts and outputs released (release). Their sum is a pass's length; which one dominates
+# says what to make cheaper next (docs/measurements.md, "Where a pass's time goes").
+PASS_PHASES = ("gather", "score", "commit", "append", "release")
 _PLAIN = frozenset({int(Action.CONTINUE), int(Action.FINISH)})  # a verdict's actions that are no escalation
 
 
@@ -83,6 +90,9 @@ class VerifierMetrics(RoleMetrics):
                                  buckets=LATENCY_BUCKETS, registry=r)
         self.batch_size = Histogram("sdcp_batch_size", "Sessions per scoring pass", buckets=BATCH_BUCKETS,
                                     registry=r)
+        self.pass_phase = Histogram("sdcp_pass_phase_seconds", "A scoring pass's time by phase: gather, score, "
+                                    "commit, append, release", ["phase"], buckets=LATENCY_BUCKETS, registry=r)
+        self._phases = {name: self.pass_phase.labels(name) for name in PASS_PHASES}
         self.q_rows = Counter("sdcp_mlc_q_rows", "Draft-row reads from the MLC, by result", ["result"],
                               registry=r)
         self._q_read: dict[bool, Counter] = {}  # each result's child, made at its first read
@@ -133,6 +143,19 @@ class VerifierMetrics(RoleMetrics):
 
     def batch(self, size: int) -> None:
         self.batch_size.observe(size)
+
+    def phase(self, name: str, seconds: float) -> None:
+        """A pass spent ``seconds`` in phase ``name`` (one of :data:`PASS_PHASES`)."""
+        self._phases[name].observe(seconds)
+
+    def phase_totals(self) -> dict[str, tuple[float, float]]:
+        """Each phase's observations and seconds so far (what ``GET metrics`` shows as its
+        ``_count`` and ``_sum``)."""
+        out = {name: [0.0, 0.0] for name in PASS_PHASES}
+        for sample in (s for family in self.pass_phase.collect() for s in family.samples):
+            if sample.name.endswith(("_count", "_sum")):
+                out[sample.labels["phase"]][0 if sample.name.endswith("_count") else 1] = sample.value
+        return {name: (n, total) for name, (n, total) in out.items()}
 
     def q_read(self, hit: bool) -> None:
         # Every rule-2 round: a child kept, not looked up by its label each time (~2 us).

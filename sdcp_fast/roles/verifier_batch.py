@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -341,15 +342,18 @@ class Batcher:
                 idle = None if self.self_decode_idle is None else max(0.05, self.self_decode_idle / 2)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), idle)
+            gathered = 0.0  # seconds this pass's batch waited for the proposals owed
             if self._queue:
+                gathering = time.perf_counter()
                 await self._gather()
+                gathered = time.perf_counter() - gathering
             if (now := self.clock()) - self._retired >= 1.0:  # between passes: it changes the cache
                 self._retired = now
                 retire_ended(self.sessions, self.scorer.release, now)
             batch, chunks, planned = self._compose()
             if batch or chunks:
                 try:
-                    await self._pass(batch, chunks, planned)
+                    await self._pass(batch, chunks, planned, gathered)
                 except Exception:  # a scorer or kernel failure: drop the rounds, keep serving
                     log.exception("scoring pass failed")
                     for item in batch:
@@ -381,9 +385,11 @@ class Batcher:
             finally:
                 self._expected = 0
 
-    async def _pass(self, batch: list[Round], chunks: Sequence[tuple[LiveSession, int]], planned: Plan) -> None:
+    async def _pass(self, batch: list[Round], chunks: Sequence[tuple[LiveSession, int]], planned: Plan,
+                    gathered: float = 0.0) -> None:
         """One scoring pass over ``batch`` and the prefill ``chunks`` (as ``planned``), then the
-        rounds' commits in batch order."""
+        rounds' commits in batch order; ``gathered``: the seconds its batch waited to close."""
+        scoring = time.perf_counter()
         requests = [ScoreRequest(item.work.session, item.work.context, item.work.proposed) for item in batch]
         fed = [len(r.proposal) + (1 if item.live.prefill.done else _need(item.live).unfed)
                for item, r in zip(batch, requests, strict=True)]
@@ -438,6 +444,8 @@ class Batcher:
         scored = [(item, *(result or (0, 0))) for item, result in zip(batch, results, strict=True)]
         if self._q_guards:
             scored = self._rows_held(scored)
+        self.metrics.phase("gather", gathered)
+        self.metrics.phase("score", time.perf_counter() - scoring)
         if any(await self.committer.commit_batch(scored, len(batch))):
             self.progress = self.clock()
 

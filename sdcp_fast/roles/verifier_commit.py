@@ -131,6 +131,7 @@ class Committer:
         round's record is durable. Whether each round's record was appended; one round's
         trouble (a fence, another writer, a failure) is not the others'."""
         done = [False] * len(scored)
+        started = time.perf_counter()
         pending: list[tuple[int, Round, CommitRecord]] = []
         load = self.load.percent()  # the same for every round of the pass
         for k, (item, accepted, token) in enumerate(scored):
@@ -141,12 +142,15 @@ class Committer:
                 continue
             pending.append((k, item, append.record))
         if not pending:
+            self._phases(started, time.perf_counter())
             return done
         entries = [LogAppend(item.live.log.handle, record, item.live.log.etag) for _, item, record in pending]
+        appending = time.perf_counter()
         try:
             results = await self.store.append_batch(entries)
         except Exception as exc:  # the store did not answer for any of them: each as unanswered
             results = [exc] * len(entries)
+        appended = time.perf_counter()
         # A failed append's log is read back to learn what happened: those reads go together,
         # so a pass whose appends got no answer waits for one read's timeout, not one each.
         failed = [i for i, result in enumerate(results) if not isinstance(result, str)]
@@ -179,7 +183,16 @@ class Committer:
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)
         self.metrics.pass_committed(counted)
+        self._phases(started, appending, appended)
         return done
+
+    def _phases(self, started: float, appending: float, appended: float | None = None) -> None:
+        """A pass's commit (``started`` to ``appending``), append (to ``appended``) and release
+        (to now) phases; a pass with nothing to append spends no time in the last two."""
+        now = time.perf_counter()
+        self.metrics.phase("commit", appending - started)
+        self.metrics.phase("append", 0.0 if appended is None else appended - appending)
+        self.metrics.phase("release", 0.0 if appended is None else now - appended)
 
     async def _not_appended(self, item: Round, etag: None | BaseException) -> None:
         """The round whose record is not appended: None when a newer epoch or another writer

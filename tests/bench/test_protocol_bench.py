@@ -25,6 +25,9 @@ def test_shortest_run_reports_every_level_rule_and_window(tmp_path: Path) -> Non
     for row in got["levels"]:
         assert row["rounds"] > 0 and row["p99_ms"] >= row["p50_ms"] > 0
         assert set(row["cpu_us_per_round"]) == {"mlc", "verifier", "router", "drafters"}
+        # Where the verifier's passes spent their time, each phase's mean per pass.
+        assert row["passes"] > 0 and list(row["pass_ms"]) == ["gather", "score", "commit", "append", "release"]
+        assert all(ms >= 0 for ms in row["pass_ms"].values()) and row["pass_ms"]["append"] > 0
     windows = {(r["rule"], r["committed"]): r for r in got["per_round"]}
     assert set(windows) == {(1, 10), (1, 60), (2, 10), (2, 60)}
     for (rule, _), row in windows.items():
@@ -42,3 +45,4 @@ def test_shortest_run_reports_every_level_rule_and_window(tmp_path: Path) -> Non
     assert [e["concurrency"] for e in got["echo"]] == [1, 4] and all(e["rps"] > 0 for e in got["echo"])
     assert got["core_us_per_round"] > 0
     assert "rounds/s" in done.stdout and "exchanges/round" in done.stdout and "echo concurrency" in done.stdout
+    assert "a verifier pass" in done.stdout

@@ -11,7 +11,7 @@ from sdcp_fast.deploy.local import Engine, SessionSpec, model_digest
 from sdcp_fast.model.toy import ToyDrafter, ToyTarget, encode
 from sdcp_fast.protocol import Action, Sampling
 from sdcp_fast.protocol.messages import RULE_SPECULATIVE
-from sdcp_fast.roles.metrics import VerifierMetrics
+from sdcp_fast.roles.metrics import PASS_PHASES, VerifierMetrics
 from sdcp_fast.roles.verifier import RoundInfo
 from sdcp_fast.store import embedded
 from sdcp_fast.transport import loop
@@ -70,6 +70,11 @@ def test_each_role_counts_its_work(tmp_path: Path) -> None:
     assert value(v, "sdcp_verdict_latency_seconds_count") == len(drafted)
     assert value(v, "sdcp_batch_size_count") == passes
     assert value(v, "sdcp_batch_size_sum") == sum(1 for _ in rounds)  # every round was in one pass
+    # Each pass counts every phase of its time once (one it did not reach as no time).
+    for phase in PASS_PHASES:
+        assert value(v, "sdcp_pass_phase_seconds_count", phase=phase) == passes
+        assert value(v, "sdcp_pass_phase_seconds_sum", phase=phase) >= 0
+    assert value(v, "sdcp_pass_phase_seconds_sum", phase="append") > 0  # the rounds' records went to a log
     for action in (Action.REDUCE, Action.SWITCH, Action.SELF_DECODE):
         # Escalations are verdicts of proposed rounds; a self-decoded round's says the period goes on.
         expected = sum(1 for x in drafted if Action.parse(int(x.action)) == action)
@@ -111,3 +116,16 @@ def test_a_pass_counts_its_rounds_as_each_round_would() -> None:
                          ("sdcp_escalations_total", {"action": "fail"}), ("sdcp_verdict_latency_seconds_count", {})]:
         assert value(got, name, **labels) == value(expected, name, **labels), name
     assert value(got, "sdcp_rounds_total") == 4 and value(got, "sdcp_escalations_total", action="fail") == 1
+
+
+def test_the_phase_totals_are_what_the_exposition_shows() -> None:
+    metrics = VerifierMetrics()
+    for seconds in (0.002, 0.005):
+        for phase in PASS_PHASES:
+            metrics.phase(phase, seconds * (1 + PASS_PHASES.index(phase)))
+    found, totals = samples(metrics.text()), metrics.phase_totals()
+    assert list(totals) == list(PASS_PHASES)
+    for phase, (passes, seconds) in totals.items():
+        assert passes == value(found, "sdcp_pass_phase_seconds_count", phase=phase) == 2
+        assert seconds == value(found, "sdcp_pass_phase_seconds_sum", phase=phase)
+        assert abs(seconds - 0.007 * (1 + PASS_PHASES.index(phase))) < 1e-12
