@@ -240,9 +240,9 @@ class FileCommitLog:
             self._lock.release()
 
     def _write(self, record: LogRecord, if_match: str | None, blob: bytes) -> str:
-        """Check ``record`` against the log as it is now (held: :meth:`_hold`) and write
-        its frame, not yet flushed: the caller flushes before anyone learns of it."""
-        self._refresh(truncate=True)
+        """Check ``record`` against the log as it is now (held since :func:`append_group` read
+        it again: :meth:`_hold`) and write its frame, not yet flushed: the caller flushes before
+        anyone learns of it."""
         # Fencing first: a fenced writer must stop, not re-read and retry.
         if record.epoch < self._fence:
             raise fence_error(self._fence, record)
@@ -342,11 +342,16 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
             try:
                 log._hold()
             except Exception as exc:  # closed: its entries fail, the others go on
-                for i, (other, *_) in enumerate(entries):
-                    if other is log:
-                        results[i] = exc
+                _fail_entries(entries, results, log, exc)
                 continue
             held.append(log)
+            try:
+                # What another writer appended since this handle last looked, read in before the
+                # mark: a flush that fails cuts back to the mark, so never past their records.
+                log._refresh(truncate=True)
+            except Exception as exc:  # damaged: its entries fail, the others go on
+                _fail_entries(entries, results, log, exc)
+                continue
             marks[id(log)] = log._mark()
         written: list[int] = []
         for i, (log, record, if_match, blob) in enumerate(entries):
@@ -357,7 +362,7 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
                 written.append(i)
             except Exception as exc:
                 results[i] = exc
-        failed = _flush([log for log in held if log._mark() != marks[id(log)]])
+        failed = _flush([log for log in held if id(log) in marks and log._mark() != marks[id(log)]])
         for log in failed:
             log._undo(marks[id(log)])
         for i in written:
@@ -367,6 +372,13 @@ def append_group(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, b
         for log in reversed(held):
             log._let_go()
     return results
+
+
+def _fail_entries(entries: Sequence[tuple[FileCommitLog, LogRecord, str | None, bytes]],
+                  results: list[str | Exception], log: FileCommitLog, exc: Exception) -> None:
+    for i, (other, *_) in enumerate(entries):
+        if other is log:
+            results[i] = exc
 
 
 def _flush(logs: list[FileCommitLog]) -> dict[FileCommitLog, Exception]:

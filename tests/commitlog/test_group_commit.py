@@ -378,3 +378,21 @@ def test_a_failed_folder_flush_fails_the_new_logs_entries(tmp_path, monkeypatch)
     folders.fail = False
     assert b.append(commit(1, 1), '"0"') == '"1"', "the next flush makes the name durable"
     assert len(folders.folders) == 2
+
+
+
+def test_a_failed_flush_never_cuts_another_writers_record_read_in_by_the_group(tmp_path, monkeypatch):
+    """Another writer's record, appended since this handle last looked, is read in when the
+    group takes the log (its tag counts it); a flush that fails then cuts back only the group's
+    own frame, never that acknowledged record."""
+    a, b = _logs(tmp_path, 2)
+    other = FileCommitLog(a.path)
+    assert other.append(commit(1, 1), '"0"') == '"1"'
+    _Flushes(monkeypatch, fail={a._fd})
+    results = _group([(a, commit(1, 2), '"1"'), (b, commit(1, 1), '"0"')])
+    assert isinstance(results[0], OSError) and results[1] == '"1"'
+    monkeypatch.undo()
+    assert FileCommitLog(a.path).read().records == [commit(1, 1)]
+    assert _group([(a, commit(1, 2), '"1"')]) == ['"2"']
+    assert other.read().records == [commit(1, 1), commit(1, 2)]
+    other.close()
