@@ -16,9 +16,10 @@ Per level and rule: completed rounds/s, p50/p99 verdict latency as the drafters 
 (proposal sent to verdict received), CPU microseconds per round of each process (``/proc``
 utime + stime over the window), and where the verifier's scoring passes spent their time
 (the mean milliseconds of each phase of ``sdcp_pass_phase_seconds``: gather, score, commit,
-append, release); then the echo server of ``bench/transport.py`` at the same concurrency. Then, with one session, the HTTP exchanges and body bytes per round by kind
-(every client's requests, counted where they are sent), in a window of rounds at 10 and at
-``--long`` committed tokens: what a round costs the wire, and whether that grows with the session.
+append, release); then the echo server of ``bench/transport.py`` at the same concurrency.
+Then, with one session, the HTTP exchanges and body bytes per round by kind (every client's
+requests, counted where they are sent), in a window of rounds at 10 and at ``--long``
+committed tokens: what a round costs the wire, and whether that grows with the session.
 Then the goals (bench/protocol_goals.py: rounds/s, verifier and MLC CPU per round, rounds over
 the native echo, p99 verdict), each with its target, PASS/FAIL, its spread over ``--repeats``
 and the load average, for each server of ``--servers`` measured side by side. Last, the core

@@ -380,7 +380,6 @@ def test_a_failed_folder_flush_fails_the_new_logs_entries(tmp_path, monkeypatch)
     assert len(folders.folders) == 2
 
 
-
 def test_a_failed_flush_never_cuts_another_writers_record_read_in_by_the_group(tmp_path, monkeypatch):
     """Another writer's record, appended since this handle last looked, is read in when the
     group takes the log (its tag counts it); a flush that fails then cuts back only the group's
