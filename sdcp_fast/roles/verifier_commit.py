@@ -5,7 +5,8 @@ Nothing is released before the append: a failed append leaves the round to the d
 retry, and a fenced one ends this verifier's service of the session. The records of one
 scoring pass are appended together (:meth:`Committer.commit_batch`, the store's group commit),
 each round then answered by its own append's outcome, a few dozen at a time with the event
-loop running between, so that the first verdicts leave while the rest are released.
+loop running between, so that the first verdicts leave while the rest are released. A round
+that ends its session waits for the session's output object off the pass.
 
 The ``committed_tokens`` object is not rewritten each round (that would write bytes that grow
 with the session's length, every round): the log holds every emitted token, and the object is
@@ -157,6 +158,7 @@ class Committer:
         outcomes: list[str | None | BaseException] = []
         outcomes.extend(results)
         counted: list[tuple[Verdict, int, float | None]] = []  # the pass's rounds, for the metrics at once
+        ending: list[tuple[Round, RoundDone]] = []  # rounds that end their session: released once published
         if failed:
             read = await asyncio.gather(*(self._outcome(pending[i][1].live, pending[i][2], results[i])
                                           for i in failed), return_exceptions=True)
@@ -175,8 +177,9 @@ class Committer:
                 round_done = session.append_done(ok=True)
                 assert isinstance(round_done, RoundDone)
                 if session.state in (State.FINISHED, State.FAILED):
-                    await self.publish_output(live)  # the whole output, once, before anyone is told it ended
-                self._release(item, round_done, batch)
+                    ending.append((item, round_done))
+                else:
+                    self._release(item, round_done, batch)
                 latency = time.perf_counter() - item.started if item.future else None
                 counted.append((round_done.verdict, len(item.work.proposed), latency))
                 done[k] = True
@@ -184,7 +187,21 @@ class Committer:
                 _not_committed(item, exc)
         self.metrics.pass_committed(counted)
         self._phases(started, appending, appended)
+        if ending:
+            self.background.spawn(self._release_ending(ending, batch))
         return done
+
+    async def _release_ending(self, ending: Sequence[tuple[Round, RoundDone]], batch: int) -> None:
+        """The rounds that ended their sessions, each released once its session's whole output
+        is in this epoch's object (before anyone is told it ended), the objects written together.
+        Off the pass: the other sessions' verdicts and the next pass never wait for these writes
+        (at 64 sessions one or two end in most passes, each write an MLC round trip)."""
+        await asyncio.gather(*(self.publish_output(item.live) for item, _ in ending))
+        for item, round_done in ending:
+            try:
+                self._release(item, round_done, batch)
+            except Exception as exc:  # as in the pass (commit_batch)
+                _not_committed(item, exc)
 
     def _phases(self, started: float, appending: float, appended: float | None = None) -> None:
         """A pass's commit (``started`` to ``appending``), append (to ``appended``) and release

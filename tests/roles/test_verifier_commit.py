@@ -302,3 +302,41 @@ def test_a_failed_group_append_releases_nothing_and_the_retry_commits(tmp_path):
     assert reads_at_once == 2
     assert released == {s: [] for s in sessions}
     assert [v.round for v in second] == [1, 1]
+
+
+def test_a_round_that_ends_its_session_holds_back_no_other_round_of_its_pass(tmp_path):
+    """The round that ends a session is released only once the session's whole output is in its
+    committed_tokens object; that write holds back neither the other rounds of the pass nor the
+    next pass (it is an MLC round trip, in one pass of two at 64 sessions)."""
+    ending, going = sid(21), sid(22)
+
+    async def scenario():
+        async with Rig(str(tmp_path), batch_wait=5.0) as rig:
+            states = {ending: (await rig.open(ending, contract(max_new=4)))[1],
+                      going: (await rig.open(going, contract(max_new=40)))[1]}
+            written, real = asyncio.Event(), rig.store.put
+            held: list[str] = []
+
+            async def put(uri: str, data: Any, lease_ttl: float | None = None) -> str | None:
+                if "/committed_tokens/" in uri:
+                    held.append(uri)
+                    await written.wait()
+                return await real(uri, data, lease_ttl)
+
+            rig.store.put = put
+            first = {s: asyncio.ensure_future(rig.drafter.propose(VERIFIER, proposal(states[s],
+                                                                                    rig.greedy_after(states[s], 3))))
+                     for s in (ending, going)}
+            going_verdict = await first[going]
+            # The next pass runs while the ending session's output is still being written.
+            second = await rig.drafter.propose(VERIFIER, proposal(going_verdict, rig.greedy_after(going_verdict, 3)))
+            still_waiting = not first[ending].done()
+            written.set()
+            ending_verdict = await first[ending]
+            stored = unpack_tokens(rig.mlc.get(held[0]))
+            return still_waiting, held, going_verdict, second, ending_verdict, stored, rig.output_of(ending)
+
+    still_waiting, held, going_verdict, second, ending_verdict, stored, output = run(scenario())
+    assert still_waiting and len(held) == 1, "the ending round waits for its object, and only it"
+    assert (going_verdict.round, second.round) == (1, 2)
+    assert ending_verdict.committed == 4 and list(stored) == output and len(output) == 4
