@@ -9,8 +9,8 @@ scorer returns fixed logits and the drafter proposes M = 4 zeros (with q rows of
 under rule 2), so the model costs nothing and what is left is the round itself. This process
 is the router: it opens the sessions, assigns them over the drafter processes (each drafter
 talks to the verifier over its own connection), and long-polls each session's output; a
-finished session is replaced by a new one, so ``concurrency`` sessions are always running.
-The drafters choose M as the verdicts' ``m_cap`` allows.
+finished session (256 tokens, ``--session-tokens``) is replaced by a new one, so ``concurrency``
+sessions are always running. The drafters choose M as the verdicts' ``m_cap`` allows.
 
 Per level and rule: completed rounds/s, p50/p99 verdict latency as the drafters see it
 (proposal sent to verdict received), CPU microseconds per round of each process (``/proc``
@@ -546,6 +546,7 @@ def _cpu_text(cpu: Mapping[str, float]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    global SESSION_TOKENS  # read by throughput() and core_cost()
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64, 256])
@@ -558,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-pace-ms", type=float, default=0.0,
                         help="the router's wait between a session's output polls (0: the next poll at once)")
     parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
+    parser.add_argument("--session-tokens", type=int, default=SESSION_TOKENS, metavar="N",
+                        help="each throughput session's output, a new session opened when one ends (the goals are "
+                             "set at the default: longer sessions leave out more of the sessions' set-up)")
     parser.add_argument("--core-rounds", type=int, default=20000)
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--repeats", type=int, default=1, help="each level measured this many times (the spread)")
@@ -579,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mlc", help=argparse.SUPPRESS)
     parser.add_argument("--address", default="127.0.0.1", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    SESSION_TOKENS = max(M + 1, args.session_tokens)
     if args.serve:
         kind, name, port = args.serve
         run(_serve(kind, name, int(port), Path(args.certs), args.mlc, args.max_batch, args.batch_wait_ms / 1e3,
@@ -591,9 +596,10 @@ def main(argv: list[str] | None = None) -> int:
 
         return across_hosts(args)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes; "
-          f"objects through {args.q_rows}; servers {' '.join(args.servers)}; {args.repeats} repeat(s)", flush=True)
+          f"objects through {args.q_rows}; servers {' '.join(args.servers)}; {args.repeats} repeat(s); sessions of "
+          f"{SESSION_TOKENS} tokens", flush=True)
     result: dict[str, Any] = {"load_before": os.getloadavg(), "q_rows": args.q_rows, "servers": args.servers,
-                              "levels": [], "per_round": [], "echo": []}
+                              "session_tokens": SESSION_TOKENS, "levels": [], "per_round": [], "echo": []}
     for server in args.servers:
         os.environ["SDCP_SERVER"] = server  # the role and echo processes started below serve with it
         measure_server(args, server, result, per_round_too=server == args.servers[0])

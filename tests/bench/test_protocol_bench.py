@@ -17,7 +17,7 @@ def test_shortest_run_reports_every_level_rule_and_window(tmp_path: Path) -> Non
     out = tmp_path / "protocol.json"
     done = subprocess.run(
         [sys.executable, str(BENCH), "--seconds", "0.5", "--concurrency", "1", "4", "--drafters", "2",
-         "--long", "60", "--window", "16", "--core-rounds", "200", "--json", str(out)],
+         "--long", "60", "--window", "16", "--core-rounds", "200", "--session-tokens", "64", "--json", str(out)],
         capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(out.read_text())
@@ -42,6 +42,7 @@ def test_shortest_run_reports_every_level_rule_and_window(tmp_path: Path) -> Non
         # fails (a slot replaced meanwhile), and over the network it GETs them every round.
         assert row["kinds"].get("GET q_rows", [0.0])[0] < 0.5
     assert got["q_rows"] == "shm"
+    assert got["session_tokens"] == 64 and "sessions of 64 tokens" in done.stdout
     assert [e["concurrency"] for e in got["echo"]] == [1, 4] and all(e["rps"] > 0 for e in got["echo"])
     assert got["core_us_per_round"] > 0
     assert "rounds/s" in done.stdout and "exchanges/round" in done.stdout and "echo concurrency" in done.stdout
