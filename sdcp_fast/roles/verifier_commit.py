@@ -177,9 +177,10 @@ class Committer:
                 round_done = session.append_done(ok=True)
                 assert isinstance(round_done, RoundDone)
                 if session.state in (State.FINISHED, State.FAILED):
-                    ending.append((item, round_done))
-                else:
-                    self._release(item, round_done, batch)
+                    ending.append((item, round_done))  # counted as it is released
+                    done[k] = True
+                    continue
+                self._release(item, round_done, batch)
                 latency = time.perf_counter() - item.started if item.future else None
                 counted.append((round_done.verdict, len(item.work.proposed), latency))
                 done[k] = True
@@ -197,11 +198,16 @@ class Committer:
         Off the pass: the other sessions' verdicts and the next pass never wait for these writes
         (at 64 sessions one or two end in most passes, each write an MLC round trip)."""
         await asyncio.gather(*(self.publish_output(item.live) for item, _ in ending))
+        counted: list[tuple[Verdict, int, float | None]] = []
         for item, round_done in ending:
             try:
                 self._release(item, round_done, batch)
             except Exception as exc:  # as in the pass (commit_batch)
                 _not_committed(item, exc)
+                continue
+            latency = time.perf_counter() - item.started if item.future else None
+            counted.append((round_done.verdict, len(item.work.proposed), latency))
+        self.metrics.pass_committed(counted)
 
     def _phases(self, started: float, appending: float, appended: float | None = None) -> None:
         """A pass's commit (``started`` to ``appending``), append (to ``appended``) and release

@@ -330,13 +330,23 @@ def test_a_round_that_ends_its_session_holds_back_no_other_round_of_its_pass(tmp
             going_verdict = await first[going]
             # The next pass runs while the ending session's output is still being written.
             second = await rig.drafter.propose(VERIFIER, proposal(going_verdict, rig.greedy_after(going_verdict, 3)))
-            still_waiting = not first[ending].done()
+            still_waiting, counted_before = not first[ending].done(), _rounds_counted(rig)
             written.set()
             ending_verdict = await first[ending]
             stored = unpack_tokens(rig.mlc.get(held[0]))
-            return still_waiting, held, going_verdict, second, ending_verdict, stored, rig.output_of(ending)
+            return (still_waiting, held, going_verdict, second, ending_verdict, stored, rig.output_of(ending),
+                    counted_before, _rounds_counted(rig))
 
-    still_waiting, held, going_verdict, second, ending_verdict, stored, output = run(scenario())
+    still_waiting, held, going_verdict, second, ending_verdict, stored, output, before, after = run(scenario())
     assert still_waiting and len(held) == 1, "the ending round waits for its object, and only it"
     assert (going_verdict.round, second.round) == (1, 2)
     assert ending_verdict.committed == 4 and list(stored) == output and len(output) == 4
+    assert (before, after) == (2, 3), "a round is counted as its verdict is released"
+
+
+def _rounds_counted(rig: Any) -> float:
+    """``sdcp_rounds_total`` as the verifier's metrics show it."""
+    for line in rig.verifier.context.metrics.text().splitlines():
+        if line.startswith("sdcp_rounds_total "):
+            return float(line.split()[1])
+    return 0.0
