@@ -180,9 +180,7 @@ class Committer:
                     ending.append((item, round_done))  # counted as it is released
                     done[k] = True
                     continue
-                self._release(item, round_done, batch)
-                latency = time.perf_counter() - item.started if item.future else None
-                counted.append((round_done.verdict, len(item.work.proposed), latency))
+                counted.append(self._released(item, round_done, batch))
                 done[k] = True
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)
@@ -201,13 +199,16 @@ class Committer:
         counted: list[tuple[Verdict, int, float | None]] = []
         for item, round_done in ending:
             try:
-                self._release(item, round_done, batch)
+                counted.append(self._released(item, round_done, batch))
             except Exception as exc:  # as in the pass (commit_batch)
                 _not_committed(item, exc)
-                continue
-            latency = time.perf_counter() - item.started if item.future else None
-            counted.append((round_done.verdict, len(item.work.proposed), latency))
         self.metrics.pass_committed(counted)
+
+    def _released(self, item: Round, done: RoundDone, batch: int) -> tuple[Verdict, int, float | None]:
+        """:meth:`_release`, then what the metrics count of the round: its verdict, its proposal's
+        length and its latency as released (None for a self-decoded round)."""
+        self._release(item, done, batch)
+        return done.verdict, len(item.work.proposed), time.perf_counter() - item.started if item.future else None
 
     def _phases(self, started: float, appending: float, appended: float | None = None) -> None:
         """A pass's commit (``started`` to ``appending``), append (to ``appended``) and release

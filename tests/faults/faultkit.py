@@ -519,9 +519,9 @@ async def busiest(up: FaultUp, role: str, counter: str, window: float = 0.5, dea
             return max(growth, key=lambda n: growth[n])
 
 
-async def busiest_verifier(up: FaultUp) -> str:
+async def busiest_verifier(up: FaultUp, window: float = 0.5) -> str:
     """The verifier committing the most rounds now (the one whose death hurts most)."""
-    return await busiest(up, "verifier", "sdcp_rounds_total")
+    return await busiest(up, "verifier", "sdcp_rounds_total", window)
 
 
 async def holding(up: FaultUp, sessions: Sequence[bytes]) -> dict[str, list[bytes]]:

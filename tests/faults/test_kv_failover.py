@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from .conftest import STATUS_TTL_MS
-from .faultkit import Client, FaultUp, Job, Seen, busiest, check_batch, metric, reference_runs
+from .faultkit import Client, FaultUp, Job, Seen, busiest_verifier, check_batch, metric, reference_runs
 
 pytestmark = pytest.mark.services
 
@@ -142,7 +142,7 @@ def run_with_a_kill(up: FaultUp, batch: Sequence[Job], timeout: float = 120.0) -
                     await asyncio.sleep(0.05)
                 # Every session streams: the busiest verifier is measured while the pages are
                 # published (its window took as long as a whole session on a quiet machine).
-                victim = asyncio.create_task(busiest(up, "verifier", "sdcp_rounds_total", window=0.2))
+                victim = asyncio.create_task(busiest_verifier(up, window=0.2))
                 while not await _pages_exist(store, up, [j.session for j in batch], 1):
                     assert time.monotonic() < deadline, "the sessions' target KV pages never reached the MLC"
                     await asyncio.sleep(0.05)

@@ -21,6 +21,7 @@ from sdcp_fast.roles.verifier_commit import EVENT_ATTEMPTS, RELEASE_STEP, Commit
 from sdcp_fast.roles.verifier_config import VerifierConfig, VerifierContext
 
 from .rolekit import OTHER, SCOPE, VERIFIER, Rig, assignment, contract, proposal, run, sid
+from .test_metrics import samples, value
 
 S = sid(7)
 
@@ -345,8 +346,4 @@ def test_a_round_that_ends_its_session_holds_back_no_other_round_of_its_pass(tmp
 
 
 def _rounds_counted(rig: Any) -> float:
-    """``sdcp_rounds_total`` as the verifier's metrics show it."""
-    for line in rig.verifier.context.metrics.text().splitlines():
-        if line.startswith("sdcp_rounds_total "):
-            return float(line.split()[1])
-    return 0.0
+    return value(samples(rig.verifier.context.metrics.text()), "sdcp_rounds_total")
