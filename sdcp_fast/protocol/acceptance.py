@@ -132,6 +132,9 @@ def greedy(p_rows: Sequence[Sequence[float]], tokens: Sequence[int]) -> RoundRes
     return RoundResult(accepted, argmax(p_rows[accepted]))
 
 
+_F32 = struct.Struct("<f")
+
+
 def q_of_tokens(q_rows: bytes | bytearray | memoryview, tokens: Sequence[int], vocab: int) -> list[float]:
     """``q[i](x[i])`` for each proposed token, read from the raw ``q_rows`` object (§5.2:
     M rows of V little-endian binary32, in position order) without decoding whole rows."""
@@ -139,10 +142,11 @@ def q_of_tokens(q_rows: bytes | bytearray | memoryview, tokens: Sequence[int], v
     if vocab < 1 or len(q_rows) != m * vocab * 4:
         raise BadProposal(f"q_rows holds {len(q_rows)} octets, expected {m} x {vocab} x 4")
     out: list[float] = []
+    unpack = _F32.unpack_from
     for k, x in enumerate(tokens):
         if not 0 <= x < vocab:
             raise BadProposal(f"token {x} outside the vocabulary of {vocab}")
-        out.append(struct.unpack_from("<f", q_rows, (k * vocab + x) * 4)[0])
+        out.append(unpack(q_rows, (k * vocab + x) * 4)[0])
     return out
 
 

@@ -601,10 +601,8 @@ class VerifierSession:
             self._random = VerifierRandom(seed, self.session)
             self._random_seed = seed
         m = 0 if current.proposal is None else len(current.proposal.tokens)
-        positions = range(1, m + 2)
-        rnd = self._random
-        return Uniforms(accept=tuple(rnd.uniform(current.round, i, 0) for i in positions),
-                        draw=tuple(rnd.uniform(current.round, i, 1) for i in positions))
+        accept, draw = self._random.round_values(current.round, m + 1)
+        return Uniforms(accept=accept, draw=draw)
 
     def provide_q(
         self,

@@ -21,6 +21,7 @@ import torch
 from sdcp_fast import kernels
 from sdcp_fast.model.interfaces import Logits
 from sdcp_fast.protocol import Sampling, ScoreNeeded
+from sdcp_fast.protocol.session import Uniforms
 from sdcp_fast.protocol.messages import RULE_GREEDY
 
 # The draft rows of a pass are gathered into one buffer kept per thread up to this size.
@@ -33,10 +34,12 @@ Outcome = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]
 
 @dataclass
 class Scored:
-    """A session's round in a batch: its work and, for rule 2, its draft rows ``[M, V]``."""
+    """A session's round in a batch: its work and, for rule 2, its draft rows ``[M, V]`` and
+    the uniforms ``provide_q`` returned (None: the work's own, known when it was handed out)."""
 
     work: ScoreNeeded
     q: torch.Tensor | None = None
+    uniforms: Uniforms | None = None
 
 
 S = TypeVar("S", bound=Scored)
@@ -132,8 +135,8 @@ def _sampled(items: list[Scored], rows: torch.Tensor, backend: str) -> Outcome:
     # [B, M_max + 1, 2], zero-padded, built from one flat list: a nested list of pairs took
     # twice as long to become a tensor.
     flat = [0.0] * (len(works) * width * 2)
-    for b, work in enumerate(works):
-        u = work.uniforms
+    for b, item in enumerate(items):
+        u = item.uniforms or item.work.uniforms
         assert u is not None
         at = 2 * width * b
         flat[at : at + 2 * len(u.accept) : 2] = u.accept

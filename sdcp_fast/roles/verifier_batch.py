@@ -19,7 +19,6 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import torch
 
@@ -234,9 +233,8 @@ class Batcher:
         the rows' sequence number as read."""
         vocab = self.scorer.vocab_size
         guard = rows_guard(raw)
-        uniforms = item.live.session.provide_q(q_rows=raw, vocab=vocab)
+        item.uniforms = item.live.session.provide_q(q_rows=raw, vocab=vocab)
         item.q = torch.frombuffer(raw, dtype=torch.float32).view(-1, vocab)
-        item.work = replace(item.work, uniforms=uniforms)
         if guard is not None:
             if len(self._q_guards) > 4 * self.max_batch:  # answered rounds' (withdrawn, dropped): forgotten
                 self._q_guards = {k: v for k, v in self._q_guards.items()

@@ -106,3 +106,27 @@ def test_without_seed_many_values_come_from_one_system_call(monkeypatch: pytest.
     assert len(set(values)) == len(values) and all(0.0 <= v < 1.0 for v in values)
     more = [source.uniform(9, i, 0) for i in range(1, 200)]  # past the first draw: drawn again, never reused
     assert len(calls) > 1 and not set(more) & set(values) and len(set(more)) == len(more)
+
+
+@pytest.mark.parametrize("count", [1, 5, 32, 33, 200])
+def test_a_rounds_values_at_once_are_its_values_one_by_one(count: int) -> None:
+    seeded = VerifierRandom(7, SESSION)
+    accept, draw = seeded.round_values(11, count)
+    assert accept == tuple(by_hand(7, SESSION, 11, i, PURPOSE_ACCEPT) for i in range(1, count + 1))
+    assert draw == tuple(by_hand(7, SESSION, 11, i, PURPOSE_DRAW) for i in range(1, count + 1))
+    # Unseeded: fresh CSPRNG values, none reused across calls, the pool drawn again when it runs out.
+    source = VerifierRandom(None, SESSION)
+    seen: list[float] = []
+    for round_ in range(1, 40):
+        accept, draw = source.round_values(round_, count)
+        assert len(accept) == len(draw) == count
+        seen += [*accept, *draw]
+    assert all(0.0 <= v < 1.0 for v in seen)
+    assert len(set(seen)) == len(seen)
+
+
+@pytest.mark.parametrize("round_", [-1, 1 << 32])
+def test_a_round_outside_uint32_is_bad_request_for_its_values_at_once(round_: int) -> None:
+    for source in (VerifierRandom(None, SESSION), VerifierRandom(1, SESSION)):
+        with pytest.raises(BadRequest):
+            source.round_values(round_, 5)
