@@ -21,8 +21,8 @@ import torch
 from sdcp_fast import kernels
 from sdcp_fast.model.interfaces import Logits
 from sdcp_fast.protocol import Sampling, ScoreNeeded
-from sdcp_fast.protocol.session import Uniforms
 from sdcp_fast.protocol.messages import RULE_GREEDY
+from sdcp_fast.protocol.session import Uniforms
 
 # The draft rows of a pass are gathered into one buffer kept per thread up to this size.
 STAGING_BYTES = 512 << 20
