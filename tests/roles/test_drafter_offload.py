@@ -23,8 +23,9 @@ class Scripted:
 
     name = "scripted"
 
-    def __init__(self, seconds: float = 0.0, slow: Callable[[int], bool] = lambda n: True) -> None:
-        self.seconds, self.slow = seconds, slow
+    def __init__(self, seconds: float = 0.0, slow: Callable[[int], bool] = lambda n: True,
+                 busy: float = 0.0) -> None:
+        self.seconds, self.slow, self.busy = seconds, slow, busy  # busy: seconds of CPU each call spends
         self.script: list[int] = []
         self.threads: list[int] = []
         self.running = self.most = 0
@@ -39,6 +40,9 @@ class Scripted:
         try:
             if self.seconds and self.slow(n):
                 time.sleep(self.seconds)
+            spin_until = time.perf_counter() + self.busy
+            while time.perf_counter() < spin_until:
+                pass
             done = len(committed) - len(PROMPT)
             return Draft([*self.script[done:done + m], *[0] * m][:m], None)
         finally:
@@ -80,6 +84,15 @@ def test_a_cheap_model_drafts_on_the_loop_thread(tmp_path) -> None:
     assert loop in model.threads
     # Drafting inline, nothing is prepared during the round: drafting after the verdict costs as little.
     assert role.speculation["prepared"] < len(model.threads) // 2
+
+
+def test_a_draft_cheaper_than_a_hop_to_the_drafting_thread_stays_on_the_loop_thread(tmp_path) -> None:
+    """Drafts of some 30 us of CPU (a cheap model on a busy host) cost less than the hop that
+    would move them: they run on the loop's thread."""
+    model = Scripted(busy=30e-6)
+    loop, role, outputs, expected = drafting(tmp_path, model, sessions=1, max_new=96)
+    assert outputs == [expected]
+    assert sum(thread == loop for thread in model.threads) > len(model.threads) // 2
 
 
 def test_a_slow_model_drafts_off_the_loop_thread_and_prepares_ahead(tmp_path) -> None:
