@@ -88,13 +88,19 @@ def test_rule_preconditions_before_any_random_value(monkeypatch: pytest.MonkeyPa
     """§6.3: for a rule that needs draft probabilities the verifier MUST have obtained the rows
     for every position and checked q[i](x[i]) != 0 before drawing any random value."""
     drawn: list[tuple[int, int, int]] = []
-    real = randoms.VerifierRandom.uniform
+    real, real_round = randoms.VerifierRandom.uniform, randoms.VerifierRandom.round_values
 
     def spy(self: randoms.VerifierRandom, round: int, i: int, purpose: int) -> float:
         drawn.append((round, i, purpose))
         return real(self, round, i, purpose)
 
+    def spy_round(self: randoms.VerifierRandom, round: int, count: int) -> tuple[tuple[float, ...], ...]:
+        drawn.extend((round, i, purpose) for purpose in (0, 1) for i in range(1, count + 1))
+        return real_round(self, round, count)
+
+    # Both ways to draw: one value, or a round's values at once (which may draw them one by one).
     monkeypatch.setattr(randoms.VerifierRandom, "uniform", spy)
+    monkeypatch.setattr(randoms.VerifierRandom, "round_values", spy_round)
     for seed in (None, 5):
         drawn.clear()
         session = open_session(contract(rule=2, sampling=Sampling(seed=seed)))
@@ -108,7 +114,7 @@ def test_rule_preconditions_before_any_random_value(monkeypatch: pytest.MonkeyPa
         assert drawn == []
         session.receive_proposal(proposal(session, (1, 2)), client=DRAFTER, now=0)
         session.provide_q([0.5, 0.5])
-        assert len(drawn) == 6
+        assert set(drawn) == {(1, i, purpose) for i in (1, 2, 3) for purpose in (0, 1)}
 
 
 def test_q_unavailable_commits_nothing() -> None:

@@ -150,6 +150,7 @@ def test_drafter_side_does_not_use_the_verifier_derivation(monkeypatch: pytest.M
     for name in ("verifier_uniform", "secure_uniform"):
         monkeypatch.setattr(randoms, name, forbidden)
     monkeypatch.setattr(randoms.VerifierRandom, "uniform", forbidden)
+    monkeypatch.setattr(randoms.VerifierRandom, "round_values", forbidden)
     monkeypatch.setattr(randoms.secrets, "randbits", forbidden)
     monkeypatch.setattr(randoms.hmac, "new", forbidden)
     drafter.retry()
