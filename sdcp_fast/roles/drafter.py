@@ -58,9 +58,9 @@ PROPOSAL_BACKOFF = 0.02  # seconds before the second try of a proposal or a q-ro
 # tokens. A model whose recent drafts took less than this runs on the loop's thread; a real
 # model's millisecond drafts stay on the drafting thread, so the loop serves meanwhile. The
 # bar is the hop's cost, not a fraction of it: a draft of a few microseconds measures 10-30 us
-# on the loop's thread of a busy host (its code no longer in the caches), and at a 20 us bar a
-# third of bench/protocol.py's rule-2 drafts went to the thread, each hop costing more than
-# the draft it moved.
+# on the loop's thread of a busy host (its code no longer in the caches), and at a 20 us bar
+# about half of bench/protocol.py's rule-2 drafts went to the thread, each hop costing more
+# than the draft it moved.
 INLINE_DRAFT_S = 50e-6
 
 

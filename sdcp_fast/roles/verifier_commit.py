@@ -178,9 +178,8 @@ class Committer:
                 assert isinstance(round_done, RoundDone)
                 if session.state in (State.FINISHED, State.FAILED):
                     ending.append((item, round_done))  # counted as it is released
-                    done[k] = True
-                    continue
-                counted.append(self._released(item, round_done, batch))
+                else:
+                    counted.append(self._released(item, round_done, batch))
                 done[k] = True
             except Exception as exc:  # e.g. the session re-opened meanwhile
                 _not_committed(item, exc)
