@@ -170,7 +170,8 @@ async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_bat
     from sdcp_fast.store import RemoteStore
     from sdcp_fast.transport.h2server import serve
 
-    torch.set_num_threads(threads)  # as the services' --threads
+    if threads:  # as the services' --threads; unset, torch's default (one per core), as theirs
+        torch.set_num_threads(threads)
     uri = f"https://{address}:{port}/"
     counted = Counted(_client(certs, name))
     store = RemoteStore(mlc, transport=counted)
@@ -300,6 +301,7 @@ class Router:
         self.stats = SdcpClient(_client(deployment.certs, "router"))  # the children's counters, not counted
         self.sessions = 0
         self.open: set[bytes] = set()  # sessions opened and not yet final
+        self.tokens = 0  # output tokens read, all sessions
 
     async def session(self, rule: int, max_new: int, on_output: Any = None) -> None:
         """One session from open to its last token (``on_output(committed)`` after each read)."""
@@ -319,6 +321,7 @@ class Router:
         while True:
             out = await self.client.output(v, sid, start, timeout=30.0)
             start = out.from_ + len(out.tokens)
+            self.tokens += len(out.tokens)
             if on_output is not None:
                 await on_output(start)
             if out.final:
@@ -379,9 +382,10 @@ async def throughput(router: Router, rule: int, concurrency: int, seconds: float
         await asyncio.wait_for(all_running.wait(), 60.0)
     await asyncio.sleep(min(1.0, seconds / 3))
     before = await router.counters(drain=True)
-    cpu0, t0 = router.d.cpu(), time.perf_counter()
+    cpu0, t0, tokens0 = router.d.cpu(), time.perf_counter(), router.tokens
     await asyncio.sleep(seconds)
     snap, cpu1, elapsed = await router.counters(drain=True), router.d.cpu(), time.perf_counter() - t0
+    tokens = router.tokens - tokens0
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
@@ -393,7 +397,10 @@ async def throughput(router: Router, rule: int, concurrency: int, seconds: float
     cpu = {name: (cpu1[name] - cpu0[name]) / max(n, 1) * 1e6 for name in cpu0}
     cpu["drafters"] = sum(v for k, v in cpu.items() if k.startswith("drafter-"))
     passes, pass_ms = pass_phases(before["verifier"].get("phases", {}), snap["verifier"].get("phases", {}))
+    # Tokens a round commits: M + 1 when all is accepted (rule 1 here), fewer when the verifier's
+    # load rule lowers m_cap, which makes rounds cheaper and rounds/s alone flattering.
     return {"rule": rule, "concurrency": concurrency, "load": os.getloadavg()[0], "rounds": n, "rps": n / elapsed,
+            "tokens_per_round": tokens / max(n, 1),
             "p50_ms": cuts[49] * 1e3,
             "p99_ms": cuts[98] * 1e3, "cpu_us_per_round": {k: v for k, v in cpu.items() if not k.startswith("drafter-")},
             "passes": passes, "pass_ms": pass_ms}
@@ -501,7 +508,8 @@ def measure_server(args: argparse.Namespace, server: str, result: dict[str, Any]
                         row = await throughput(router, rule, concurrency, args.seconds)
                         row.update(server=server, repeat=repeat)
                         result["levels"].append(row)
-                        print(f"{tag}rule {rule} concurrency {concurrency:3d}: {row['rps']:7.0f} rounds/s  p50 "
+                        print(f"{tag}rule {rule} concurrency {concurrency:3d}: {row['rps']:7.0f} rounds/s "
+                              f"({row['tokens_per_round']:.2f} tokens each)  p50 "
                               f"{row['p50_ms']:6.2f} ms  p99 {row['p99_ms']:6.2f} ms  CPU us/round: "
                               f"{_cpu_text(row['cpu_us_per_round'])}  (load {row['load']:.1f})", flush=True)
                         if row["passes"]:
@@ -555,7 +563,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--long", type=int, default=4000, help="committed tokens of the second per-round window")
     parser.add_argument("--max-batch", type=int, default=256)
     parser.add_argument("--batch-wait-ms", type=float, default=5.0, help="as the verifier service's default")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads of the verifier and drafters")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch CPU threads of the verifier and drafters (default 0: as the services' default, "
+                             "torch's own, one per core)")
     parser.add_argument("--output-pace-ms", type=float, default=0.0,
                         help="the router's wait between a session's output polls (0: the next poll at once)")
     parser.add_argument("--window", type=int, default=100, help="tokens of each per-round window")
@@ -597,9 +607,11 @@ def main(argv: list[str] | None = None) -> int:
         return across_hosts(args)
     print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs; {args.drafters} drafter processes; "
           f"objects through {args.q_rows}; servers {' '.join(args.servers)}; {args.repeats} repeat(s); sessions of "
-          f"{SESSION_TOKENS} tokens", flush=True)
+          f"{SESSION_TOKENS} tokens; torch threads {args.threads or f'{torch.get_num_threads()} (default)'}",
+          flush=True)
     result: dict[str, Any] = {"load_before": os.getloadavg(), "q_rows": args.q_rows, "servers": args.servers,
-                              "session_tokens": SESSION_TOKENS, "levels": [], "per_round": [], "echo": []}
+                              "session_tokens": SESSION_TOKENS, "threads": args.threads or torch.get_num_threads(),
+                              "levels": [], "per_round": [], "echo": []}
     for server in args.servers:
         os.environ["SDCP_SERVER"] = server  # the role and echo processes started below serve with it
         measure_server(args, server, result, per_round_too=server == args.servers[0])
