@@ -39,6 +39,10 @@ class SessionRegistry(Generic[T]):
 
     def __init__(self) -> None:
         self._held: dict[bytes, _Held[T]] = {}
+        # The held sessions not yet found closed (a closed session never opens again: a re-open
+        # is a new session), so that the scans made per scoring pass walk the open sessions,
+        # not also the ended ones kept for their readers (hundreds, on a busy verifier).
+        self._open: dict[bytes, _Held[T]] = {}
 
     def open(
         self,
@@ -72,7 +76,8 @@ class SessionRegistry(Generic[T]):
             committed_tokens=committed_tokens)
         if held is not None:
             held.session.supersede()
-        self._held[message.session] = _Held(message, session)
+        self._open.pop(message.session, None)  # a re-opened session: last in the open order
+        self._held[message.session] = self._open[message.session] = _Held(message, session)
         return session, state
 
     def attach(self, session: VerifierSession, record: T | None) -> None:
@@ -93,6 +98,20 @@ class SessionRegistry(Generic[T]):
         """Every attached record, one per session id."""
         return [held.attached for held in self._held.values() if held.attached is not None]
 
+    def open_records(self) -> list[T]:
+        """The attached records of the sessions not closed (finished, failed or fenced), in the
+        order the sessions were last opened."""
+        out: list[T] = []
+        closed: list[bytes] = []
+        for key, held in self._open.items():
+            if held.session.closed:
+                closed.append(key)
+            elif held.attached is not None:
+                out.append(held.attached)
+        for key in closed:
+            del self._open[key]
+        return out
+
     def get(self, session: bytes) -> VerifierSession:
         """The session with id ``session``; :class:`UnknownSession` (404) if none is open here."""
         held = self._held.get(session)
@@ -104,6 +123,7 @@ class SessionRegistry(Generic[T]):
         """Forget a session (finished and delivered, or moved away); :class:`UnknownSession`
         if none is held. A removed session may be opened again from epoch 1 on."""
         held = self._held.pop(session, None)
+        self._open.pop(session, None)
         if held is None:
             raise UnknownSession(f"no session {bytes(session).hex()} at this verifier")
         return held.session

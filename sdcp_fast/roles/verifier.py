@@ -178,7 +178,7 @@ class VerifierRole:
         return live
 
     def _open_sessions(self) -> int:
-        return sum(1 for live in self.sessions.records() if not live.session.closed)
+        return len(self.sessions.open_records())
 
     async def _post_session(self, request: Request) -> SessionState:
         require_role(request.peer, PeerRole.ROUTER)

@@ -265,7 +265,7 @@ class Batcher:
     def _owed(self) -> int:
         """Sessions whose drafter may send a proposal now, plus rounds fetching their rows."""
         owed = self._fetching
-        for live in self.sessions.records():
+        for live in self.sessions.open_records():
             s = live.session
             if s.state is State.READY and s.drafter is not None and not s.revoked:
                 owed += 1
@@ -279,7 +279,7 @@ class Batcher:
         needs: list[SessionNeed] = []
         idle = self.self_decode_idle
         now = self.clock() if idle is not None else 0.0
-        for live in self.sessions.records():
+        for live in self.sessions.open_records():
             s = live.session
             state = s.state
             if state is State.READY and s.drafter is None and self_decode_due(live.opened, now, idle):
@@ -302,7 +302,7 @@ class Batcher:
         idle = self.self_decode_idle
         now = self.clock() if idle is not None else 0.0
         found = False
-        for live in self.sessions.records():
+        for live in self.sessions.open_records():
             s = live.session
             state = s.state
             if state is State.READY and s.drafter is None and self_decode_due(live.opened, now, idle):

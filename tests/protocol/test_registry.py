@@ -130,3 +130,30 @@ def test_an_attached_record_lives_and_goes_with_its_session():
     registry.remove(OTHER)
     assert registry.attached(OTHER) is None and registry.records() == []
     assert registry.attached(b"X" * 16) is None
+
+
+def test_open_records_are_the_attached_sessions_not_closed_in_the_order_last_opened():
+    """The scans a verifier makes per scoring pass walk these: sessions that ended (kept for
+    their readers) drop out once found closed, a re-opened session comes last, a removed one
+    is gone, and a session with no record attached yet is left out as records() leaves it."""
+    registry: SessionRegistry[str] = SessionRegistry()
+    first, _ = registry.open(session_open(), target_digest=TARGET)
+    registry.attach(first, "first")
+    other, _ = registry.open(session_open(session=OTHER), target_digest=TARGET)
+    assert registry.open_records() == ["first"]  # OTHER's record is not attached yet
+    registry.attach(other, "other")
+    assert registry.open_records() == ["first", "other"]
+    first.assign(assignment(first))
+    run_round(first, [2], 1, 5)  # the stop token: the session finishes
+    assert first.closed and registry.records() == ["first", "other"]  # still read from
+    assert registry.open_records() == ["other"]
+    assert registry.open_records() == ["other"]  # found closed once, not walked again
+    again, _ = registry.open(session_open(epoch=2), target_digest=TARGET)
+    registry.attach(again, "again")
+    assert registry.open_records() == ["other", "again"]
+    newer, _ = registry.open(session_open(session=OTHER, epoch=2), target_digest=TARGET)
+    assert other.closed and registry.open_records() == ["again"]  # superseded: fenced
+    registry.attach(newer, "newer")
+    assert registry.open_records() == ["again", "newer"]
+    registry.remove(SID)
+    assert registry.open_records() == ["newer"] and registry.records() == ["newer"]
