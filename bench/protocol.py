@@ -162,7 +162,10 @@ class Counted:
 
 
 def _client(certs: Path, name: str) -> H2Transport:
-    return H2Transport(client_context(str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem")))
+    """The client the services use (SDCP_CLIENT: the pure-Python one unless native is asked for)."""
+    from sdcp_fast.transport.nativeclient import h2_client
+
+    return h2_client(client_context(str(certs / f"{name}.pem"), str(certs / f"{name}.key"), str(certs / "ca.pem")))
 
 
 async def _serve(kind: str, name: str, port: int, certs: Path, mlc: str, max_batch: int, batch_wait: float,

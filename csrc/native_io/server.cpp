@@ -46,16 +46,15 @@
 #include <utility>
 #include <vector>
 
+#include "common.h"
+
 namespace py = pybind11;
 
 namespace {
 
-using Fields = std::vector<std::pair<std::string, std::string>>;
-
-int64_t now_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
+using nio::Fields;
+using nio::now_ms;
+using nio::ssl_errors;
 
 struct Limits {
   int64_t max_body, max_header_list, max_streams, max_buffered, max_buffered_total;
@@ -159,17 +158,6 @@ int select_h2(SSL*, const unsigned char** out, unsigned char* outlen, const unsi
     }
   }
   return SSL_TLSEXT_ERR_ALERT_FATAL;  // h2 only, as the Python context's ALPN list
-}
-
-std::string ssl_errors() {
-  std::string out;
-  for (unsigned long e = ERR_get_error(); e != 0; e = ERR_get_error()) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof buf);
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out;
 }
 
 struct Server {
@@ -370,10 +358,7 @@ struct Server {
   }
 
   // -- the thread -------------------------------------------------------------------------
-  static void signal_fd(int fd) {
-    uint64_t one = 1;
-    if (fd >= 0) (void)!write(fd, &one, sizeof one);
-  }
+  static void signal_fd(int fd) { nio::signal_fd(fd); }
 
   void watch(int fd, uint32_t events_, uint64_t key, int op = EPOLL_CTL_ADD) {
     epoll_event ev{};
@@ -984,7 +969,9 @@ struct Server {
 }  // namespace
 
 PYBIND11_MODULE(_nio, m) {
-  m.doc() = "An HTTP/2 + TLS 1.3 server in one C++ thread (sdcp_fast.transport.nativeserver wraps it)";
+  m.doc() = "An HTTP/2 + TLS 1.3 server and client, each in one C++ thread (sdcp_fast.transport.nativeserver "
+            "and nativeclient wrap them)";
+  nio::register_client(m);
   m.attr("OPENSSL_VERSION") = OpenSSL_version(OPENSSL_VERSION);
   m.attr("NGHTTP2_VERSION") = nghttp2_version(0)->version_str;
   py::class_<Server>(m, "Server")

@@ -106,11 +106,11 @@ def listen_address(args: argparse.Namespace) -> tuple[str, int]:
 
 
 def client_transport(security: Security, peer: Peer) -> Transport:
-    from sdcp_fast.transport.h2client import H2Transport
+    from sdcp_fast.transport.nativeclient import h2_client
 
     if security.insecure:
-        return H2Transport(insecure=True)  # proves nothing: ``peer`` is not claimed either
-    return H2Transport(security.client_context())
+        return h2_client(insecure=True)  # proves nothing: ``peer`` is not claimed either
+    return h2_client(security.client_context())
 
 
 def remote_store(base_url: str, security: Security) -> RemoteStore:

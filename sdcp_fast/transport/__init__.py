@@ -30,11 +30,12 @@ def http_transport(ssl: SSLContext | None = None, *, http1: bool = False, timeou
         return Http1Transport(ssl, insecure=ssl is None, timeout=timeout)
     from dataclasses import replace
 
-    from sdcp_fast.transport.h2client import CLIENT_LIMITS, H2Transport
+    from sdcp_fast.transport.h2client import CLIENT_LIMITS
+    from sdcp_fast.transport.nativeclient import h2_client
 
     limits = CLIENT_LIMITS
     if max_body is not None:
         limits = replace(limits, max_body=max_body)
     if max_frame is not None:
         limits = replace(limits, max_frame=max_frame)
-    return H2Transport(ssl, insecure=ssl is None, timeout=timeout, limits=limits)
+    return h2_client(ssl, insecure=ssl is None, timeout=timeout, limits=limits)

@@ -423,6 +423,11 @@ class H2Transport:
             self._bases[base_uri] = known
         return known
 
+    @property
+    def connections(self) -> int:
+        """Connections open now."""
+        return len(self._connections)
+
     # Plain methods returning the request's coroutine: awaited as the interface's coroutine
     # methods are, one coroutine fewer per request.
     def request(self, base_uri: str, method: str, path: str, *, body: bytes = b"",

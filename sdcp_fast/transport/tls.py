@@ -42,9 +42,17 @@ def server_context(cert: str, key: str, ca: str, *, alpn: Sequence[str] = (ALPN_
     return ctx
 
 
+class ClientContext(ssl.SSLContext):
+    """A :func:`client_context`: the files it was made from travel with it, so that a client
+    whose TLS is not Python's (transport.nativeclient) configures the same."""
+
+    files: tuple[str, str, str]  # certificate chain, key, CA
+
+
 def client_context(cert: str, key: str, ca: str, *, alpn: Sequence[str] = (ALPN_H2,)) -> ssl.SSLContext:
     """Client side: our certificate, and the server's verified against ``ca`` and its name."""
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED by default
+    ctx = ClientContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED by default
+    ctx.files = (cert, key, ca)
     return _common(ctx, cert, key, ca, alpn)
 
 

@@ -132,7 +132,7 @@ def test_the_async_client_runs_many_calls_at_once_on_one_connection(server):
             uris = [object_uri(SCOPE, b"c" * 16, "q_rows", n) for n in range(64)]
             await asyncio.gather(*(client.put(u, n.to_bytes(4, "big") * 256) for n, u in enumerate(uris)))
             got = await asyncio.gather(*(client.get(u) for u in uris))
-            assert len(client.transport._connections) == 1  # type: ignore[attr-defined]
+            assert client.transport.connections == 1  # type: ignore[attr-defined]
             return [bytes(g) for g in got]
         finally:
             await client.close()

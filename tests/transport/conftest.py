@@ -6,7 +6,7 @@ from collections.abc import Iterator
 import pytest
 
 from sdcp_fast.protocol.peer import PeerRole
-from sdcp_fast.transport import h2native, nativeserver
+from sdcp_fast.transport import h2native, nativeclient, nativeserver
 from sdcp_fast.transport.certs import InstanceSpec, write_certificates
 from tests.transport.transport_util import CLIENT_URI, SERVER_URI, Certs
 
@@ -38,12 +38,33 @@ SERVER_MODULES = frozenset({"test_h2server", "test_h2client", "test_h2_refused_s
                             "test_binding", "test_nativeserver"})
 
 
+# The client tests run against both clients nativeclient.h2_client can build: the pure-Python
+# one (py) and the native thread (native).
+CLIENT_MODULES = frozenset({"test_h2client"})
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     module = metafunc.module.__name__.rpartition(".")[2]
     if module in H2_MODULES or metafunc.function.__name__.startswith("test_h2_"):
         metafunc.parametrize("h2_impl", [h2native.PY, h2native.C], indirect=True)
     if module in SERVER_MODULES:
         metafunc.parametrize("server_impl", [nativeserver.PY, nativeserver.NATIVE], indirect=True)
+    if module in CLIENT_MODULES:
+        metafunc.parametrize("client_impl", [nativeclient.PY, nativeclient.NATIVE], indirect=True)
+
+
+@pytest.fixture(autouse=True)
+def client_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    name: str | None = getattr(request, "param", None)
+    if name == nativeclient.NATIVE and not nativeserver.available():
+        if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
+            pytest.fail(f"SDCP_REQUIRE_NATIVE_H2=1: {nativeserver.status()}")
+        pytest.skip(nativeserver.status())
+    nativeclient.use(name)
+    try:
+        yield name
+    finally:
+        nativeclient.use(None)
 
 
 @pytest.fixture(autouse=True)

@@ -13,14 +13,15 @@ from sdcp_fast.transport.errors import TransportError, TransportTimeout
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.h2conn import Limits
 from sdcp_fast.transport.h2server import serve
+from sdcp_fast.transport.nativeclient import h2_client
 from sdcp_fast.transport.tls import client_context, server_context
 from tests.transport.transport_util import Certs, echo, run
 
 MiB = 1 << 20
 
 
-def _client(certs: Certs) -> H2Transport:
-    return H2Transport(client_context(*certs.pair("client"), certs.ca))
+def _client(certs: Certs, **kwargs) -> H2Transport:  # type: ignore[no-untyped-def]
+    return h2_client(client_context(*certs.pair("client"), certs.ca), **kwargs)
 
 
 async def _serve(handler, certs: Certs, **kwargs):  # type: ignore[no-untyped-def]
@@ -46,7 +47,7 @@ def test_100_concurrent_requests_share_one_connection(certs: Certs) -> None:
             base = f"https://127.0.0.1:{server.port}/"
             responses = await asyncio.gather(*(client.request(base, "POST", f"r/{i}", body=str(i).encode())
                                                for i in range(100)))
-            return responses, server.accepted, len(client._connections)
+            return responses, server.accepted, client.connections
 
     responses, accepted, pooled = run(scenario())
     assert [r.body for r in responses] == [str(i).encode() for i in range(100)]
@@ -99,7 +100,7 @@ def test_response_over_the_client_bound_fails_cleanly(certs: Certs) -> None:
     async def scenario() -> bytes:
         async with await _serve(echo, certs) as server:
             base = f"https://127.0.0.1:{server.port}/"
-            client = H2Transport(client_context(*certs.pair("client"), certs.ca), limits=Limits(max_body=1024))
+            client = _client(certs, limits=Limits(max_body=1024))
             async with client:
                 with pytest.raises(TransportError, match="over 1024"):
                     await client.request(base, "POST", "e", body=b"x" * 4096)
@@ -131,7 +132,7 @@ def test_refused_connection_is_a_transport_error() -> None:
         port = probe.getsockname()[1]  # closed again below: nothing listens there
 
     async def scenario() -> None:
-        async with H2Transport(insecure=True) as client:
+        async with h2_client(insecure=True) as client:
             with pytest.raises(TransportError, match="cannot connect") as caught:
                 await client.request(f"http://127.0.0.1:{port}/", "GET", "x", timeout=5)
             assert not isinstance(caught.value, TransportTimeout)
@@ -170,7 +171,7 @@ def test_server_closing_fails_nothing_in_flight_and_a_new_server_is_reached(cert
 
 def test_https_needs_a_context_and_http_needs_insecure() -> None:
     async def scenario() -> None:
-        async with H2Transport() as client:
+        async with h2_client() as client:
             with pytest.raises(TransportError, match="SSL context"):
                 await client.request("https://127.0.0.1:1/", "GET", "x")
             with pytest.raises(TransportError, match="insecure"):
