@@ -165,8 +165,15 @@ class NativeH2Transport(H2Transport):
 
     def _send(self) -> None:
         batch, self._batch = self._batch, []
-        if batch:
+        if not batch:
+            return
+        try:
             self._client.request_batch(batch)
+        except Exception as exc:  # e.g. a body that is not bytes-like: the batch's requests fail, not hang
+            for rid, *_ in batch:
+                waiting = self._waiting.get(rid)
+                if waiting is not None and not waiting[0].done():
+                    waiting[0].set_exception(TransportError(f"request not sent: {exc}"))
 
     def _watch_deadline(self, loop: asyncio.AbstractEventLoop, limit: float, deadline: float, rid: int) -> None:
         queue = self._deadlines.get(limit)

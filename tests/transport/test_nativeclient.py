@@ -9,6 +9,7 @@ import ssl
 import pytest
 
 from sdcp_fast.transport import nativeclient, nativeserver
+from sdcp_fast.transport.errors import TransportError
 from sdcp_fast.transport.h2client import H2Transport
 from sdcp_fast.transport.nativeclient import NativeH2Transport, h2_client
 from sdcp_fast.transport.tls import client_context
@@ -52,3 +53,15 @@ def test_a_context_the_thread_cannot_speak_keeps_pythons_tls(certs: Certs, monke
     assert type(h2_client(changed)) is H2Transport
     with pytest.raises(ValueError, match="client_context"):
         NativeH2Transport(other)
+
+
+def test_a_request_the_thread_cannot_take_fails_instead_of_waiting(certs: Certs) -> None:
+    async def scenario() -> None:
+        async with h2_client(insecure=True) as client:
+            assert type(client) is NativeH2Transport
+            with pytest.raises(TransportError, match="request not sent"):
+                # Not one contiguous buffer: refused where the batch is handed to the thread.
+                body = memoryview(bytearray(8))[::2]
+                await client.request("http://127.0.0.1:9/", "POST", "x", body=body, timeout=5)  # type: ignore[arg-type]
+
+    run(scenario())
