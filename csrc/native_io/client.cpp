@@ -167,13 +167,6 @@ struct Client {
     epoll_fd = wake_fd = ready_fd = -1;
   }
 
-  void request(uint64_t id, const std::string& host, int port, bool tls, Fields head, py::object body) {
-    if (tls && ctx == nullptr) throw std::invalid_argument("https needs a client with a certificate");
-    Outgoing o{id, host, port, tls, std::move(head), {}};
-    if (!body.is_none()) copy_bytes(body, o.body);
-    queue([&] { outbox.push_back(std::move(o)); });
-  }
-
   // One call per loop iteration: [(id, host, port, tls, [(name, value)], body)].
   void request_batch(const py::list& batch) {
     std::vector<Outgoing> got;
@@ -206,16 +199,6 @@ struct Client {
     if (signal) signal_fd(wake_fd);
   }
 
-  static void copy_bytes(py::handle obj, std::string& out) {
-    if (PyBytes_Check(obj.ptr())) {
-      out.assign(PyBytes_AS_STRING(obj.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(obj.ptr())));
-      return;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
-    out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
-    PyBuffer_Release(&view);
-  }
 
   // Every finished request: [(id, failure, status, [(name, value)], body, message)].
   py::list take() {
@@ -233,9 +216,7 @@ struct Client {
       py::list fields(f.fields.size());
       for (size_t j = 0; j < f.fields.size(); ++j) {
         auto& [name, value] = f.fields[j];
-        fields[j] = py::make_tuple(
-            py::reinterpret_steal<py::str>(PyUnicode_DecodeLatin1(name.data(), name.size(), nullptr)),
-            py::reinterpret_steal<py::str>(PyUnicode_DecodeLatin1(value.data(), value.size(), nullptr)));
+        fields[j] = py::make_tuple(latin1(name), latin1(value));
       }
       out[i] = py::make_tuple(f.id, f.failure, f.status, fields, py::bytes(f.body), py::str(f.message));
     }
@@ -654,11 +635,6 @@ struct Client {
   // -- nghttp2 callbacks --------------------------------------------------------------------
   static CConn* conn_of(void* user) { return static_cast<CConn*>(user); }
 
-  static ssize_t read_length(nghttp2_session*, uint8_t, int32_t, int32_t session_window, int32_t stream_window,
-                             uint32_t remote_max_frame, void*) {
-    return std::min<ssize_t>({session_window, stream_window, static_cast<ssize_t>(remote_max_frame)});
-  }
-
   static ssize_t read_data(nghttp2_session*, int32_t sid, uint8_t* buf, size_t length, uint32_t* flags,
                            nghttp2_data_source*, void* user) {
     CConn* c = conn_of(user);
@@ -763,7 +739,6 @@ void register_client(py::module_& m) {
            py::arg("idle_timeout"))
       .def_property_readonly("ready_fd", [](Client& c) { return c.ready_fd; })
       .def_property_readonly("connections", [](Client& c) { return c.connection_count.load(); })
-      .def("request", &Client::request)
       .def("request_batch", &Client::request_batch)
       .def("cancel", &Client::cancel)
       .def("take", &Client::take)

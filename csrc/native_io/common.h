@@ -2,10 +2,12 @@
 // milliseconds, OpenSSL's queued errors as text, and the eventfd signal between threads.
 #pragma once
 
+#include <nghttp2/nghttp2.h>
 #include <openssl/err.h>
 #include <pybind11/pybind11.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <string>
@@ -35,6 +37,29 @@ inline std::string ssl_errors() {
 inline void signal_fd(int fd) {
   uint64_t one = 1;
   if (fd >= 0) (void)!write(fd, &one, sizeof one);
+}
+
+// Any bytes-like object's bytes (responses and bodies may be memoryviews of a cache's tiers).
+inline void copy_bytes(pybind11::handle obj, std::string& out) {
+  if (PyBytes_Check(obj.ptr())) {
+    out.assign(PyBytes_AS_STRING(obj.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(obj.ptr())));
+    return;
+  }
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw pybind11::error_already_set();
+  out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
+  PyBuffer_Release(&view);
+}
+
+// Header bytes as Python text, one code point per byte (as HTTP/2 field octets are read).
+inline pybind11::str latin1(const std::string& s) {
+  return pybind11::reinterpret_steal<pybind11::str>(PyUnicode_DecodeLatin1(s.data(), s.size(), nullptr));
+}
+
+// nghttp2's DATA frames as large as both windows and the peer's frame size allow.
+inline ssize_t read_length(nghttp2_session*, uint8_t, int32_t, int32_t session_window, int32_t stream_window,
+                           uint32_t remote_max_frame, void*) {
+  return std::min<ssize_t>({session_window, stream_window, static_cast<ssize_t>(remote_max_frame)});
 }
 
 void register_client(pybind11::module_& m);  // client.cpp

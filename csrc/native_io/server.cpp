@@ -53,7 +53,10 @@ namespace py = pybind11;
 namespace {
 
 using nio::Fields;
+using nio::copy_bytes;
+using nio::latin1;
 using nio::now_ms;
+using nio::read_length;
 using nio::ssl_errors;
 
 struct Limits {
@@ -274,8 +277,7 @@ struct Server {
       Incoming& in = got[i];
       py::dict fields;
       for (auto& [name, value] : in.fields) {
-        py::str k = py::reinterpret_steal<py::str>(PyUnicode_DecodeLatin1(name.data(), name.size(), nullptr));
-        py::str v = py::reinterpret_steal<py::str>(PyUnicode_DecodeLatin1(value.data(), value.size(), nullptr));
+        py::str k = latin1(name), v = latin1(value);
         if (fields.contains(k)) {
           fields[k] = py::str(py::str("{}, {}").format(fields[k], v));
         } else {
@@ -293,8 +295,7 @@ struct Server {
         peer = it->second;
       }
       requests[i] = py::make_tuple(
-          in.conn, in.sid, py::reinterpret_steal<py::str>(PyUnicode_DecodeLatin1(in.method.data(), in.method.size(), nullptr)),
-          py::reinterpret_steal<py::str>(PyUnicode_DecodeLatin1(in.path.data(), in.path.size(), nullptr)), fields,
+          in.conn, in.sid, latin1(in.method), latin1(in.path), fields,
           py::bytes(in.body), peer);
     }
     py::list out_events(evs.size());
@@ -346,16 +347,6 @@ struct Server {
     if (!failure.empty()) throw py::type_error(failure);
   }
 
-  static void copy_bytes(py::handle obj, std::string& out) {
-    if (PyBytes_Check(obj.ptr())) {
-      out.assign(PyBytes_AS_STRING(obj.ptr()), static_cast<size_t>(PyBytes_GET_SIZE(obj.ptr())));
-      return;
-    }
-    Py_buffer view;
-    if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) throw py::error_already_set();
-    out.assign(static_cast<const char*>(view.buf), static_cast<size_t>(view.len));
-    PyBuffer_Release(&view);
-  }
 
   // -- the thread -------------------------------------------------------------------------
   static void signal_fd(int fd) { nio::signal_fd(fd); }
@@ -818,11 +809,6 @@ struct Server {
 
   // -- nghttp2 callbacks --------------------------------------------------------------------
   static Conn* conn_of(void* user) { return static_cast<Conn*>(user); }
-
-  static ssize_t read_length(nghttp2_session*, uint8_t, int32_t, int32_t session_window, int32_t stream_window,
-                             uint32_t remote_max_frame, void*) {
-    return std::min<ssize_t>({session_window, stream_window, static_cast<ssize_t>(remote_max_frame)});
-  }
 
   static ssize_t read_data(nghttp2_session*, int32_t sid, uint8_t* buf, size_t length, uint32_t* flags,
                            nghttp2_data_source*, void* user) {

@@ -102,7 +102,7 @@ class NativeH2Transport(H2Transport):
         self._client = mod.Client(cert, key, ca, max_body=limits.max_body, max_frame=limits.max_frame,
                                   stream_window=limits.stream_window, connection_window=limits.connection_window,
                                   connect_timeout=connect_timeout, idle_timeout=limits.idle_timeout)
-        self._waiting: dict[int, tuple[asyncio.Future[Response], _Shape, float]] = {}
+        self._waiting: dict[int, tuple[asyncio.Future[Response], _Shape]] = {}
         self._next_id = 0
         self._reader: asyncio.AbstractEventLoop | None = None
         # Requests queued in this loop iteration, handed to the thread in one call at its end.
@@ -145,7 +145,7 @@ class NativeH2Transport(H2Transport):
             self._next_id += 1
             rid = self._next_id
             future: asyncio.Future[Response] = loop.create_future()
-            self._waiting[rid] = (future, shape, limit or 0.0)
+            self._waiting[rid] = (future, shape)
             if not self._batch:
                 loop.call_soon(self._send)
             self._batch.append((rid, host, port, scheme == "https", fields, body))
@@ -205,7 +205,7 @@ class NativeH2Transport(H2Transport):
                 waiting = self._waiting.get(rid)
                 if waiting is None or deadline > now:
                     continue
-                future, shape, _ = waiting
+                future, shape = waiting
                 if not future.done():
                     self._client.cancel(rid)
                     future.set_exception(TransportTimeout(f"{shape.what}: no response within {limit} s"))
@@ -253,7 +253,7 @@ class NativeH2Transport(H2Transport):
             self._timer.cancel()
             self._timer = None
         self._deadlines.clear()
-        for future, _, _ in self._waiting.values():
+        for future, _ in self._waiting.values():
             if not future.done():
                 future.set_exception(TransportError("transport is closed"))
         self._waiting.clear()

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -53,32 +53,29 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("client_impl", [nativeclient.PY, nativeclient.NATIVE], indirect=True)
 
 
-@pytest.fixture(autouse=True)
-def client_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
-    name: str | None = getattr(request, "param", None)
-    if name == nativeclient.NATIVE and not nativeserver.available():
-        if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
-            pytest.fail(f"SDCP_REQUIRE_NATIVE_H2=1: {nativeserver.status()}")
-        pytest.skip(nativeserver.status())
-    nativeclient.use(name)
-    try:
-        yield name
-    finally:
-        nativeclient.use(None)
-
-
-@pytest.fixture(autouse=True)
-def server_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+def _pinned(request: pytest.FixtureRequest, use: Callable[[str | None], None]) -> Iterator[str | None]:
+    """The test's implementation (its parameter; None: the default) pinned for its run; the
+    native one (sdcp_fast._nio) skipped where it is not built, failed where CI requires it."""
     name: str | None = getattr(request, "param", None)
     if name == nativeserver.NATIVE and not nativeserver.available():
         if os.environ.get("SDCP_REQUIRE_NATIVE_H2") == "1":
             pytest.fail(f"SDCP_REQUIRE_NATIVE_H2=1: {nativeserver.status()}")
         pytest.skip(nativeserver.status())
-    nativeserver.use(name)
+    use(name)
     try:
         yield name
     finally:
-        nativeserver.use(None)
+        use(None)
+
+
+@pytest.fixture(autouse=True)
+def client_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    yield from _pinned(request, nativeclient.use)
+
+
+@pytest.fixture(autouse=True)
+def server_impl(request: pytest.FixtureRequest) -> Iterator[str | None]:
+    yield from _pinned(request, nativeserver.use)
 
 
 @pytest.fixture(autouse=True)
